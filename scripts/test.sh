@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs every check and test of the project on a fresh machine: installs what the tests need when missing
+# (redis-server and faketime through apt-get when run as root), then formatting, lints and the test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_packages=()
+command -v redis-server >/dev/null 2>&1 || need_packages+=(redis-server)
+command -v faketime >/dev/null 2>&1 || need_packages+=(faketime)
+command -v openssl >/dev/null 2>&1 || need_packages+=(openssl)
+if [ ${#need_packages[@]} -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "==> installing ${need_packages[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need_packages[@]}" >/dev/null
+  else
+    echo "The tests need: ${need_packages[*]}. Install them (Debian/Ubuntu: sudo apt-get install ${need_packages[*]}) and run again." >&2
+    exit 1
+  fi
+fi
+# Tests start their own masters; a packaged service must not be mistaken for one of them.
+if command -v service >/dev/null 2>&1; then service redis-server stop >/dev/null 2>&1 || true; fi
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+echo "==> cargo clippy"
+cargo clippy --all-targets --locked -- -D warnings
+echo "==> cargo test"
+cargo test --locked

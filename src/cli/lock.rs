@@ -1,0 +1,189 @@
+//! `redlock-operator lock`: acquire, run a command under the lock, stop it if the lock is lost, release.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use tokio::time::Instant;
+
+use super::exit_code;
+use super::supervise::{Child, Ended};
+use crate::redlock::{
+    AcquireError, AcquireOptions, Endpoint, FailureKind, KeepPolicy, OperationReport, Redlock, RedlockConfig,
+    kill_grace,
+};
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Exit status: the command's own, or 64 bad usage, 69 too few masters reachable, 75 not acquired within --wait,
+76 lock lost while the command ran (it was stopped before the lock's validity ended), 126/127 command not runnable.
+
+The command gets REDLOCK_RESOURCE, REDLOCK_HOLDER and REDLOCK_VALIDITY_MS in its environment and runs in its own
+process group, so that on loss of the lock every process of the group is stopped.")]
+pub struct LockArgs {
+    /// A Redis master, as redis://[user:password@]host:port or rediss://… for TLS; repeat for each master.
+    #[arg(long = "redis", value_name = "URL", env = "REDLOCK_REDIS", value_delimiter = ',', required = true)]
+    pub redis: Vec<String>,
+    /// Lock time to live; the lock is extended while the command runs.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub ttl: Duration,
+    /// How long to keep trying to acquire; 0 = a single attempt.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub wait: Duration,
+    /// The longest TTL any client of these masters uses; a master restarted less than this ago does not vote.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub max_ttl: Duration,
+    /// How long one master may take to answer.
+    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
+    pub node_timeout: Duration,
+    /// Tell the command the lock is lost this long before its validity ends (default: ttl/5, at most 5s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub fence_margin: Option<Duration>,
+    /// Holder name stored with the lock and shown to contenders (default: HOSTNAME/PID).
+    #[arg(long)]
+    pub holder: Option<String>,
+    /// PEM file with the CA that signed the masters' TLS certificates (rediss:// URLs).
+    #[arg(long, value_name = "FILE")]
+    pub redis_ca: Option<PathBuf>,
+    /// Skip the restart quarantine: only for masters that fsync every write.
+    #[arg(long)]
+    pub assume_durable: bool,
+    /// Print per-master outcomes on stderr.
+    #[arg(short, long)]
+    pub verbose: bool,
+    /// The lock's name, the same for every process that must not run at the same time.
+    pub resource: String,
+    /// The command to run, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+pub async fn run(args: LockArgs) -> i32 {
+    match run_inner(args).await {
+        Ok(code) => code,
+        Err((code, message)) => {
+            eprintln!("redlock-operator lock: {message}");
+            code
+        }
+    }
+}
+
+type Failure = (i32, String);
+
+fn config_from(args: &LockArgs) -> Result<RedlockConfig, Failure> {
+    let usage = |message: String| (exit_code::USAGE, message);
+    if args.resource.is_empty() {
+        return Err(usage("the resource name must not be empty".into()));
+    }
+    let endpoints = args
+        .redis
+        .iter()
+        .filter(|url| !url.trim().is_empty())
+        .map(|url| Endpoint::parse(url))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|err| usage(err.to_string()))?;
+    let mut config = RedlockConfig::new(endpoints);
+    config.max_ttl = args.max_ttl;
+    config.node_timeout = args.node_timeout;
+    config.assume_durable = args.assume_durable;
+    if let Some(path) = &args.redis_ca {
+        let pem = std::fs::read(path).map_err(|err| usage(format!("cannot read {}: {err}", path.display())))?;
+        config.tls.ca_pem = Some(pem);
+    }
+    config.validate().map_err(|err| usage(err.to_string()))?;
+    config.check_ttl(args.ttl).map_err(|err| usage(err.to_string()))?;
+    Ok(config)
+}
+
+async fn run_inner(args: LockArgs) -> Result<i32, Failure> {
+    let config = config_from(&args)?;
+    let holder = args.holder.clone().unwrap_or_else(default_holder);
+    let node_timeout = config.node_timeout;
+    let engine = Redlock::connect(config)
+        .await
+        .map_err(|err| (exit_code::USAGE, err.to_string()))?;
+    let options = AcquireOptions {
+        attempts: (args.wait.is_zero()).then_some(1),
+        deadline: Some(Instant::now() + args.wait),
+    };
+    let lease = match engine.acquire(&args.resource, args.ttl, &holder, options).await {
+        Ok(lease) => lease,
+        Err(err) => {
+            if args.verbose
+                && let Some(report) = err.report()
+            {
+                print_report("acquire", report);
+            }
+            return Err(acquire_failure(&err));
+        }
+    };
+    if args.verbose {
+        print_report("acquire", lease.report());
+    }
+    let validity_ms = lease.remaining(Instant::now()).as_millis().to_string();
+    let mut policy = KeepPolicy::for_ttl(args.ttl, node_timeout);
+    if let Some(margin) = args.fence_margin {
+        policy.fence_margin = margin;
+    }
+    let env = [
+        ("REDLOCK_RESOURCE", args.resource.clone()),
+        ("REDLOCK_HOLDER", holder.clone()),
+        ("REDLOCK_VALIDITY_MS", validity_ms),
+    ];
+    let kept = engine.keep(lease, policy);
+    let mut child = match Child::spawn(&args.command, &env) {
+        Ok(child) => child,
+        Err((code, message)) => {
+            let report = kept.release().await;
+            if args.verbose {
+                print_report("release", &report);
+            }
+            return Err((code, message));
+        }
+    };
+    let lost = kept.lost_token();
+    let ended = child.supervise(lost, kill_grace(&policy)).await;
+    let code = match &ended {
+        Ended::Exited(code) => *code,
+        Ended::StoppedOnLoss => {
+            let reason = kept.state().lost.map(|reason| reason.to_string()).unwrap_or_default();
+            eprintln!(
+                "redlock-operator lock: lock `{}` lost ({reason}); the command was stopped before the lock expired",
+                args.resource
+            );
+            exit_code::LOCK_LOST
+        }
+    };
+    if args.verbose
+        && let Some(report) = kept.state().last_failure
+    {
+        print_report("last failed extension", &report);
+    }
+    let report = kept.release().await;
+    if args.verbose {
+        print_report("release", &report);
+    }
+    Ok(code)
+}
+
+fn acquire_failure(err: &AcquireError) -> Failure {
+    match err {
+        AcquireError::NotAcquired { kind: FailureKind::TooFewMasters, .. } => (exit_code::UNAVAILABLE, err.to_string()),
+        AcquireError::NotAcquired { .. } => (exit_code::TEMPFAIL, err.to_string()),
+        AcquireError::Config(_) => (exit_code::USAGE, err.to_string()),
+        AcquireError::Value(_) => (exit_code::SOFTWARE, err.to_string()),
+    }
+}
+
+fn print_report(what: &str, report: &OperationReport) {
+    eprintln!("redlock-operator lock: {what}: {report}");
+}
+
+fn default_holder() -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|name| name.into_string().ok())
+        .unwrap_or_else(|| "unknown-host".into());
+    format!("{host}/{}", std::process::id())
+}

@@ -1,0 +1,50 @@
+//! The `redlock-operator` command line.
+
+pub mod exit_code;
+pub mod lock;
+mod supervise;
+
+use clap::{Parser, Subcommand};
+
+use crate::telemetry::LogFormat;
+
+#[derive(Debug, Parser)]
+#[command(name = "redlock-operator", version, about = "Redlock distributed locks, declarative and from the shell")]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "REDLOCK_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a command while holding a Redlock lock; stop it if the lock is lost.
+    Lock(lock::LockArgs),
+}
+
+/// Parses the arguments; usage errors become one line on stderr and exit status 64.
+pub fn parse() -> Result<Cli, i32> {
+    match Cli::try_parse() {
+        Ok(cli) => Ok(cli),
+        Err(err) => {
+            use clap::error::ErrorKind;
+            if matches!(err.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion)
+                || err.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            {
+                let code = if err.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                    exit_code::USAGE
+                } else {
+                    0
+                };
+                let _ = err.print();
+                return Err(code);
+            }
+            let rendered = err.render().to_string();
+            let first = rendered.lines().find(|line| !line.trim().is_empty()).unwrap_or("invalid usage");
+            eprintln!("redlock-operator: {} (see --help)", first.trim_start_matches("error: "));
+            Err(exit_code::USAGE)
+        }
+    }
+}

@@ -1,0 +1,6 @@
+//! redlock-operator: the Redlock algorithm ([`redlock`]), made declarative for Kubernetes and usable from the
+//! shell ([`cli`]).
+
+pub mod cli;
+pub mod redlock;
+pub mod telemetry;

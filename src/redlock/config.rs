@@ -1,0 +1,316 @@
+use std::fmt;
+use std::time::Duration;
+
+use redis::IntoConnectionInfo;
+
+/// One Redis master, as a `redis://` or `rediss://` URL that may carry a user and password.
+///
+/// The URL is kept whole for connecting; everything that is shown to people uses [`Endpoint::display`],
+/// which never contains the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    url: String,
+    display: String,
+}
+
+impl Endpoint {
+    pub fn parse(raw: &str) -> Result<Self, ConfigError> {
+        let raw = raw.trim();
+        let invalid = |reason: &str| ConfigError::InvalidEndpoint {
+            endpoint: redact(raw),
+            reason: reason.to_owned(),
+        };
+        let scheme_end = raw
+            .find("://")
+            .ok_or_else(|| invalid("expected redis://HOST:PORT or rediss://HOST:PORT"))?;
+        match &raw[..scheme_end] {
+            "redis" | "rediss" => {}
+            other => return Err(invalid(&format!("unsupported scheme `{other}`, expected redis or rediss"))),
+        }
+        let rest = &raw[scheme_end + 3..];
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+        let host = authority.rsplit('@').next().unwrap_or_default();
+        if host.is_empty() || host.starts_with(':') {
+            return Err(invalid("missing host"));
+        }
+        raw.into_connection_info()
+            .map_err(|err| invalid(&err.to_string().replace(raw, "<url>")))?;
+        Ok(Self {
+            url: raw.to_owned(),
+            display: redact(raw),
+        })
+    }
+
+    /// The URL with any password replaced, for logs, status and errors.
+    pub fn display(&self) -> &str {
+        &self.display
+    }
+
+    pub fn is_tls(&self) -> bool {
+        self.url.starts_with("rediss://")
+    }
+
+    pub(crate) fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.display)
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.display)
+    }
+}
+
+/// Replaces the password of a URL's userinfo (`user:password@` or `:password@`) with `***`.
+fn redact(raw: &str) -> String {
+    let Some(scheme_end) = raw.find("://") else {
+        return raw.to_owned();
+    };
+    let authority_start = scheme_end + 3;
+    let authority_end = raw[authority_start..]
+        .find(['/', '?', '#'])
+        .map_or(raw.len(), |i| authority_start + i);
+    let authority = &raw[authority_start..authority_end];
+    let Some(at) = authority.rfind('@') else {
+        return raw.to_owned();
+    };
+    let userinfo = &authority[..at];
+    let user = userinfo.split(':').next().unwrap_or_default();
+    let masked = if userinfo.contains(':') {
+        format!("{user}:***")
+    } else {
+        // A lone userinfo component is treated as a password by redis URLs.
+        "***".to_owned()
+    };
+    format!(
+        "{}{}{}",
+        &raw[..authority_start],
+        masked,
+        &raw[authority_start + at..]
+    )
+}
+
+/// TLS material shared by every `rediss://` endpoint of one quorum.
+#[derive(Clone, Default)]
+pub struct TlsOptions {
+    /// PEM bundle of the CA that signed the masters' certificates; `None` uses the system roots.
+    pub ca_pem: Option<Vec<u8>>,
+    /// PEM client certificate and key, for masters that require mutual TLS.
+    pub client_cert_pem: Option<Vec<u8>>,
+    pub client_key_pem: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for TlsOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsOptions")
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_cert", &self.client_cert_pem.is_some())
+            .finish()
+    }
+}
+
+/// How often and how patiently a failed acquisition is retried.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first one included.
+    pub attempts: u32,
+    /// Bounds of the random pause between attempts; the randomness keeps contending clients from retrying in
+    /// lockstep and splitting the votes again.
+    pub delay_min: Duration,
+    pub delay_max: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            attempts: 3,
+            delay_min: Duration::from_millis(50),
+            delay_max: Duration::from_millis(250),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct RedlockConfig {
+    pub endpoints: Vec<Endpoint>,
+    /// How long one master may take to answer one command before it counts as timed out.
+    pub node_timeout: Duration,
+    /// How long connecting (TCP, TLS, AUTH and the restart check) to one master may take.
+    pub connect_timeout: Duration,
+    /// Clock drift allowance: `ttl * drift_factor + drift_floor` is subtracted from every validity.
+    pub drift_factor: f64,
+    pub drift_floor: Duration,
+    pub retry: RetryPolicy,
+    /// The longest TTL any client of these masters uses. A master that restarted less than this (plus drift)
+    /// ago may have forgotten a live lock, so it gets no writes and no vote until then.
+    pub max_ttl: Duration,
+    /// Skip the restart quarantine: only for masters that fsync every write (`appendfsync always`).
+    pub assume_durable: bool,
+    pub tls: TlsOptions,
+}
+
+impl RedlockConfig {
+    pub fn new(endpoints: Vec<Endpoint>) -> Self {
+        Self {
+            endpoints,
+            node_timeout: Duration::from_millis(50),
+            connect_timeout: Duration::from_secs(1),
+            drift_factor: 0.01,
+            drift_floor: Duration::from_millis(2),
+            retry: RetryPolicy::default(),
+            max_ttl: Duration::from_secs(60),
+            assume_durable: false,
+            tls: TlsOptions::default(),
+        }
+    }
+
+    pub fn from_urls<S: AsRef<str>>(urls: &[S]) -> Result<Self, ConfigError> {
+        let endpoints = urls
+            .iter()
+            .map(|url| Endpoint::parse(url.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let config = Self::new(endpoints);
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.endpoints.is_empty() {
+            return Err(ConfigError::NoEndpoints);
+        }
+        if self.node_timeout.is_zero() {
+            return Err(ConfigError::Invalid("node timeout must be greater than 0".into()));
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(ConfigError::Invalid("connect timeout must be greater than 0".into()));
+        }
+        if !(0.0..0.5).contains(&self.drift_factor) {
+            return Err(ConfigError::Invalid(format!(
+                "drift factor {} is outside [0, 0.5)",
+                self.drift_factor
+            )));
+        }
+        if self.max_ttl.is_zero() {
+            return Err(ConfigError::Invalid("max TTL must be greater than 0".into()));
+        }
+        if self.retry.attempts == 0 {
+            return Err(ConfigError::Invalid("retry attempts must be at least 1".into()));
+        }
+        if self.retry.delay_min > self.retry.delay_max {
+            return Err(ConfigError::Invalid(format!(
+                "retry delay range {:?}..{:?} is empty",
+                self.retry.delay_min, self.retry.delay_max
+            )));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for endpoint in &self.endpoints {
+            if !seen.insert(endpoint.url()) {
+                return Err(ConfigError::Invalid(format!(
+                    "endpoint {endpoint} is listed twice; each master must count once"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// A majority of the configured masters; down or quarantined masters still count in N.
+    pub fn quorum(&self) -> usize {
+        super::quorum_of(self.endpoints.len())
+    }
+
+    /// The clock-drift allowance for a lock of this TTL.
+    pub fn drift(&self, ttl: Duration) -> Duration {
+        ttl.mul_f64(self.drift_factor) + self.drift_floor
+    }
+
+    /// How long a restarted master stays out of the quorum.
+    pub fn quarantine_period(&self) -> Duration {
+        self.max_ttl + self.drift(self.max_ttl)
+    }
+
+    pub fn check_ttl(&self, ttl: Duration) -> Result<(), ConfigError> {
+        if ttl < Duration::from_millis(1) {
+            return Err(ConfigError::InvalidTtl("ttl must be at least 1ms".into()));
+        }
+        if ttl > self.max_ttl {
+            return Err(ConfigError::InvalidTtl(format!(
+                "ttl {} exceeds max-ttl {}; restarted masters are only kept out for max-ttl, so a longer lock could be granted twice",
+                humantime::format_duration(ttl),
+                humantime::format_duration(self.max_ttl)
+            )));
+        }
+        if self.drift(ttl) >= ttl {
+            return Err(ConfigError::InvalidTtl(format!(
+                "ttl {} leaves no validity after the clock-drift allowance",
+                humantime::format_duration(ttl)
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("no Redis masters configured")]
+    NoEndpoints,
+    #[error("invalid Redis endpoint {endpoint}: {reason}")]
+    InvalidEndpoint { endpoint: String, reason: String },
+    #[error("invalid ttl: {0}")]
+    InvalidTtl(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_the_display_form() {
+        let endpoint = Endpoint::parse("redis://alice:s3cret@127.0.0.1:6379/0").unwrap();
+        assert_eq!(endpoint.display(), "redis://alice:***@127.0.0.1:6379/0");
+        let endpoint = Endpoint::parse("rediss://:s3cret@127.0.0.1:6380").unwrap();
+        assert_eq!(endpoint.display(), "rediss://:***@127.0.0.1:6380");
+        assert!(endpoint.is_tls());
+        assert!(!format!("{endpoint:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn bad_endpoints_are_rejected_with_a_reason() {
+        for raw in ["", "127.0.0.1:6379", "http://x:1", "redis://", "redis://:pw@"] {
+            let err = Endpoint::parse(raw).unwrap_err();
+            assert!(matches!(err, ConfigError::InvalidEndpoint { .. }), "{raw}: {err}");
+        }
+        let err = Endpoint::parse("redis://user:topsecret@").unwrap_err();
+        assert!(!err.to_string().contains("topsecret"), "{err}");
+    }
+
+    #[test]
+    fn quorum_counts_every_configured_master() {
+        let urls: Vec<String> = (0..5).map(|i| format!("redis://127.0.0.1:{}", 7000 + i)).collect();
+        let config = RedlockConfig::from_urls(&urls).unwrap();
+        assert_eq!(config.quorum(), 3);
+        assert_eq!(config.drift(Duration::from_secs(10)), Duration::from_millis(102));
+    }
+
+    #[test]
+    fn ttl_bounds_are_checked() {
+        let config = RedlockConfig::from_urls(&["redis://127.0.0.1:1"]).unwrap();
+        assert!(config.check_ttl(Duration::ZERO).is_err());
+        assert!(config.check_ttl(Duration::from_secs(61)).is_err());
+        assert!(config.check_ttl(Duration::from_millis(2)).is_err());
+        assert!(config.check_ttl(Duration::from_secs(10)).is_ok());
+    }
+
+    #[test]
+    fn duplicate_endpoints_are_rejected() {
+        let err = RedlockConfig::from_urls(&["redis://127.0.0.1:1", "redis://127.0.0.1:1"]).unwrap_err();
+        assert!(err.to_string().contains("listed twice"));
+    }
+}

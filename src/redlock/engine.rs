@@ -1,0 +1,460 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use futures::future::BoxFuture;
+use rand::Rng;
+use redis::Value;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::node::{Node, Ready, maintain};
+use super::quorum::Tally;
+use super::{
+    AcquireError, ConfigError, ExtendError, FailureKind, KeepPolicy, KeptLock, LockValue, NodeOutcome,
+    NodeReport, NodeStatus, OperationReport, RedlockConfig, scripts,
+};
+
+/// A Redlock client over N independent masters. Cheap to clone; every clone shares the connections.
+#[derive(Clone)]
+pub struct Redlock {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: RedlockConfig,
+    nodes: Vec<Arc<Node>>,
+    extend_script: redis::Script,
+    release_script: redis::Script,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// A granted lock: who holds it and until when it is safe to act on it.
+#[derive(Clone, Debug)]
+pub struct Lease {
+    resource: Arc<str>,
+    value: LockValue,
+    ttl: Duration,
+    granted_at: Instant,
+    valid_until: Instant,
+    report: OperationReport,
+}
+
+impl Lease {
+    pub fn resource(&self) -> &str {
+        &self.resource
+    }
+
+    pub fn holder(&self) -> &str {
+        self.value.holder()
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// When the operation that granted (or last extended) this lease started.
+    pub fn granted_at(&self) -> Instant {
+        self.granted_at
+    }
+
+    /// The end of the window in which no other holder can exist (TTL minus elapsed time minus drift).
+    pub fn valid_until(&self) -> Instant {
+        self.valid_until
+    }
+
+    pub fn validity(&self) -> Duration {
+        self.valid_until - self.granted_at
+    }
+
+    pub fn remaining(&self, now: Instant) -> Duration {
+        self.valid_until.saturating_duration_since(now)
+    }
+
+    /// Per-master outcomes of the operation that granted or last extended this lease.
+    pub fn report(&self) -> &OperationReport {
+        &self.report
+    }
+
+}
+
+/// How long and how often [`Redlock::acquire`] tries.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AcquireOptions {
+    /// Attempts in all; `None` takes the configured retry policy, or unlimited when a deadline is set.
+    pub attempts: Option<u32>,
+    /// No attempt starts after this instant.
+    pub deadline: Option<Instant>,
+}
+
+#[derive(Clone, Copy)]
+enum Op {
+    Acquire { ttl_ms: u64 },
+    Extend { ttl_ms: u64 },
+    Release,
+}
+
+impl Redlock {
+    /// Validates the configuration, connects to every master at once (bounded by the connect timeout) and
+    /// keeps reconnecting in the background to those that did not answer. Unreachable masters are not an
+    /// error here: operations report them.
+    pub async fn connect(config: RedlockConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let nodes = config
+            .endpoints
+            .iter()
+            .map(|endpoint| Node::new(endpoint.clone(), &config).map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        let shutdown = CancellationToken::new();
+        futures::future::join_all(nodes.iter().map(|node| node.connect())).await;
+        for node in &nodes {
+            tokio::spawn(maintain(node.clone(), shutdown.clone()));
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                nodes,
+                extend_script: redis::Script::new(scripts::EXTEND),
+                release_script: redis::Script::new(scripts::RELEASE),
+                shutdown,
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &RedlockConfig {
+        &self.inner.config
+    }
+
+    pub fn quorum(&self) -> usize {
+        self.inner.config.quorum()
+    }
+
+    pub fn masters(&self) -> Vec<NodeStatus> {
+        let now = Instant::now();
+        self.inner.nodes.iter().map(|node| node.status(now)).collect()
+    }
+
+    /// Masters that can vote right now (connected, verified and not quarantined).
+    pub fn eligible(&self) -> usize {
+        let now = Instant::now();
+        self.inner.nodes.iter().filter(|node| node.ready(now).is_ok()).count()
+    }
+
+    /// Pings every connected master once (bounded by the per-node timeout), refreshing latency and noticing
+    /// dead connections, which are then re-verified by the restart check.
+    pub async fn check_masters(&self) -> Vec<NodeStatus> {
+        let pings = self.inner.nodes.iter().map(|node| async move {
+            if let Ok(Ready { mut conn, generation, .. }) = node.connected() {
+                let started = Instant::now();
+                let ping = redis::cmd("PING");
+                match tokio::time::timeout(node.node_timeout(), ping.query_async::<()>(&mut conn)).await {
+                    Ok(Ok(())) => node.record_latency(started.elapsed()),
+                    Ok(Err(err)) => {
+                        node.record_error(generation, &err);
+                    }
+                    Err(_) => {}
+                }
+            }
+        });
+        futures::future::join_all(pings).await;
+        self.masters()
+    }
+
+    /// Acquires `resource` for `holder`, retrying with random pauses as `options` allow.
+    pub async fn acquire(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        holder: &str,
+        options: AcquireOptions,
+    ) -> Result<Lease, AcquireError> {
+        self.inner.config.check_ttl(ttl)?;
+        let retry = self.inner.config.retry;
+        let max_attempts = options
+            .attempts
+            .unwrap_or(if options.deadline.is_some() { u32::MAX } else { retry.attempts })
+            .max(1);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let value = LockValue::random(holder)?;
+            let error = match self.try_acquire(resource, ttl, value).await {
+                Ok(lease) => return Ok(lease),
+                Err(AcquireError::NotAcquired { kind, report, .. }) => AcquireError::NotAcquired {
+                    resource: resource.to_owned(),
+                    attempts: attempt,
+                    kind,
+                    report,
+                },
+                Err(other) => return Err(other),
+            };
+            if attempt >= max_attempts {
+                return Err(error);
+            }
+            let pause = if retry.delay_max > retry.delay_min {
+                rand::rng().random_range(retry.delay_min..=retry.delay_max)
+            } else {
+                retry.delay_min
+            };
+            let wake = Instant::now() + pause;
+            if options.deadline.is_some_and(|deadline| wake >= deadline) {
+                return Err(error);
+            }
+            tokio::time::sleep_until(wake).await;
+        }
+    }
+
+    /// One Redlock acquisition with the given value: `SET NX PX` on every eligible master at once, decided as
+    /// soon as a majority granted or can no longer grant. On failure the key is removed from every master.
+    pub async fn try_acquire(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        value: LockValue,
+    ) -> Result<Lease, AcquireError> {
+        let config = &self.inner.config;
+        config.check_ttl(ttl)?;
+        let resource: Arc<str> = resource.into();
+        let started = Instant::now();
+        let (report, granted) = self
+            .fan_out(Op::Acquire { ttl_ms: millis(ttl) }, &resource, &value, true)
+            .await;
+        let decided_at = Instant::now();
+        let validity = ttl
+            .checked_sub(decided_at - started)
+            .and_then(|left| left.checked_sub(config.drift(ttl)))
+            .filter(|validity| !validity.is_zero());
+        match (granted, validity) {
+            (true, Some(validity)) => Ok(Lease {
+                resource,
+                value,
+                ttl,
+                granted_at: started,
+                valid_until: started + validity,
+                report,
+            }),
+            (granted, _) => {
+                // Also on masters that did not answer: the unlock travels on the same ordered connection, so it
+                // runs after a SET that is still on its way.
+                self.fan_out(Op::Release, &resource, &value, false).await;
+                let kind = if granted {
+                    FailureKind::ValidityExhausted
+                } else if report.nodes.len() - report.unreachable() < report.quorum {
+                    FailureKind::TooFewMasters
+                } else {
+                    FailureKind::Contended
+                };
+                Err(AcquireError::NotAcquired {
+                    resource: resource.to_string(),
+                    attempts: 1,
+                    kind,
+                    report,
+                })
+            }
+        }
+    }
+
+    /// Extends the lease by its TTL from now. Succeeds only if a majority extended it before the current
+    /// validity ended; masters that lost the key get it back with NX, but only as repair, not as votes.
+    pub async fn extend(&self, lease: &Lease) -> Result<Lease, ExtendError> {
+        let started = Instant::now();
+        if started >= lease.valid_until {
+            return Err(ExtendError::Expired { report: None });
+        }
+        let ttl = lease.ttl;
+        let (report, extended) = self
+            .fan_out(Op::Extend { ttl_ms: millis(ttl) }, &lease.resource, &lease.value, true)
+            .await;
+        let decided_at = Instant::now();
+        if decided_at >= lease.valid_until {
+            return Err(ExtendError::Expired { report: Some(report) });
+        }
+        let validity = ttl
+            .checked_sub(decided_at - started)
+            .and_then(|left| left.checked_sub(self.inner.config.drift(ttl)))
+            .filter(|validity| !validity.is_zero());
+        if let (true, Some(validity)) = (extended, validity) {
+            return Ok(Lease {
+                resource: lease.resource.clone(),
+                value: lease.value.clone(),
+                ttl,
+                granted_at: started,
+                valid_until: started + validity,
+                report,
+            });
+        }
+        let taken = report
+            .nodes
+            .iter()
+            .filter(|node| matches!(node.outcome, NodeOutcome::HeldByOther { .. }))
+            .count();
+        if report.nodes.len() - taken < report.quorum {
+            Err(ExtendError::Lost {
+                holder: report.blocking_holder(),
+                report,
+            })
+        } else {
+            Err(ExtendError::NoQuorum { report })
+        }
+    }
+
+    /// Deletes the key on every connected master where it still holds this lease's value, all at once,
+    /// bounded by the per-node timeout.
+    pub async fn release(&self, lease: &Lease) -> OperationReport {
+        self.fan_out(Op::Release, &lease.resource, &lease.value, false).await.0
+    }
+
+    /// Keeps `lease` extended in the background and tells the owner at once when it is lost.
+    pub fn keep(&self, lease: Lease, policy: KeepPolicy) -> KeptLock {
+        KeptLock::start(self.clone(), lease, policy)
+    }
+
+    /// Sends `op` to every master concurrently. With `decide_early`, returns as soon as a majority voted yes or
+    /// can no longer do so; the masters still answering finish in the background (their outcome shows as
+    /// `Pending`). Returns the report and whether a majority voted yes.
+    async fn fan_out(
+        &self,
+        op: Op,
+        resource: &Arc<str>,
+        value: &LockValue,
+        decide_early: bool,
+    ) -> (OperationReport, bool) {
+        let started = Instant::now();
+        let nodes = &self.inner.nodes;
+        let mut tally = Tally::new(nodes.len());
+        let mut reports: Vec<NodeReport> = nodes
+            .iter()
+            .map(|node| NodeReport {
+                endpoint: node.endpoint().display().to_owned(),
+                outcome: NodeOutcome::Pending,
+                latency: None,
+            })
+            .collect();
+        let mut pending: FuturesUnordered<BoxFuture<'static, (usize, NodeOutcome, Option<Duration>)>> =
+            FuturesUnordered::new();
+        for (index, node) in nodes.iter().enumerate() {
+            let ready = match op {
+                Op::Release => node.connected(),
+                _ => node.ready(started),
+            };
+            match ready {
+                Ok(ready) => pending.push(Box::pin(self.run_on_node(
+                    index,
+                    node.clone(),
+                    ready,
+                    op,
+                    resource.clone(),
+                    value.clone(),
+                ))),
+                Err(outcome) => {
+                    tally.record(false);
+                    reports[index].outcome = outcome;
+                }
+            }
+        }
+        let mut decision = tally.decided();
+        while decision.is_none() || !decide_early {
+            let Some((index, outcome, latency)) = pending.next().await else {
+                break;
+            };
+            tally.record(outcome.is_vote());
+            reports[index].outcome = outcome;
+            reports[index].latency = latency;
+            decision = tally.decided();
+        }
+        if !pending.is_empty() {
+            tokio::spawn(pending.for_each(|_| async {}));
+        }
+        let report = OperationReport {
+            nodes: reports,
+            elapsed: started.elapsed(),
+            quorum: super::quorum_of(nodes.len()),
+        };
+        (report, decision == Some(true))
+    }
+
+    fn run_on_node(
+        &self,
+        index: usize,
+        node: Arc<Node>,
+        ready: Ready,
+        op: Op,
+        resource: Arc<str>,
+        value: LockValue,
+    ) -> impl Future<Output = (usize, NodeOutcome, Option<Duration>)> + Send + 'static {
+        let Ready { mut conn, generation, set_get } = ready;
+        let script = match op {
+            Op::Extend { .. } => Some(self.inner.extend_script.clone()),
+            Op::Release => Some(self.inner.release_script.clone()),
+            Op::Acquire { .. } => None,
+        };
+        async move {
+            let started = Instant::now();
+            let command = async {
+                match (op, &script) {
+                    (Op::Acquire { ttl_ms }, _) => {
+                        let mut cmd = redis::cmd("SET");
+                        cmd.arg(&*resource).arg(value.as_str()).arg("NX").arg("PX").arg(ttl_ms);
+                        if set_get {
+                            cmd.arg("GET");
+                        }
+                        cmd.query_async::<Value>(&mut conn).await
+                    }
+                    (Op::Extend { ttl_ms }, Some(script)) => {
+                        script
+                            .key(&*resource)
+                            .arg(value.as_str())
+                            .arg(ttl_ms)
+                            .invoke_async::<Value>(&mut conn)
+                            .await
+                    }
+                    (_, script) => {
+                        let Some(script) = script else {
+                            return Ok(Value::Nil);
+                        };
+                        script
+                            .key(&*resource)
+                            .arg(value.as_str())
+                            .invoke_async::<Value>(&mut conn)
+                            .await
+                    }
+                }
+            };
+            let outcome = match tokio::time::timeout(node.node_timeout(), command).await {
+                Err(_) => return (index, NodeOutcome::Timeout, None),
+                Ok(Err(err)) => node.record_error(generation, &err),
+                Ok(Ok(reply)) => interpret(op, set_get, reply),
+            };
+            let latency = started.elapsed();
+            node.record_latency(latency);
+            (index, outcome, Some(latency))
+        }
+    }
+}
+
+fn interpret(op: Op, set_get: bool, reply: Value) -> NodeOutcome {
+    let other = |raw: &[u8]| NodeOutcome::HeldByOther {
+        holder: LockValue::holder_of(raw),
+    };
+    match (op, reply) {
+        // With GET, nil means "there was no value, and we set ours".
+        (Op::Acquire { .. }, Value::Nil) if set_get => NodeOutcome::Granted,
+        (Op::Acquire { .. }, Value::Okay) => NodeOutcome::Granted,
+        (Op::Acquire { .. } | Op::Extend { .. }, Value::BulkString(raw)) => other(&raw),
+        (Op::Acquire { .. }, Value::Nil) => NodeOutcome::HeldByOther { holder: None },
+        (Op::Extend { .. }, Value::Int(1)) | (Op::Release, Value::Int(1)) => NodeOutcome::Granted,
+        (Op::Extend { .. }, Value::Int(2)) => NodeOutcome::Recreated,
+        (Op::Release, Value::Int(0)) => NodeOutcome::NotHeld,
+        (_, unexpected) => NodeOutcome::Error(format!("unexpected reply {unexpected:?}")),
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,28 @@
+//! The Redlock algorithm over N independent Redis masters.
+//!
+//! This module knows nothing of Kubernetes: the operator, the `lock` command and the safety checker all drive
+//! it through [`Redlock`], [`Lease`] and [`KeptLock`].
+
+mod config;
+mod engine;
+mod error;
+mod info;
+mod keeper;
+mod node;
+mod outcome;
+mod quarantine;
+mod quorum;
+mod schedule;
+mod scripts;
+mod value;
+
+pub use config::{ConfigError, Endpoint, RedlockConfig, RetryPolicy, TlsOptions};
+pub use engine::{AcquireOptions, Lease, Redlock};
+pub use error::{AcquireError, ExtendError, FailureKind};
+pub use keeper::{KeepPolicy, KeepState, KeptLock, LossReason, kill_grace};
+pub use node::{NodeHealth, NodeStatus};
+pub use outcome::{NodeOutcome, NodeReport, OperationReport};
+pub use quarantine::quarantine_until;
+pub use quorum::quorum_of;
+pub use schedule::{KeepAction, next_keep_action};
+pub use value::{LockValue, ValueError};

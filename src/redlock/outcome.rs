@@ -1,0 +1,155 @@
+use std::fmt;
+use std::time::Duration;
+
+/// What one master answered to one operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeOutcome {
+    /// The master voted for us: key set (acquire), TTL extended (extend) or key deleted (release).
+    Granted,
+    /// Extend only: the key had vanished and was re-created with NX. Not counted as a vote, so that keys lost
+    /// without a restart (FLUSHALL, eviction) on a majority are noticed as a lost lock.
+    Recreated,
+    /// Another value holds the key; `holder` is its label when it was written by a Redlock client of ours.
+    HeldByOther { holder: Option<String> },
+    /// Release/extend: the key was not there (already expired or never set on this master).
+    NotHeld,
+    Timeout,
+    Error(String),
+    /// Restarted less than max-TTL ago: no writes, no vote.
+    Quarantined { remaining: Duration },
+    /// No verified connection at the moment (reconnecting in the background).
+    Unavailable(String),
+    /// The operation was decided before this master answered.
+    Pending,
+}
+
+impl NodeOutcome {
+    pub fn is_vote(&self) -> bool {
+        matches!(self, Self::Granted)
+    }
+
+    /// Failures that say nothing about the lock, only about reaching the master.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(
+            self,
+            Self::Timeout | Self::Error(_) | Self::Quarantined { .. } | Self::Unavailable(_)
+        )
+    }
+
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Granted => "granted",
+            Self::Recreated => "recreated",
+            Self::HeldByOther { .. } => "held-by-other",
+            Self::NotHeld => "not-held",
+            Self::Timeout => "timeout",
+            Self::Error(_) => "error",
+            Self::Quarantined { .. } => "quarantined",
+            Self::Unavailable(_) => "unavailable",
+            Self::Pending => "pending",
+        }
+    }
+}
+
+impl fmt::Display for NodeOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::HeldByOther { holder: Some(holder) } => write!(f, "held by {holder}"),
+            Self::Error(message) | Self::Unavailable(message) => write!(f, "{}: {message}", self.label()),
+            Self::Quarantined { remaining } => write!(
+                f,
+                "quarantined for {} more (restarted recently)",
+                humantime::format_duration(round_ms(*remaining))
+            ),
+            other => f.write_str(other.label()),
+        }
+    }
+}
+
+fn round_ms(duration: Duration) -> Duration {
+    Duration::from_millis(duration.as_millis() as u64)
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeReport {
+    /// The master's URL without its password.
+    pub endpoint: String,
+    pub outcome: NodeOutcome,
+    /// Round trip of this operation on this master, when it answered.
+    pub latency: Option<Duration>,
+}
+
+/// Per-master outcomes of one acquire, extend or release.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OperationReport {
+    pub nodes: Vec<NodeReport>,
+    pub elapsed: Duration,
+    pub quorum: usize,
+}
+
+impl OperationReport {
+    pub fn votes(&self) -> usize {
+        self.nodes.iter().filter(|node| node.outcome.is_vote()).count()
+    }
+
+    pub fn unreachable(&self) -> usize {
+        self.nodes.iter().filter(|node| node.outcome.is_unreachable()).count()
+    }
+
+    /// "2 timed out, 1 quarantined": why masters did not vote, for error messages.
+    pub fn unreachable_summary(&self) -> String {
+        let mut counts: Vec<(&'static str, usize)> = Vec::new();
+        for node in &self.nodes {
+            let label = match node.outcome {
+                NodeOutcome::Timeout => "timed out",
+                NodeOutcome::Error(_) => "failed",
+                NodeOutcome::Quarantined { .. } => "quarantined (restarted recently)",
+                NodeOutcome::Unavailable(_) => "not connected",
+                _ => continue,
+            };
+            match counts.iter_mut().find(|(known, _)| *known == label) {
+                Some((_, count)) => *count += 1,
+                None => counts.push((label, 1)),
+            }
+        }
+        counts
+            .iter()
+            .map(|(label, count)| format!("{count} {label}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The holder most masters that refused us named, to tell a contender who blocks it.
+    pub fn blocking_holder(&self) -> Option<String> {
+        let mut counts: Vec<(String, usize)> = Vec::new();
+        for node in &self.nodes {
+            if let NodeOutcome::HeldByOther { holder: Some(holder) } = &node.outcome {
+                match counts.iter_mut().find(|(known, _)| known == holder) {
+                    Some((_, count)) => *count += 1,
+                    None => counts.push((holder.clone(), 1)),
+                }
+            }
+        }
+        counts.into_iter().max_by_key(|(_, count)| *count).map(|(holder, _)| holder)
+    }
+}
+
+impl fmt::Display for OperationReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}/{} votes (quorum {}) in {:.1}ms",
+            self.votes(),
+            self.nodes.len(),
+            self.quorum,
+            self.elapsed.as_secs_f64() * 1e3
+        )?;
+        for node in &self.nodes {
+            write!(f, "\n  {}: {}", node.endpoint, node.outcome)?;
+            if let Some(latency) = node.latency {
+                write!(f, " ({:.2}ms)", latency.as_secs_f64() * 1e3)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,401 @@
+//! The Redlock engine against real `redis-server` masters started by the tests, with real faults
+//! (SIGKILL + empty restart, SIGSTOP).
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redlock_operator::redlock::{
+    AcquireError, AcquireOptions, FailureKind, KeepPolicy, LossReason, NodeHealth, NodeOutcome, Redlock,
+    RedlockConfig,
+};
+use support::redis_server::RedisCluster;
+use tokio::time::Instant;
+
+/// Masters started by the tests have uptime 0, so with the default max TTL they would sit in quarantine for a
+/// minute; tests that are not about quarantine use a max TTL just above their lock TTL and wait it out once.
+async fn engine(cluster: &RedisCluster, max_ttl: Duration, node_timeout: Duration) -> Redlock {
+    let mut config = RedlockConfig::from_urls(&cluster.urls()).expect("valid config");
+    config.max_ttl = max_ttl;
+    config.node_timeout = node_timeout;
+    Redlock::connect(config).await.expect("engine")
+}
+
+async fn wait_until_eligible(engine: &Redlock, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while engine.eligible() < count {
+        assert!(Instant::now() < deadline, "masters never left quarantine: {:?}", engine.masters());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn raw_get(url: &str, key: &str) -> Option<String> {
+    let client = redis::Client::open(url).ok()?;
+    let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+    redis::cmd("GET").arg(key).query_async::<Option<String>>(&mut conn).await.ok()?
+}
+
+async fn raw_pttl(url: &str, key: &str) -> i64 {
+    let client = redis::Client::open(url).expect("url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+    redis::cmd("PTTL").arg(key).query_async::<i64>(&mut conn).await.expect("pttl")
+}
+
+async fn keys_left(cluster: &RedisCluster, key: &str) -> usize {
+    let mut left = 0;
+    for url in cluster.urls() {
+        if raw_get(&url, key).await.is_some() {
+            left += 1;
+        }
+    }
+    left
+}
+
+fn once() -> AcquireOptions {
+    AcquireOptions {
+        attempts: Some(1),
+        deadline: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_extend_release_and_contention() {
+    let cluster = RedisCluster::start(5).expect("masters");
+    let ttl = Duration::from_secs(2);
+    let engine = engine(&cluster, ttl, Duration::from_millis(200)).await;
+    wait_until_eligible(&engine, 5).await;
+
+    let lease = engine.acquire("orders", ttl, "alice", once()).await.expect("acquire");
+    assert_eq!(lease.holder(), "alice");
+    assert!(lease.validity() < ttl && !lease.validity().is_zero());
+    assert!(lease.report().votes() >= 3, "{}", lease.report());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for url in cluster.urls() {
+        let stored = raw_get(&url, "orders").await.expect("key on every master");
+        assert!(stored.starts_with("alice|"), "holder label is stored");
+        assert!(stored.len() >= "alice|".len() + 40, "at least 20 bytes of secret");
+    }
+
+    // A contender is refused and told who blocks it.
+    let err = engine.acquire("orders", ttl, "bob", once()).await.unwrap_err();
+    match &err {
+        AcquireError::NotAcquired { kind, report, .. } => {
+            assert_eq!(*kind, FailureKind::Contended);
+            assert_eq!(report.blocking_holder().as_deref(), Some("alice"));
+        }
+        other => panic!("unexpected {other}"),
+    }
+    assert!(err.to_string().contains("held by alice"), "{err}");
+    assert_eq!(keys_left(&cluster, "orders").await, 5, "a refused contender removes nothing of ours");
+
+    // Extension restores the full TTL on the masters.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let extended = engine.extend(&lease).await.expect("extend");
+    assert!(extended.valid_until() > lease.valid_until());
+    for url in cluster.urls() {
+        assert!(raw_pttl(&url, "orders").await > 1_500, "PTTL was reset to the TTL");
+    }
+
+    let report = engine.release(&extended).await;
+    assert_eq!(report.votes(), 5, "{report}");
+    assert_eq!(keys_left(&cluster, "orders").await, 0);
+    // Releasing again is harmless and reports that nothing was held.
+    let report = engine.release(&extended).await;
+    assert!(report.nodes.iter().all(|node| node.outcome == NodeOutcome::NotHeld), "{report}");
+
+    let lease = engine.acquire("orders", ttl, "bob", once()).await.expect("free again");
+    // An expired lease can be neither extended nor used to delete someone else's lock.
+    tokio::time::sleep_until(lease.valid_until() + Duration::from_millis(400)).await;
+    assert!(engine.extend(&lease).await.is_err());
+    let carol = engine.acquire("orders", ttl, "carol", once()).await.expect("carol after expiry");
+    engine.release(&lease).await;
+    assert_eq!(keys_left(&cluster, "orders").await, 5, "bob's stale release left carol's lock alone");
+    engine.release(&carol).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minority_failures_do_not_block_or_slow_acquisition() {
+    let mut cluster = RedisCluster::start(5).expect("masters");
+    let ttl = Duration::from_secs(2);
+    // A long per-node timeout makes "did not wait for the stopped masters" visible without timing tricks.
+    let engine = engine(&cluster, ttl, Duration::from_secs(5)).await;
+    wait_until_eligible(&engine, 5).await;
+
+    cluster[0].kill();
+    let lease = engine.acquire("one-down", ttl, "a", once()).await.expect("1 of 5 killed");
+    engine.release(&lease).await;
+    cluster[1].kill();
+    let lease = engine.acquire("two-down", ttl, "a", once()).await.expect("2 of 5 killed");
+    assert_eq!(lease.report().votes(), 3);
+    engine.release(&lease).await;
+
+    let mut cluster = RedisCluster::start(5).expect("masters");
+    let engine = self::engine(&cluster, ttl, Duration::from_secs(5)).await;
+    wait_until_eligible(&engine, 5).await;
+    cluster[3].stop();
+    cluster[4].stop();
+    let started = Instant::now();
+    let lease = engine.acquire("two-paused", ttl, "a", once()).await.expect("2 of 5 paused");
+    assert!(started.elapsed() < Duration::from_secs(1), "decided without waiting for the paused masters");
+    let pending = lease
+        .report()
+        .nodes
+        .iter()
+        .filter(|node| node.outcome == NodeOutcome::Pending)
+        .count();
+    assert_eq!(pending, 2, "{}", lease.report());
+    engine.release(&lease).await;
+    cluster[3].cont();
+    cluster[4].cont();
+    let _ = &mut cluster;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_majority_down_fails_and_leaves_no_key_behind() {
+    let cluster = RedisCluster::start(5).expect("masters");
+    let ttl = Duration::from_secs(3);
+    let engine = engine(&cluster, ttl, Duration::from_millis(100)).await;
+    wait_until_eligible(&engine, 5).await;
+
+    for index in 0..3 {
+        cluster[index].stop();
+    }
+    let err = engine.acquire("majority-down", ttl, "a", once()).await.unwrap_err();
+    match &err {
+        AcquireError::NotAcquired { kind, report, .. } => {
+            assert_eq!(*kind, FailureKind::TooFewMasters, "{report}");
+            assert_eq!(report.votes(), 2);
+        }
+        other => panic!("unexpected {other}"),
+    }
+    assert!(err.to_string().contains("3 timed out"), "{err}");
+    for index in 0..3 {
+        cluster[index].cont();
+    }
+    // The paused masters now run the late SET and, queued behind it on the same connection, the unlock.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(keys_left(&cluster, "majority-down").await, 0, "no key survives a failed acquisition");
+
+    // Killed (not paused) masters: refused at once, and the survivors are cleaned up too.
+    let mut cluster = cluster;
+    for index in 0..3 {
+        cluster[index].kill();
+    }
+    let err = engine.acquire("majority-killed", ttl, "a", once()).await.unwrap_err();
+    assert!(matches!(err, AcquireError::NotAcquired { kind: FailureKind::TooFewMasters, .. }), "{err}");
+    assert_eq!(keys_left(&cluster, "majority-killed").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_lock_is_granted_without_validity_left() {
+    let cluster = RedisCluster::start(5).expect("masters");
+    let ttl = Duration::from_millis(40);
+    let engine = engine(&cluster, Duration::from_secs(1), Duration::from_millis(500)).await;
+    wait_until_eligible(&engine, 5).await;
+
+    for round in 0..3 {
+        for index in 0..5 {
+            cluster[index].stop();
+        }
+        let resume = {
+            let pids: Vec<u32> = (0..5).map(|index| cluster[index].pid()).collect();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(80));
+                for pid in pids {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid as i32),
+                        nix::sys::signal::Signal::SIGCONT,
+                    );
+                }
+            })
+        };
+        let key = format!("slow-{round}");
+        let result = engine.acquire(&key, ttl, "a", once()).await;
+        resume.join().expect("resume thread");
+        match result {
+            Ok(lease) => panic!("granted with {:?} validity after a >ttl stall", lease.validity()),
+            Err(AcquireError::NotAcquired { kind, .. }) => assert_eq!(kind, FailureKind::ValidityExhausted),
+            Err(other) => panic!("unexpected {other}"),
+        }
+    }
+    for index in 0..5 {
+        cluster[index].cont();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_tasks_on_one_key_never_overlap() {
+    let cluster = RedisCluster::start(5).expect("masters");
+    let ttl = Duration::from_millis(500);
+    let mut config = RedlockConfig::from_urls(&cluster.urls()).expect("config");
+    config.max_ttl = ttl;
+    config.node_timeout = Duration::from_millis(200);
+    config.retry.delay_min = Duration::from_millis(1);
+    config.retry.delay_max = Duration::from_millis(10);
+    let first = Redlock::connect(config.clone()).await.expect("engine");
+    wait_until_eligible(&first, 5).await;
+
+    let windows: Arc<Mutex<Vec<(Instant, Instant, usize)>>> = Arc::default();
+    let stop_at = Instant::now() + Duration::from_secs(4);
+    let mut tasks = Vec::new();
+    for task in 0..16 {
+        // Separate engines: separate connections, like separate processes.
+        let engine = Redlock::connect(config.clone()).await.expect("engine");
+        let windows = windows.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut grants = 0;
+            while Instant::now() < stop_at {
+                let options = AcquireOptions {
+                    attempts: None,
+                    deadline: Some(stop_at),
+                };
+                let Ok(lease) = engine.acquire("shared", ttl, &format!("task-{task}"), options).await else {
+                    continue;
+                };
+                let start = Instant::now();
+                grants += 1;
+                tokio::time::sleep(Duration::from_millis(rand::random_range(0..5))).await;
+                let end = Instant::now().min(lease.valid_until());
+                windows.lock().expect("windows").push((start, end, task));
+                engine.release(&lease).await;
+            }
+            grants
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.expect("task");
+    }
+    let mut windows = windows.lock().expect("windows").clone();
+    windows.sort();
+    assert!(total >= 16, "too little progress to mean anything: {total} grants");
+    assert_eq!(windows.len(), total);
+    for pair in windows.windows(2) {
+        assert!(
+            pair[0].1 <= pair[1].0,
+            "task {} held until {:?} but task {} got the lock at {:?}",
+            pair[0].2,
+            pair[0].1,
+            pair[1].2,
+            pair[1].0
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_masters_are_quarantined_even_for_a_fresh_client() {
+    let mut cluster = RedisCluster::start(5).expect("masters");
+    let ttl = Duration::from_secs(30);
+    let holder = engine(&cluster, ttl, Duration::from_millis(200)).await;
+    // Fresh masters are themselves inside the quarantine window: the first grant waits it out.
+    wait_until_eligible(&holder, 5).await;
+    let kept = holder.keep(
+        holder.acquire("payments", ttl, "holder", once()).await.expect("acquire"),
+        KeepPolicy::for_ttl(ttl, Duration::from_millis(200)),
+    );
+    let holder_valid_until = kept.state().lease.valid_until();
+
+    for index in 0..3 {
+        cluster[index].restart().expect("restart empty");
+    }
+    let restarted_at = Instant::now();
+
+    // A second process that never saw these masters before.
+    let fresh = engine(&cluster, ttl, Duration::from_millis(200)).await;
+    let statuses = fresh.masters();
+    let quarantined = statuses.iter().filter(|node| node.health == NodeHealth::Quarantined).count();
+    assert_eq!(quarantined, 3, "{statuses:?}");
+    let err = fresh.acquire("payments", ttl, "fresh", once()).await.unwrap_err();
+    match &err {
+        AcquireError::NotAcquired { kind, report, .. } => {
+            assert_eq!(*kind, FailureKind::TooFewMasters, "{report}");
+            let quarantined = report
+                .nodes
+                .iter()
+                .filter(|node| matches!(node.outcome, NodeOutcome::Quarantined { .. }))
+                .count();
+            assert_eq!(quarantined, 3, "{report}");
+        }
+        other => panic!("unexpected {other}"),
+    }
+
+    // The holder cannot extend on 2 of 5: it is told before its validity ends.
+    let reason = kept.lost().await;
+    let told_at = Instant::now();
+    assert!(told_at < holder_valid_until.max(kept.state().lease.valid_until()));
+    assert!(matches!(reason, LossReason::NotExtended { .. }), "{reason}");
+
+    // The fresh client keeps trying; it gets the lock only once the quarantine is over.
+    let options = AcquireOptions {
+        attempts: None,
+        deadline: Some(Instant::now() + Duration::from_secs(60)),
+    };
+    let lease = fresh.acquire("payments", ttl, "fresh", options).await.expect("after quarantine");
+    let granted_at = lease.granted_at();
+    assert!(
+        granted_at >= restarted_at + fresh.config().quarantine_period() - Duration::from_secs(1),
+        "granted {:?} after the restart, before the quarantine could end",
+        granted_at - restarted_at
+    );
+    assert!(granted_at >= kept.state().lease.valid_until(), "the two holders' windows overlap");
+    fresh.release(&lease).await;
+    drop(kept);
+    let _ = &mut cluster;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_lock_signals_loss_before_validity_ends() {
+    let cluster = RedisCluster::start(5).expect("masters");
+    let ttl = Duration::from_secs(2);
+    let engine = engine(&cluster, ttl, Duration::from_millis(100)).await;
+    wait_until_eligible(&engine, 5).await;
+
+    // Extended while healthy.
+    let kept = engine.keep(
+        engine.acquire("kept", ttl, "k", once()).await.expect("acquire"),
+        KeepPolicy::for_ttl(ttl, Duration::from_millis(100)),
+    );
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let state = kept.state();
+    assert!(state.extensions >= 2, "{state:?}");
+    assert!(state.lost.is_none());
+
+    // A majority paused: the signal comes before the last validity ends.
+    for index in 0..3 {
+        cluster[index].stop();
+    }
+    let reason = kept.lost().await;
+    let told_at = Instant::now();
+    let valid_until = kept.state().lease.valid_until();
+    assert!(told_at < valid_until, "told {:?} after the validity ended", told_at - valid_until);
+    assert!(matches!(reason, LossReason::NotExtended { .. }), "{reason}");
+    for index in 0..3 {
+        cluster[index].cont();
+    }
+    kept.release().await;
+
+    // Taken over: a majority holds someone else's value.
+    let kept = engine.keep(
+        engine.acquire("taken", ttl, "k", once()).await.expect("acquire"),
+        KeepPolicy::for_ttl(ttl, Duration::from_millis(100)),
+    );
+    // What another client's value looks like: holder label, then a hex secret.
+    let intruder_value = format!("intruder|{}", "ab".repeat(24));
+    for url in cluster.urls().iter().take(3) {
+        let client = redis::Client::open(url.as_str()).expect("url");
+        let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+        redis::cmd("SET")
+            .arg("taken")
+            .arg(&intruder_value)
+            .arg("PX")
+            .arg(5_000)
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("set");
+    }
+    let reason = tokio::time::timeout(Duration::from_secs(3), kept.lost()).await.expect("signal");
+    assert_eq!(reason, LossReason::TakenOver { holder: Some("intruder".into()) });
+    kept.release().await;
+    assert_eq!(keys_left(&cluster, "taken").await, 3, "release never deletes another holder's key");
+}

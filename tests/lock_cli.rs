@@ -1,0 +1,192 @@
+//! `redlock-operator lock` end to end: the real binary against real masters.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use support::redis_server::RedisCluster;
+
+const BIN: &str = env!("CARGO_BIN_EXE_redlock-operator");
+
+fn lock(cluster: &RedisCluster, extra: &[&str], command: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("lock")
+        .env("REDLOCK_REDIS", cluster.urls().join(","))
+        .env_remove("RUST_LOG")
+        .args(extra)
+        .arg("--")
+        .args(command);
+    cmd
+}
+
+fn run(mut cmd: Command) -> Output {
+    cmd.stdin(Stdio::null()).output().expect("run redlock-operator")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Fresh masters sit in quarantine for max-ttl; every test here uses `--max-ttl 1s` and waits it out once.
+fn start_cluster() -> RedisCluster {
+    let cluster = RedisCluster::start(5).expect("masters");
+    std::thread::sleep(Duration::from_millis(1_100));
+    cluster
+}
+
+const SHORT: &[&str] = &["--ttl", "1s", "--max-ttl", "1s"];
+
+#[test]
+fn runs_the_command_with_the_lock_environment_and_returns_its_status() {
+    let cluster = start_cluster();
+    let mut args = SHORT.to_vec();
+    args.extend(["--holder", "batch-7", "-v", "nightly-report"]);
+    let output = run(lock(
+        &cluster,
+        &args,
+        &["sh", "-c", "echo \"$REDLOCK_RESOURCE $REDLOCK_HOLDER $REDLOCK_VALIDITY_MS\"; exit 3"],
+    ));
+    assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let fields: Vec<&str> = stdout.split_whitespace().collect();
+    assert_eq!(&fields[..2], ["nightly-report", "batch-7"]);
+    let validity: u64 = fields[2].parse().expect("validity in ms");
+    assert!(validity > 0 && validity < 1_000, "{validity}");
+    let err = stderr(&output);
+    assert!(err.contains("acquire: ") && err.contains("granted"), "-v prints per-master outcomes: {err}");
+    assert!(err.contains("release: "), "{err}");
+    assert!(!err.contains("batch-7|"), "the lock value's secret is never printed");
+
+    // Released on exit: the next run gets it at once.
+    let output = run(lock(&cluster, &[SHORT, &["nightly-report"]].concat(), &["true"]));
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+}
+
+#[test]
+fn contended_lock_exits_75_after_waiting() {
+    let cluster = start_cluster();
+    let mut holder = lock(&cluster, &["--ttl", "1s", "--max-ttl", "1s", "--holder", "first", "busy"], &[
+        "sh", "-c", "echo started; sleep 3",
+    ]);
+    let mut holder = holder.stdout(Stdio::piped()).spawn().expect("holder");
+    let mut line = String::new();
+    let stdout = holder.stdout.take().expect("stdout");
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("started");
+    assert_eq!(line.trim(), "started");
+
+    let output = run(lock(&cluster, &[SHORT, &["busy"]].concat(), &["true"]));
+    assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
+    assert!(stderr(&output).contains("held by first"), "{}", stderr(&output));
+
+    let started = Instant::now();
+    let output = run(lock(&cluster, &[SHORT, &["--wait", "600ms", "busy"]].concat(), &["true"]));
+    assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
+    assert!(started.elapsed() >= Duration::from_millis(500), "it waited before giving up");
+
+    // Once the holder is done, a waiting run gets the lock.
+    let output = run(lock(&cluster, &[SHORT, &["--wait", "10s", "busy"]].concat(), &["true"]));
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(holder.wait().expect("holder").success());
+}
+
+#[test]
+fn bad_usage_exits_64_with_one_line() {
+    let cluster = start_cluster();
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["--redis", "localhost:6379", "r"],
+        vec!["--ttl", "0s", "r"],
+        vec!["--ttl", "2m", "--max-ttl", "1m", "r"],
+        vec!["--ttl", "ten seconds", "r"],
+        vec!["--no-such-flag", "r"],
+        vec![""],
+    ];
+    for args in cases {
+        let output = run(lock(&cluster, &args, &["true"]));
+        let err = stderr(&output);
+        assert_eq!(output.status.code(), Some(64), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: one clear line, got {err}");
+        assert!(!err.contains("panicked") && !err.contains("backtrace"), "{err}");
+    }
+    // No masters at all.
+    let output = run({
+        let mut cmd = Command::new(BIN);
+        cmd.args(["lock", "r", "--", "true"]).env_remove("REDLOCK_REDIS");
+        cmd
+    });
+    assert_eq!(output.status.code(), Some(64), "{}", stderr(&output));
+    // Passwords given in URLs never show in messages.
+    let output = run(lock(&cluster, &["--redis", "redis://u:hunter2@", "r"], &["true"]));
+    assert_eq!(output.status.code(), Some(64));
+    assert!(!stderr(&output).contains("hunter2"), "{}", stderr(&output));
+}
+
+#[test]
+fn too_few_masters_exits_69_and_missing_command_127() {
+    let mut cluster = start_cluster();
+    for index in 0..3 {
+        cluster[index].kill();
+    }
+    let output = run(lock(&cluster, &[SHORT, &["r"]].concat(), &["true"]));
+    assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
+    assert!(stderr(&output).contains("too few masters"), "{}", stderr(&output));
+
+    let cluster = start_cluster();
+    let output = run(lock(&cluster, &[SHORT, &["r"]].concat(), &["/no/such/command"]));
+    assert_eq!(output.status.code(), Some(127), "{}", stderr(&output));
+}
+
+#[test]
+fn command_is_stopped_before_validity_ends_when_the_lock_is_lost() {
+    let cluster = start_cluster();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marks = dir.path().join("marks");
+    // The command ignores SIGTERM, so it takes SIGKILL to stop it; it records when SIGTERM arrived.
+    let script = format!(
+        "trap 'date +%s%N >> {marks}; ' TERM; echo started; while true; do sleep 0.05; done",
+        marks = marks.display()
+    );
+    let mut child = lock(&cluster, &["--ttl", "3s", "--max-ttl", "3s", "-v", "lost"], &["sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("lock");
+    let mut line = String::new();
+    let stdout = child.stdout.take().expect("stdout");
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("started");
+    std::thread::sleep(Duration::from_millis(1_500));
+
+    // The last successful extension happened before this, so the lock's validity ends before now + ttl.
+    let paused_at_ns = unix_nanos();
+    for index in 0..3 {
+        cluster[index].stop();
+    }
+    let output = child.wait_with_output().expect("lock exits");
+    let finished_ns = unix_nanos();
+    for index in 0..3 {
+        cluster[index].cont();
+    }
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    assert!(stderr(&output).contains("lock `lost` lost"), "{}", stderr(&output));
+    let term_ns: u128 = read_first(&marks).trim().parse().expect("SIGTERM time");
+    let validity_bound = paused_at_ns + 3_000_000_000;
+    assert!(term_ns < validity_bound, "SIGTERM came {} ms too late", (term_ns - validity_bound) / 1_000_000);
+    assert!(finished_ns < validity_bound + 1_000_000_000, "lock returned long after the validity ended");
+}
+
+fn unix_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_nanos()
+}
+
+fn read_first(path: &Path) -> String {
+    std::fs::read_to_string(path)
+        .expect("the command recorded SIGTERM")
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
