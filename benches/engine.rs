@@ -20,7 +20,8 @@ use tokio::time::Instant;
 const TTL: Duration = Duration::from_secs(10);
 const BLOCKS: usize = 20;
 const PER_BLOCK: usize = 100;
-const RELEASE_SCRIPT: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+const RELEASE_SCRIPT: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
 
 type BoxError = Box<dyn std::error::Error>;
 
@@ -40,17 +41,26 @@ async fn bench() -> Result<(), BoxError> {
     for url in cluster.urls() {
         let client = redis::Client::open(url.as_str())?;
         let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
-        raw.push(client.get_multiplexed_async_connection_with_config(&config).await?);
+        raw.push(
+            client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?,
+        );
     }
     let release_sha = redis::Script::new(RELEASE_SCRIPT).get_hash().to_owned();
     for conn in &mut raw {
-        redis::Script::new(RELEASE_SCRIPT).prepare_invoke().load_async(conn).await?;
+        redis::Script::new(RELEASE_SCRIPT)
+            .prepare_invoke()
+            .load_async(conn)
+            .await?;
     }
 
     // Warm-up, not recorded.
     for i in 0..200 {
         raw_fan_out(&raw, &format!("warm-raw-{i}"), &release_sha).await?;
-        let lease = engine.acquire(&format!("warm-{i}"), TTL, "bench", AcquireOptions::default()).await?;
+        let lease = engine
+            .acquire(&format!("warm-{i}"), TTL, "bench", AcquireOptions::default())
+            .await?;
         engine.release(&lease).await;
     }
 
@@ -68,7 +78,9 @@ async fn bench() -> Result<(), BoxError> {
         for _ in 0..PER_BLOCK {
             key += 1;
             let started = Instant::now();
-            let lease = engine.acquire(&format!("ours-{key}"), TTL, "bench", AcquireOptions::default()).await?;
+            let lease = engine
+                .acquire(&format!("ours-{key}"), TTL, "bench", AcquireOptions::default())
+                .await?;
             acquire.push(started.elapsed());
             let started = Instant::now();
             engine.release(&lease).await;
@@ -78,13 +90,16 @@ async fn bench() -> Result<(), BoxError> {
 
     let sequential = sequential_pairs(&engine, Duration::from_secs(2)).await?;
     let concurrent = concurrent_pairs(&engine, 64, Duration::from_secs(2)).await;
+    let raw_concurrent = raw_concurrent_pairs(&raw, &release_sha, 64, Duration::from_secs(2)).await;
 
     cluster[3].stop();
     cluster[4].stop();
     let mut paused = Vec::new();
     for i in 0..500 {
         let started = Instant::now();
-        let lease = engine.acquire(&format!("paused-{i}"), TTL, "bench", AcquireOptions::default()).await?;
+        let lease = engine
+            .acquire(&format!("paused-{i}"), TTL, "bench", AcquireOptions::default())
+            .await?;
         paused.push(started.elapsed());
         engine.release(&lease).await;
     }
@@ -96,13 +111,30 @@ async fn bench() -> Result<(), BoxError> {
     let raw_rel50 = p(&mut raw_release, 0.5);
     let acq50 = p(&mut acquire, 0.5);
     let rel50 = p(&mut release, 0.5);
-    println!("raw SET NX PX fan-out: 3rd reply p50 {} p99 {}, 5th reply p50 {} p99 {}",
-        ms(raw_q50), ms(p(&mut raw_quorum, 0.99)), ms(p(&mut raw_all, 0.5)), ms(p(&mut raw_all, 0.99)));
-    println!("raw compare-and-delete fan-out: p50 {} p99 {}", ms(raw_rel50), ms(p(&mut raw_release, 0.99)));
+    println!(
+        "raw SET NX PX fan-out: 3rd reply p50 {} p99 {}, 5th reply p50 {} p99 {}",
+        ms(raw_q50),
+        ms(p(&mut raw_quorum, 0.99)),
+        ms(p(&mut raw_all, 0.5)),
+        ms(p(&mut raw_all, 0.99))
+    );
+    println!(
+        "raw compare-and-delete fan-out: p50 {} p99 {}",
+        ms(raw_rel50),
+        ms(p(&mut raw_release, 0.99))
+    );
     println!("acquire: p50 {} p99 {}", ms(acq50), ms(p(&mut acquire, 0.99)));
     println!("release: p50 {} p99 {}", ms(rel50), ms(p(&mut release, 0.99)));
-    println!("acquire with 2 of 5 masters paused: p50 {} p99 {}", ms(p(&mut paused, 0.5)), ms(p(&mut paused, 0.99)));
+    println!(
+        "acquire with 2 of 5 masters paused: p50 {} p99 {}",
+        ms(p(&mut paused, 0.5)),
+        ms(p(&mut paused, 0.99))
+    );
     println!("acquire+release pairs/s: sequential {sequential:.0}, 64 concurrent tasks {concurrent:.0}");
+    println!(
+        "raw SET+delete fan-out pairs/s with 64 concurrent tasks: {raw_concurrent:.0} (ours {:.2}x of it)",
+        concurrent / raw_concurrent
+    );
     println!(
         "SUMMARY acquire_p50_vs_raw_quorum={:.2} release_p50_vs_raw={:.2} paused2_acquire_p50_ms={:.3} concurrent_pairs_per_s={:.0} sequential_pairs_per_s={:.0}",
         acq50.as_secs_f64() / raw_q50.as_secs_f64(),
@@ -174,7 +206,9 @@ async fn sequential_pairs(engine: &Redlock, duration: Duration) -> Result<f64, B
     let started = Instant::now();
     let mut pairs = 0u64;
     while started.elapsed() < duration {
-        let lease = engine.acquire(&format!("seq-{pairs}"), TTL, "bench", AcquireOptions::default()).await?;
+        let lease = engine
+            .acquire(&format!("seq-{pairs}"), TTL, "bench", AcquireOptions::default())
+            .await?;
         engine.release(&lease).await;
         pairs += 1;
     }
@@ -193,8 +227,45 @@ async fn concurrent_pairs(engine: &Redlock, tasks: usize, duration: Duration) ->
                 while started.elapsed() < duration {
                     n += 1;
                     let key = format!("conc-{task}-{n}");
-                    if let Ok(lease) = engine.acquire(&key, TTL, "bench", AcquireOptions::default()).await {
+                    if let Ok(lease) = engine
+                        .acquire(&key, TTL, "bench", AcquireOptions::default())
+                        .await
+                    {
                         engine.release(&lease).await;
+                        pairs.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        let _ = handle.await;
+    }
+    pairs.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// The physical limit for the concurrent figure: the same raw fan-outs as above from 64 tasks at once.
+async fn raw_concurrent_pairs(
+    conns: &[MultiplexedConnection],
+    release_sha: &str,
+    tasks: usize,
+    duration: Duration,
+) -> f64 {
+    let pairs = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let handles: Vec<_> = (0..tasks)
+        .map(|task| {
+            let conns = conns.to_vec();
+            let sha = release_sha.to_owned();
+            let pairs = pairs.clone();
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while started.elapsed() < duration {
+                    n += 1;
+                    if raw_fan_out(&conns, &format!("rawc-{task}-{n}"), &sha)
+                        .await
+                        .is_ok()
+                    {
                         pairs.fetch_add(1, Ordering::Relaxed);
                     }
                 }

@@ -29,10 +29,11 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-/// Fresh masters sit in quarantine for max-ttl; every test here uses `--max-ttl 1s` and waits it out once.
+/// Fresh masters sit in quarantine for max-ttl; every test here uses `--max-ttl` of at most 1s and waits it
+/// out once. Masters report their uptime in whole seconds, rounded down, hence 2s and not 1s.
 fn start_cluster() -> RedisCluster {
     let cluster = RedisCluster::start(5).expect("masters");
-    std::thread::sleep(Duration::from_millis(1_100));
+    std::thread::sleep(Duration::from_millis(2_100));
     cluster
 }
 
@@ -46,7 +47,11 @@ fn runs_the_command_with_the_lock_environment_and_returns_its_status() {
     let output = run(lock(
         &cluster,
         &args,
-        &["sh", "-c", "echo \"$REDLOCK_RESOURCE $REDLOCK_HOLDER $REDLOCK_VALIDITY_MS\"; exit 3"],
+        &[
+            "sh",
+            "-c",
+            "echo \"$REDLOCK_RESOURCE $REDLOCK_HOLDER $REDLOCK_VALIDITY_MS\"; exit 3",
+        ],
     ));
     assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -55,9 +60,15 @@ fn runs_the_command_with_the_lock_environment_and_returns_its_status() {
     let validity: u64 = fields[2].parse().expect("validity in ms");
     assert!(validity > 0 && validity < 1_000, "{validity}");
     let err = stderr(&output);
-    assert!(err.contains("acquire: ") && err.contains("granted"), "-v prints per-master outcomes: {err}");
+    assert!(
+        err.contains("acquire: ") && err.contains("granted"),
+        "-v prints per-master outcomes: {err}"
+    );
     assert!(err.contains("release: "), "{err}");
-    assert!(!err.contains("batch-7|"), "the lock value's secret is never printed");
+    assert!(
+        !err.contains("batch-7|"),
+        "the lock value's secret is never printed"
+    );
 
     // Released on exit: the next run gets it at once.
     let output = run(lock(&cluster, &[SHORT, &["nightly-report"]].concat(), &["true"]));
@@ -67,9 +78,11 @@ fn runs_the_command_with_the_lock_environment_and_returns_its_status() {
 #[test]
 fn contended_lock_exits_75_after_waiting() {
     let cluster = start_cluster();
-    let mut holder = lock(&cluster, &["--ttl", "1s", "--max-ttl", "1s", "--holder", "first", "busy"], &[
-        "sh", "-c", "echo started; sleep 3",
-    ]);
+    let mut holder = lock(
+        &cluster,
+        &["--ttl", "1s", "--max-ttl", "1s", "--holder", "first", "busy"],
+        &["sh", "-c", "echo started; sleep 3"],
+    );
     let mut holder = holder.stdout(Stdio::piped()).spawn().expect("holder");
     let mut line = String::new();
     let stdout = holder.stdout.take().expect("stdout");
@@ -81,12 +94,23 @@ fn contended_lock_exits_75_after_waiting() {
     assert!(stderr(&output).contains("held by first"), "{}", stderr(&output));
 
     let started = Instant::now();
-    let output = run(lock(&cluster, &[SHORT, &["--wait", "600ms", "busy"]].concat(), &["true"]));
+    let output = run(lock(
+        &cluster,
+        &[SHORT, &["--wait", "600ms", "busy"]].concat(),
+        &["true"],
+    ));
     assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
-    assert!(started.elapsed() >= Duration::from_millis(500), "it waited before giving up");
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "it waited before giving up"
+    );
 
     // Once the holder is done, a waiting run gets the lock.
-    let output = run(lock(&cluster, &[SHORT, &["--wait", "10s", "busy"]].concat(), &["true"]));
+    let output = run(lock(
+        &cluster,
+        &[SHORT, &["--wait", "10s", "busy"]].concat(),
+        &["true"],
+    ));
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert!(holder.wait().expect("holder").success());
 }
@@ -106,7 +130,11 @@ fn bad_usage_exits_64_with_one_line() {
         let output = run(lock(&cluster, &args, &["true"]));
         let err = stderr(&output);
         assert_eq!(output.status.code(), Some(64), "{args:?}: {err}");
-        assert_eq!(err.trim().lines().count(), 1, "{args:?}: one clear line, got {err}");
+        assert_eq!(
+            err.trim().lines().count(),
+            1,
+            "{args:?}: one clear line, got {err}"
+        );
         assert!(!err.contains("panicked") && !err.contains("backtrace"), "{err}");
     }
     // No masters at all.
@@ -147,11 +175,15 @@ fn command_is_stopped_before_validity_ends_when_the_lock_is_lost() {
         "trap 'date +%s%N >> {marks}; ' TERM; echo started; while true; do sleep 0.05; done",
         marks = marks.display()
     );
-    let mut child = lock(&cluster, &["--ttl", "3s", "--max-ttl", "3s", "-v", "lost"], &["sh", "-c", &script])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("lock");
+    let mut child = lock(
+        &cluster,
+        &["--ttl", "3s", "--max-ttl", "3s", "--assume-durable", "-v", "lost"],
+        &["sh", "-c", &script],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("lock");
     let mut line = String::new();
     let stdout = child.stdout.take().expect("stdout");
     std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("started");
@@ -168,11 +200,22 @@ fn command_is_stopped_before_validity_ends_when_the_lock_is_lost() {
         cluster[index].cont();
     }
     assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
-    assert!(stderr(&output).contains("lock `lost` lost"), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("lock `lost` lost"),
+        "{}",
+        stderr(&output)
+    );
     let term_ns: u128 = read_first(&marks).trim().parse().expect("SIGTERM time");
     let validity_bound = paused_at_ns + 3_000_000_000;
-    assert!(term_ns < validity_bound, "SIGTERM came {} ms too late", (term_ns - validity_bound) / 1_000_000);
-    assert!(finished_ns < validity_bound + 1_000_000_000, "lock returned long after the validity ended");
+    assert!(
+        term_ns < validity_bound,
+        "SIGTERM came {} ms too late",
+        (term_ns - validity_bound) / 1_000_000
+    );
+    assert!(
+        finished_ns < validity_bound + 1_000_000_000,
+        "lock returned long after the validity ended"
+    );
 }
 
 fn unix_nanos() -> u128 {

@@ -23,7 +23,13 @@ The command gets REDLOCK_RESOURCE, REDLOCK_HOLDER and REDLOCK_VALIDITY_MS in its
 process group, so that on loss of the lock every process of the group is stopped.")]
 pub struct LockArgs {
     /// A Redis master, as redis://[user:password@]host:port or rediss://… for TLS; repeat for each master.
-    #[arg(long = "redis", value_name = "URL", env = "REDLOCK_REDIS", value_delimiter = ',', required = true)]
+    #[arg(
+        long = "redis",
+        value_name = "URL",
+        env = "REDLOCK_REDIS",
+        value_delimiter = ',',
+        required = true
+    )]
     pub redis: Vec<String>,
     /// Lock time to live; the lock is extended while the command runs.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
@@ -88,7 +94,8 @@ fn config_from(args: &LockArgs) -> Result<RedlockConfig, Failure> {
     config.node_timeout = args.node_timeout;
     config.assume_durable = args.assume_durable;
     if let Some(path) = &args.redis_ca {
-        let pem = std::fs::read(path).map_err(|err| usage(format!("cannot read {}: {err}", path.display())))?;
+        let pem =
+            std::fs::read(path).map_err(|err| usage(format!("cannot read {}: {err}", path.display())))?;
         config.tls.ca_pem = Some(pem);
     }
     config.validate().map_err(|err| usage(err.to_string()))?;
@@ -147,7 +154,11 @@ async fn run_inner(args: LockArgs) -> Result<i32, Failure> {
     let code = match &ended {
         Ended::Exited(code) => *code,
         Ended::StoppedOnLoss => {
-            let reason = kept.state().lost.map(|reason| reason.to_string()).unwrap_or_default();
+            let reason = kept
+                .state()
+                .lost
+                .map(|reason| reason.to_string())
+                .unwrap_or_default();
             eprintln!(
                 "redlock-operator lock: lock `{}` lost ({reason}); the command was stopped before the lock expired",
                 args.resource
@@ -169,7 +180,10 @@ async fn run_inner(args: LockArgs) -> Result<i32, Failure> {
 
 fn acquire_failure(err: &AcquireError) -> Failure {
     match err {
-        AcquireError::NotAcquired { kind: FailureKind::TooFewMasters, .. } => (exit_code::UNAVAILABLE, err.to_string()),
+        AcquireError::NotAcquired {
+            kind: FailureKind::TooFewMasters,
+            ..
+        } => (exit_code::UNAVAILABLE, err.to_string()),
         AcquireError::NotAcquired { .. } => (exit_code::TEMPFAIL, err.to_string()),
         AcquireError::Config(_) => (exit_code::USAGE, err.to_string()),
         AcquireError::Value(_) => (exit_code::SOFTWARE, err.to_string()),

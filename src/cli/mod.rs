@@ -9,7 +9,11 @@ use clap::{Parser, Subcommand};
 use crate::telemetry::LogFormat;
 
 #[derive(Debug, Parser)]
-#[command(name = "redlock-operator", version, about = "Redlock distributed locks, declarative and from the shell")]
+#[command(
+    name = "redlock-operator",
+    version,
+    about = "Redlock distributed locks, declarative and from the shell"
+)]
 pub struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "REDLOCK_LOG_FORMAT")]
@@ -42,8 +46,14 @@ pub fn parse() -> Result<Cli, i32> {
                 return Err(code);
             }
             let rendered = err.render().to_string();
-            let first = rendered.lines().find(|line| !line.trim().is_empty()).unwrap_or("invalid usage");
-            eprintln!("redlock-operator: {} (see --help)", first.trim_start_matches("error: "));
+            let first = rendered
+                .lines()
+                .find(|line| !line.trim().is_empty())
+                .unwrap_or("invalid usage");
+            eprintln!(
+                "redlock-operator: {} (see --help)",
+                first.trim_start_matches("error: ")
+            );
             Err(exit_code::USAGE)
         }
     }

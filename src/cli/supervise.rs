@@ -43,14 +43,16 @@ impl Child {
             let name = program.to_string_lossy();
             match err.kind() {
                 ErrorKind::NotFound => (exit_code::NOT_FOUND, format!("{name}: command not found")),
-                ErrorKind::PermissionDenied => (exit_code::CANNOT_EXECUTE, format!("{name}: permission denied")),
+                ErrorKind::PermissionDenied => {
+                    (exit_code::CANNOT_EXECUTE, format!("{name}: permission denied"))
+                }
                 _ => (exit_code::CANNOT_EXECUTE, format!("{name}: {err}")),
             }
         })?;
-        let pid = child
-            .id()
-            .and_then(|id| i32::try_from(id).ok())
-            .ok_or((exit_code::SOFTWARE, "the command exited before it could be supervised".to_owned()))?;
+        let pid = child.id().and_then(|id| i32::try_from(id).ok()).ok_or((
+            exit_code::SOFTWARE,
+            "the command exited before it could be supervised".to_owned(),
+        ))?;
         Ok(Self {
             child,
             group: Pid::from_raw(pid),

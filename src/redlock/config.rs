@@ -25,7 +25,11 @@ impl Endpoint {
             .ok_or_else(|| invalid("expected redis://HOST:PORT or rediss://HOST:PORT"))?;
         match &raw[..scheme_end] {
             "redis" | "rediss" => {}
-            other => return Err(invalid(&format!("unsupported scheme `{other}`, expected redis or rediss"))),
+            other => {
+                return Err(invalid(&format!(
+                    "unsupported scheme `{other}`, expected redis or rediss"
+                )));
+            }
         }
         let rest = &raw[scheme_end + 3..];
         let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
@@ -188,7 +192,9 @@ impl RedlockConfig {
             return Err(ConfigError::Invalid("node timeout must be greater than 0".into()));
         }
         if self.connect_timeout.is_zero() {
-            return Err(ConfigError::Invalid("connect timeout must be greater than 0".into()));
+            return Err(ConfigError::Invalid(
+                "connect timeout must be greater than 0".into(),
+            ));
         }
         if !(0.0..0.5).contains(&self.drift_factor) {
             return Err(ConfigError::Invalid(format!(
@@ -293,7 +299,9 @@ mod tests {
 
     #[test]
     fn quorum_counts_every_configured_master() {
-        let urls: Vec<String> = (0..5).map(|i| format!("redis://127.0.0.1:{}", 7000 + i)).collect();
+        let urls: Vec<String> = (0..5)
+            .map(|i| format!("redis://127.0.0.1:{}", 7000 + i))
+            .collect();
         let config = RedlockConfig::from_urls(&urls).unwrap();
         assert_eq!(config.quorum(), 3);
         assert_eq!(config.drift(Duration::from_secs(10)), Duration::from_millis(102));

@@ -1,8 +1,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::stream::{FuturesUnordered, StreamExt};
 use futures::future::BoxFuture;
+use futures::stream::{FuturesUnordered, StreamExt};
 use rand::Rng;
 use redis::Value;
 use tokio::time::Instant;
@@ -81,7 +81,6 @@ impl Lease {
     pub fn report(&self) -> &OperationReport {
         &self.report
     }
-
 }
 
 /// How long and how often [`Redlock::acquire`] tries.
@@ -89,8 +88,27 @@ impl Lease {
 pub struct AcquireOptions {
     /// Attempts in all; `None` takes the configured retry policy, or unlimited when a deadline is set.
     pub attempts: Option<u32>,
-    /// No attempt starts after this instant.
+    /// Keep trying until this instant; the last attempt starts at it at the latest.
     pub deadline: Option<Instant>,
+}
+
+type NodeFuture = BoxFuture<'static, (usize, NodeOutcome, Option<Duration>)>;
+
+/// What a fan-out decided, and the masters that had not answered yet.
+struct FanOut {
+    report: OperationReport,
+    majority: bool,
+    pending: FuturesUnordered<NodeFuture>,
+}
+
+impl FanOut {
+    /// Stops waiting for the masters that have not answered. Requests already sent still run and only their
+    /// replies are dropped; one not sent yet is not sent (a master without the key is repaired by the next
+    /// extension). A broken connection is noticed by the next operation instead.
+    /// Cheaper than draining them in a task of their own, which matters at tens of thousands of locks a second.
+    fn detach(self) -> (OperationReport, bool) {
+        (self.report, self.majority)
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -143,14 +161,21 @@ impl Redlock {
     /// Masters that can vote right now (connected, verified and not quarantined).
     pub fn eligible(&self) -> usize {
         let now = Instant::now();
-        self.inner.nodes.iter().filter(|node| node.ready(now).is_ok()).count()
+        self.inner
+            .nodes
+            .iter()
+            .filter(|node| node.ready(now).is_ok())
+            .count()
     }
 
     /// Pings every connected master once (bounded by the per-node timeout), refreshing latency and noticing
     /// dead connections, which are then re-verified by the restart check.
     pub async fn check_masters(&self) -> Vec<NodeStatus> {
         let pings = self.inner.nodes.iter().map(|node| async move {
-            if let Ok(Ready { mut conn, generation, .. }) = node.connected() {
+            if let Ok(Ready {
+                mut conn, generation, ..
+            }) = node.connected()
+            {
                 let started = Instant::now();
                 let ping = redis::cmd("PING");
                 match tokio::time::timeout(node.node_timeout(), ping.query_async::<()>(&mut conn)).await {
@@ -178,7 +203,11 @@ impl Redlock {
         let retry = self.inner.config.retry;
         let max_attempts = options
             .attempts
-            .unwrap_or(if options.deadline.is_some() { u32::MAX } else { retry.attempts })
+            .unwrap_or(if options.deadline.is_some() {
+                u32::MAX
+            } else {
+                retry.attempts
+            })
             .max(1);
         let mut attempt = 0;
         loop {
@@ -202,10 +231,13 @@ impl Redlock {
             } else {
                 retry.delay_min
             };
-            let wake = Instant::now() + pause;
-            if options.deadline.is_some_and(|deadline| wake >= deadline) {
-                return Err(error);
-            }
+            let now = Instant::now();
+            let wake = match options.deadline {
+                // Waiting means trying until the deadline: the last pause ends on it, for one last attempt.
+                Some(deadline) if now >= deadline => return Err(error),
+                Some(deadline) => (now + pause).min(deadline),
+                None => now + pause,
+            };
             tokio::time::sleep_until(wake).await;
         }
     }
@@ -222,27 +254,30 @@ impl Redlock {
         config.check_ttl(ttl)?;
         let resource: Arc<str> = resource.into();
         let started = Instant::now();
-        let (report, granted) = self
-            .fan_out(Op::Acquire { ttl_ms: millis(ttl) }, &resource, &value, true)
+        let fan_out = self
+            .fan_out(Op::Acquire { ttl_ms: millis(ttl) }, &resource, &value, true, None)
             .await;
         let decided_at = Instant::now();
+        let granted = fan_out.majority;
         let validity = ttl
             .checked_sub(decided_at - started)
             .and_then(|left| left.checked_sub(config.drift(ttl)))
             .filter(|validity| !validity.is_zero());
         match (granted, validity) {
-            (true, Some(validity)) => Ok(Lease {
-                resource,
-                value,
-                ttl,
-                granted_at: started,
-                valid_until: started + validity,
-                report,
-            }),
+            (true, Some(validity)) => {
+                let (report, _) = fan_out.detach();
+                Ok(Lease {
+                    resource,
+                    value,
+                    ttl,
+                    granted_at: started,
+                    valid_until: started + validity,
+                    report,
+                })
+            }
             (granted, _) => {
-                // Also on masters that did not answer: the unlock travels on the same ordered connection, so it
-                // runs after a SET that is still on its way.
-                self.fan_out(Op::Release, &resource, &value, false).await;
+                let report = fan_out.report.clone();
+                self.undo_acquire(&resource, &value, fan_out).await;
                 let kind = if granted {
                     FailureKind::ValidityExhausted
                 } else if report.nodes.len() - report.unreachable() < report.quorum {
@@ -269,8 +304,15 @@ impl Redlock {
         }
         let ttl = lease.ttl;
         let (report, extended) = self
-            .fan_out(Op::Extend { ttl_ms: millis(ttl) }, &lease.resource, &lease.value, true)
-            .await;
+            .fan_out(
+                Op::Extend { ttl_ms: millis(ttl) },
+                &lease.resource,
+                &lease.value,
+                true,
+                None,
+            )
+            .await
+            .detach();
         let decided_at = Instant::now();
         if decided_at >= lease.valid_until {
             return Err(ExtendError::Expired { report: Some(report) });
@@ -307,7 +349,9 @@ impl Redlock {
     /// Deletes the key on every connected master where it still holds this lease's value, all at once,
     /// bounded by the per-node timeout.
     pub async fn release(&self, lease: &Lease) -> OperationReport {
-        self.fan_out(Op::Release, &lease.resource, &lease.value, false).await.0
+        self.fan_out(Op::Release, &lease.resource, &lease.value, false, None)
+            .await
+            .report
     }
 
     /// Keeps `lease` extended in the background and tells the owner at once when it is lost.
@@ -315,16 +359,17 @@ impl Redlock {
         KeptLock::start(self.clone(), lease, policy)
     }
 
-    /// Sends `op` to every master concurrently. With `decide_early`, returns as soon as a majority voted yes or
-    /// can no longer do so; the masters still answering finish in the background (their outcome shows as
-    /// `Pending`). Returns the report and whether a majority voted yes.
+    /// Sends `op` to the masters selected by `only` (all when `None`) concurrently. With `decide_early`,
+    /// returns as soon as a majority voted yes or can no longer do so; the masters still answering are handed
+    /// back in `pending` (their outcome shows as `Pending`).
     async fn fan_out(
         &self,
         op: Op,
         resource: &Arc<str>,
         value: &LockValue,
         decide_early: bool,
-    ) -> (OperationReport, bool) {
+        only: Option<&[usize]>,
+    ) -> FanOut {
         let started = Instant::now();
         let nodes = &self.inner.nodes;
         let mut tally = Tally::new(nodes.len());
@@ -336,22 +381,19 @@ impl Redlock {
                 latency: None,
             })
             .collect();
-        let mut pending: FuturesUnordered<BoxFuture<'static, (usize, NodeOutcome, Option<Duration>)>> =
-            FuturesUnordered::new();
+        let mut pending = FuturesUnordered::new();
         for (index, node) in nodes.iter().enumerate() {
+            if only.is_some_and(|only| !only.contains(&index)) {
+                continue;
+            }
             let ready = match op {
                 Op::Release => node.connected(),
                 _ => node.ready(started),
             };
             match ready {
-                Ok(ready) => pending.push(Box::pin(self.run_on_node(
-                    index,
-                    node.clone(),
-                    ready,
-                    op,
-                    resource.clone(),
-                    value.clone(),
-                ))),
+                Ok(ready) => {
+                    pending.push(self.run_on_node(index, ready, op, resource.clone(), value.clone()))
+                }
                 Err(outcome) => {
                     tally.record(false);
                     reports[index].outcome = outcome;
@@ -368,39 +410,80 @@ impl Redlock {
             reports[index].latency = latency;
             decision = tally.decided();
         }
-        if !pending.is_empty() {
-            tokio::spawn(pending.for_each(|_| async {}));
+        FanOut {
+            report: OperationReport {
+                nodes: reports,
+                elapsed: started.elapsed(),
+                quorum: super::quorum_of(nodes.len()),
+            },
+            majority: decision == Some(true),
+            pending,
         }
-        let report = OperationReport {
-            nodes: reports,
-            elapsed: started.elapsed(),
-            quorum: super::quorum_of(nodes.len()),
+    }
+
+    /// Removes a failed acquisition's key everywhere. A master whose SET is still unanswered gets its unlock
+    /// only once that SET has been answered or timed out: by then the SET is queued ahead of the unlock on the
+    /// same ordered connection, whatever order the futures happened to be polled in, so a late SET can never
+    /// land after its unlock. Bounded by two per-node timeouts.
+    async fn undo_acquire(&self, resource: &Arc<str>, value: &LockValue, fan_out: FanOut) {
+        let FanOut {
+            report, mut pending, ..
+        } = fan_out;
+        let answered: Vec<usize> = report
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, node)| node.outcome != NodeOutcome::Pending)
+            .map(|(index, _)| index)
+            .collect();
+        let unlock_answered = self.fan_out(Op::Release, resource, value, false, Some(&answered));
+        let unlock_late = async {
+            let mut unlocks = FuturesUnordered::new();
+            loop {
+                tokio::select! {
+                    Some((index, _, _)) = pending.next() => {
+                        if let Ok(ready) = self.inner.nodes[index].connected() {
+                            unlocks.push(self.run_on_node(index, ready, Op::Release, resource.clone(), value.clone()));
+                        }
+                    }
+                    Some(_) = unlocks.next() => {}
+                    else => break,
+                }
+            }
         };
-        (report, decision == Some(true))
+        tokio::join!(unlock_answered, unlock_late);
     }
 
     fn run_on_node(
         &self,
         index: usize,
-        node: Arc<Node>,
         ready: Ready,
         op: Op,
         resource: Arc<str>,
         value: LockValue,
-    ) -> impl Future<Output = (usize, NodeOutcome, Option<Duration>)> + Send + 'static {
-        let Ready { mut conn, generation, set_get } = ready;
+    ) -> NodeFuture {
+        let node = self.inner.nodes[index].clone();
+        let Ready {
+            mut conn,
+            generation,
+            set_get,
+        } = ready;
         let script = match op {
             Op::Extend { .. } => Some(self.inner.extend_script.clone()),
             Op::Release => Some(self.inner.release_script.clone()),
             Op::Acquire { .. } => None,
         };
-        async move {
+        Box::pin(async move {
             let started = Instant::now();
             let command = async {
                 match (op, &script) {
                     (Op::Acquire { ttl_ms }, _) => {
                         let mut cmd = redis::cmd("SET");
-                        cmd.arg(&*resource).arg(value.as_str()).arg("NX").arg("PX").arg(ttl_ms);
+                        cmd.arg(&*resource)
+                            .arg(value.as_str())
+                            .arg("NX")
+                            .arg("PX")
+                            .arg(ttl_ms);
                         if set_get {
                             cmd.arg("GET");
                         }
@@ -434,7 +517,7 @@ impl Redlock {
             let latency = started.elapsed();
             node.record_latency(latency);
             (index, outcome, Some(latency))
-        }
+        })
     }
 }
 

@@ -29,7 +29,10 @@ pub enum AcquireError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Value(#[from] ValueError),
-    #[error("lock `{resource}` not acquired after {attempts} attempt(s): {kind}{}", blocker(report))]
+    #[error(
+        "lock `{resource}` not acquired after {attempts} attempt(s): {kind}{}",
+        blocker(report)
+    )]
     NotAcquired {
         resource: String,
         attempts: u32,

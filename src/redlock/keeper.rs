@@ -182,7 +182,9 @@ async fn keep(
             }
             Err(ExtendError::Expired { report }) => {
                 signal(match report {
-                    Some(report) => LossReason::NotExtended { last_report: Some(report) },
+                    Some(report) => LossReason::NotExtended {
+                        last_report: Some(report),
+                    },
                     None => LossReason::Expired,
                 });
                 return;

@@ -10,13 +10,17 @@ pub enum NodeOutcome {
     /// without a restart (FLUSHALL, eviction) on a majority are noticed as a lost lock.
     Recreated,
     /// Another value holds the key; `holder` is its label when it was written by a Redlock client of ours.
-    HeldByOther { holder: Option<String> },
+    HeldByOther {
+        holder: Option<String>,
+    },
     /// Release/extend: the key was not there (already expired or never set on this master).
     NotHeld,
     Timeout,
     Error(String),
     /// Restarted less than max-TTL ago: no writes, no vote.
-    Quarantined { remaining: Duration },
+    Quarantined {
+        remaining: Duration,
+    },
     /// No verified connection at the moment (reconnecting in the background).
     Unavailable(String),
     /// The operation was decided before this master answered.
@@ -93,7 +97,10 @@ impl OperationReport {
     }
 
     pub fn unreachable(&self) -> usize {
-        self.nodes.iter().filter(|node| node.outcome.is_unreachable()).count()
+        self.nodes
+            .iter()
+            .filter(|node| node.outcome.is_unreachable())
+            .count()
     }
 
     /// "2 timed out, 1 quarantined": why masters did not vote, for error messages.
@@ -130,7 +137,10 @@ impl OperationReport {
                 }
             }
         }
-        counts.into_iter().max_by_key(|(_, count)| *count).map(|(holder, _)| holder)
+        counts
+            .into_iter()
+            .max_by_key(|(_, count)| *count)
+            .map(|(holder, _)| holder)
     }
 }
 

@@ -39,7 +39,10 @@ mod tests {
     fn an_old_or_durable_master_votes_at_once() {
         let now = Instant::now();
         let period = Duration::from_secs(60);
-        assert_eq!(quarantine_until(now, Duration::from_secs(60), period, false), None);
+        assert_eq!(
+            quarantine_until(now, Duration::from_secs(60), period, false),
+            None
+        );
         assert_eq!(quarantine_until(now, Duration::ZERO, period, true), None);
     }
 }

@@ -67,6 +67,10 @@ mod tests {
         tally.record(false);
         assert_eq!(tally.decided(), None);
         tally.record(false);
-        assert_eq!(tally.decided(), Some(false), "3 of 5 refused: no majority is possible");
+        assert_eq!(
+            tally.decided(),
+            Some(false),
+            "3 of 5 refused: no majority is possible"
+        );
     }
 }

@@ -60,7 +60,9 @@ pub fn next_keep_action(
 }
 
 pub(crate) fn fence_time(valid_until: Instant, policy: &KeepPolicy) -> Instant {
-    valid_until.checked_sub(policy.fence_margin).unwrap_or(valid_until)
+    valid_until
+        .checked_sub(policy.fence_margin)
+        .unwrap_or(valid_until)
 }
 
 #[cfg(test)]
@@ -108,9 +110,18 @@ mod tests {
         let validity = Duration::from_millis(9_900);
         let valid_until = start + validity;
         let fence = valid_until - Duration::from_secs(2);
-        assert_eq!(next_keep_action(fence, valid_until, validity, true, &policy()), KeepAction::SignalLost);
         assert_eq!(
-            next_keep_action(valid_until + Duration::from_secs(1), valid_until, validity, false, &policy()),
+            next_keep_action(fence, valid_until, validity, true, &policy()),
+            KeepAction::SignalLost
+        );
+        assert_eq!(
+            next_keep_action(
+                valid_until + Duration::from_secs(1),
+                valid_until,
+                validity,
+                false,
+                &policy()
+            ),
             KeepAction::SignalLost,
             "a holder that wakes up after its validity learns at once that it is lost"
         );

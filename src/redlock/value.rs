@@ -70,7 +70,11 @@ fn sanitize_holder(holder: &str) -> String {
         .map(|c| if c == SEPARATOR || c.is_control() { '_' } else { c })
         .take(200)
         .collect();
-    if cleaned.is_empty() { "anonymous".to_owned() } else { cleaned }
+    if cleaned.is_empty() {
+        "anonymous".to_owned()
+    } else {
+        cleaned
+    }
 }
 
 impl fmt::Debug for LockValue {
@@ -96,7 +100,10 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(a.holder(), "web-0");
         assert_eq!(a.as_str().len(), "web-0|".len() + 2 * RANDOM_SECRET_BYTES);
-        assert_eq!(LockValue::holder_of(a.as_str().as_bytes()).as_deref(), Some("web-0"));
+        assert_eq!(
+            LockValue::holder_of(a.as_str().as_bytes()).as_deref(),
+            Some("web-0")
+        );
     }
 
     #[test]

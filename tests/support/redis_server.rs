@@ -1,0 +1,281 @@
+//! Real `redis-server` processes for tests, on free loopback ports, with real faults: SIGKILL and restart empty
+//! (no persistence), SIGSTOP/SIGCONT, and a clock that runs fast (through `faketime`).
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::ops::{Index, IndexMut};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// A libfaketime spec such as `"+0 x1.5"` (clock running 1.5 times too fast).
+    pub faketime: Option<String>,
+    pub password: Option<String>,
+}
+
+pub struct RedisServer {
+    options: Options,
+    port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    pub fn start() -> io::Result<Self> {
+        Self::start_with(Options::default())
+    }
+
+    pub fn start_with(options: Options) -> io::Result<Self> {
+        let mut last_error = None;
+        // A port picked by the OS can be taken by someone else before redis binds it: try a few.
+        for _ in 0..5 {
+            let port = free_port()?;
+            let mut server = Self {
+                options: options.clone(),
+                port,
+                dir: tempfile::tempdir()?,
+                child: None,
+            };
+            match server.spawn() {
+                Ok(()) => return Ok(server),
+                Err(err) => last_error = Some(err),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| io::Error::other("could not start redis-server")))
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    pub fn url(&self) -> String {
+        match &self.options.password {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// SIGKILL: the master and everything it held are gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGKILL if running, then a new, empty master on the same port.
+    pub fn restart(&mut self) -> io::Result<()> {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match self.spawn() {
+                Ok(()) => return Ok(()),
+                Err(err) if Instant::now() < deadline => {
+                    let _ = err;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// SIGSTOP: the master keeps its connections but answers nothing until [`RedisServer::cont`].
+    pub fn stop(&self) {
+        self.signal(Signal::SIGSTOP);
+    }
+
+    pub fn cont(&self) {
+        self.signal(Signal::SIGCONT);
+    }
+
+    fn signal(&self, signal: Signal) {
+        if let Some(child) = &self.child
+            && let Ok(pid) = i32::try_from(child.id())
+        {
+            let _ = kill(Pid::from_raw(pid), signal);
+        }
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
+    }
+
+    fn spawn(&mut self) -> io::Result<()> {
+        let port = self.port.to_string();
+        let dir = self.dir.path().to_string_lossy().into_owned();
+        let log = self.log_path().to_string_lossy().into_owned();
+        let mut args: Vec<String> = [
+            "--port",
+            &port,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "no",
+            "--dir",
+            &dir,
+            "--logfile",
+            &log,
+            "--maxmemory-policy",
+            "noeviction",
+        ]
+        .iter()
+        .map(|arg| (*arg).to_owned())
+        .collect();
+        if let Some(password) = &self.options.password {
+            args.extend(["--requirepass".to_owned(), password.clone()]);
+        }
+        let mut command = match &self.options.faketime {
+            Some(spec) => {
+                let mut command = Command::new("faketime");
+                command.arg("-f").arg(spec).arg("redis-server");
+                command
+            }
+            None => Command::new("redis-server"),
+        };
+        let child = command
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|err| io::Error::new(err.kind(), format!("cannot run redis-server: {err}")))?;
+        self.child = Some(child);
+        match self.wait_ready() {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                self.kill();
+                let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+                Err(io::Error::other(format!(
+                    "redis-server on port {} did not start: {err}\n{log}",
+                    self.port
+                )))
+            }
+        }
+    }
+
+    fn wait_ready(&mut self) -> io::Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let auth = self
+            .options
+            .password
+            .as_ref()
+            .map(|password| format!("*2\r\n$4\r\nAUTH\r\n${}\r\n{password}\r\n", password.len()));
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                self.child = None;
+                return Err(io::Error::other(format!("exited with {status}")));
+            }
+            if ping(self.addr(), auth.as_deref()).is_ok() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "no PONG within 10s"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn ping(addr: SocketAddr, auth: Option<&str>) -> io::Result<()> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(200))?;
+    stream.set_read_timeout(Some(Duration::from_millis(500)))?;
+    let mut request = auth.unwrap_or_default().to_owned();
+    request.push_str("*1\r\n$4\r\nPING\r\n");
+    stream.write_all(request.as_bytes())?;
+    let mut reply = Vec::new();
+    let mut buffer = [0u8; 64];
+    while !reply.ends_with(b"+PONG\r\n") {
+        let read = stream.read(&mut buffer)?;
+        if read == 0 {
+            return Err(io::Error::other("connection closed"));
+        }
+        reply.extend_from_slice(&buffer[..read]);
+        // Still loading, or a wrong password: not ready.
+        if reply.starts_with(b"-") {
+            return Err(io::Error::other(String::from_utf8_lossy(&reply).into_owned()));
+        }
+    }
+    Ok(())
+}
+
+fn free_port() -> io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// N independent masters (no replication, no persistence), as Redlock wants them.
+pub struct RedisCluster {
+    servers: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start(count: usize) -> io::Result<Self> {
+        Self::start_with(count, |_| Options::default())
+    }
+
+    /// `options(i)` configures master `i`, for example a fast clock on some of them.
+    pub fn start_with(count: usize, options: impl Fn(usize) -> Options) -> io::Result<Self> {
+        let servers = (0..count)
+            .map(|index| RedisServer::start_with(options(index)))
+            .collect::<io::Result<Vec<_>>>()?;
+        Ok(Self { servers })
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.servers.iter().map(RedisServer::url).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.servers.len()
+    }
+
+    pub fn servers(&self) -> &[RedisServer] {
+        &self.servers
+    }
+}
+
+impl Index<usize> for RedisCluster {
+    type Output = RedisServer;
+
+    fn index(&self, index: usize) -> &RedisServer {
+        &self.servers[index]
+    }
+}
+
+impl IndexMut<usize> for RedisCluster {
+    fn index_mut(&mut self, index: usize) -> &mut RedisServer {
+        &mut self.servers[index]
+    }
+}
