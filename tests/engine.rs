@@ -503,3 +503,76 @@ async fn kept_lock_signals_loss_before_validity_ends() {
         "release never deletes another holder's key"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_and_tls_are_honoured_and_failures_are_explained() {
+    use support::redis_server::{Options, TlsFiles};
+    let certs_dir = tempfile::tempdir().expect("tempdir");
+    let tls = TlsFiles::generate(certs_dir.path()).expect("certificates");
+    let cluster = RedisCluster::start_with(3, |_| Options {
+        password: Some("s3cret-pw".into()),
+        tls: Some(tls.clone()),
+        ..Options::default()
+    })
+    .expect("masters");
+    let ttl = Duration::from_secs(1);
+    let urls = cluster.urls();
+    assert!(urls.iter().all(|url| url.starts_with("rediss://")));
+
+    // Trusted CA and the right password: locks work over TLS.
+    let mut config = RedlockConfig::from_urls(&urls).expect("config");
+    config.max_ttl = ttl;
+    config.tls.ca_pem = Some(std::fs::read(&tls.ca_cert).expect("ca"));
+    let engine = Redlock::connect(config.clone()).await.expect("engine");
+    wait_until_eligible(&engine, 3).await;
+    let lease = engine
+        .acquire("tls", ttl, "a", once())
+        .await
+        .expect("acquire over TLS");
+    assert_eq!(engine.release(&lease).await.votes(), 3);
+
+    // Wrong password: not connected, with the server's reason, and no password in any message.
+    let wrong: Vec<String> = urls
+        .iter()
+        .map(|url| url.replace("s3cret-pw", "wrong-pw"))
+        .collect();
+    let mut bad = RedlockConfig::from_urls(&wrong).expect("config");
+    bad.max_ttl = ttl;
+    bad.tls = config.tls.clone();
+    let engine = Redlock::connect(bad).await.expect("engine");
+    let err = engine.acquire("tls", ttl, "a", once()).await.unwrap_err();
+    let report = err.report().expect("report").to_string();
+    assert!(
+        matches!(
+            err,
+            AcquireError::NotAcquired {
+                kind: FailureKind::TooFewMasters,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        report.to_lowercase().contains("authentication failed"),
+        "{report}"
+    );
+    assert!(
+        !report.contains("wrong-pw") && !err.to_string().contains("wrong-pw"),
+        "{report}"
+    );
+
+    // Untrusted server certificate (system roots only): refused, and said so.
+    let mut untrusted = RedlockConfig::from_urls(&urls).expect("config");
+    untrusted.max_ttl = ttl;
+    let engine = Redlock::connect(untrusted).await.expect("engine");
+    let statuses = engine.masters();
+    assert!(
+        statuses.iter().all(|node| node.health == NodeHealth::Down),
+        "{statuses:?}"
+    );
+    let reason = statuses[0].last_error.clone().unwrap_or_default().to_lowercase();
+    assert!(
+        reason.contains("certificate") || reason.contains("tls"),
+        "{reason}"
+    );
+}

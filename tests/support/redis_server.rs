@@ -18,11 +18,96 @@ pub struct Options {
     /// A libfaketime spec such as `"+0 x1.5"` (clock running 1.5 times too fast).
     pub faketime: Option<String>,
     pub password: Option<String>,
+    /// Serve TLS (on a port of its own) with these files; `url()` then names the TLS port.
+    pub tls: Option<TlsFiles>,
+}
+
+/// A throw-away CA and a server certificate for 127.0.0.1, made with the `openssl` command.
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub ca_cert: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+}
+
+impl TlsFiles {
+    pub fn generate(dir: &std::path::Path) -> io::Result<Self> {
+        let path = |name: &str| dir.join(name);
+        let ext = path("san.ext");
+        std::fs::write(&ext, "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n")?;
+        let steps: [&[&str]; 3] = [
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=redlock-test-ca",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+            ],
+            &[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-subj",
+                "/CN=127.0.0.1",
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+            ],
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                "san.ext",
+                "-out",
+                "server.crt",
+            ],
+        ];
+        for args in steps {
+            let output = Command::new("openssl").args(args).current_dir(dir).output()?;
+            if !output.status.success() {
+                return Err(io::Error::other(format!(
+                    "openssl {}: {}",
+                    args[0],
+                    String::from_utf8_lossy(&output.stderr)
+                )));
+            }
+        }
+        Ok(Self {
+            ca_cert: path("ca.crt"),
+            server_cert: path("server.crt"),
+            server_key: path("server.key"),
+        })
+    }
 }
 
 pub struct RedisServer {
     options: Options,
     port: u16,
+    /// The TLS port, when serving TLS; the plain `port` then only serves the readiness check.
+    tls_port: Option<u16>,
     dir: tempfile::TempDir,
     child: Option<Child>,
 }
@@ -37,9 +122,14 @@ impl RedisServer {
         // A port picked by the OS can be taken by someone else before redis binds it: try a few.
         for _ in 0..5 {
             let port = free_port()?;
+            let tls_port = match options.tls {
+                Some(_) => Some(free_port()?),
+                None => None,
+            };
             let mut server = Self {
                 options: options.clone(),
                 port,
+                tls_port,
                 dir: tempfile::tempdir()?,
                 child: None,
             };
@@ -60,9 +150,13 @@ impl RedisServer {
     }
 
     pub fn url(&self) -> String {
+        let (scheme, port) = match self.tls_port {
+            Some(port) => ("rediss", port),
+            None => ("redis", self.port),
+        };
         match &self.options.password {
-            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
-            None => format!("redis://127.0.0.1:{}", self.port),
+            Some(password) => format!("{scheme}://:{password}@127.0.0.1:{port}"),
+            None => format!("{scheme}://127.0.0.1:{port}"),
         }
     }
 
@@ -148,6 +242,21 @@ impl RedisServer {
         .collect();
         if let Some(password) = &self.options.password {
             args.extend(["--requirepass".to_owned(), password.clone()]);
+        }
+        if let (Some(tls), Some(port)) = (&self.options.tls, self.tls_port) {
+            let path = |path: &PathBuf| path.to_string_lossy().into_owned();
+            args.extend([
+                "--tls-port".to_owned(),
+                port.to_string(),
+                "--tls-cert-file".to_owned(),
+                path(&tls.server_cert),
+                "--tls-key-file".to_owned(),
+                path(&tls.server_key),
+                "--tls-ca-cert-file".to_owned(),
+                path(&tls.ca_cert),
+                "--tls-auth-clients".to_owned(),
+                "no".to_owned(),
+            ]);
         }
         let mut command = match &self.options.faketime {
             Some(spec) => {
