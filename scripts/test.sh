@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Runs every check and test of the project on a fresh machine: installs what the tests need when missing
-# (redis-server and faketime through apt-get when run as root), then formatting, lints and the test suite.
+# (redis-server, openssl and a C compiler through apt-get when run as root), then formatting, lints and the test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_packages=()
 command -v redis-server >/dev/null 2>&1 || need_packages+=(redis-server)
-command -v faketime >/dev/null 2>&1 || need_packages+=(faketime)
+command -v cc >/dev/null 2>&1 || need_packages+=(gcc)
 command -v openssl >/dev/null 2>&1 || need_packages+=(openssl)
 if [ ${#need_packages[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -1,5 +1,6 @@
 //! Real `redis-server` processes for tests, on free loopback ports, with real faults: SIGKILL and restart empty
-//! (no persistence), SIGSTOP/SIGCONT, and a clock that runs fast (through `faketime`).
+//! (no persistence), SIGSTOP/SIGCONT, and a clock that runs fast (through the `fastclock.c` preload, built here
+//! with the system C compiler; see that file for why not `faketime`).
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -15,8 +16,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Debug, Default)]
 pub struct Options {
-    /// A libfaketime spec such as `"+0 x1.5"` (clock running 1.5 times too fast).
-    pub faketime: Option<String>,
+    /// The master's clock runs this many times faster than real time (for example 1.5).
+    pub clock_rate: Option<f64>,
     pub password: Option<String>,
     /// Serve TLS (on a port of its own) with these files; `url()` then names the TLS port.
     pub tls: Option<TlsFiles>,
@@ -258,14 +259,12 @@ impl RedisServer {
                 "no".to_owned(),
             ]);
         }
-        let mut command = match &self.options.faketime {
-            Some(spec) => {
-                let mut command = Command::new("faketime");
-                command.arg("-f").arg(spec).arg("redis-server");
-                command
-            }
-            None => Command::new("redis-server"),
-        };
+        let mut command = Command::new("redis-server");
+        if let Some(rate) = self.options.clock_rate {
+            command
+                .env("LD_PRELOAD", fastclock_library()?)
+                .env("FASTCLOCK_RATE", rate.to_string());
+        }
         let child = command
             .args(&args)
             .stdin(Stdio::null())
@@ -338,6 +337,30 @@ fn ping(addr: SocketAddr, auth: Option<&str>) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Builds `fastclock.c` once per test binary, into Cargo's scratch directory for tests.
+fn fastclock_library() -> io::Result<PathBuf> {
+    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/support/fastclock.c");
+            let output = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+                .join(format!("libfastclock-{}.so", std::process::id()));
+            let result = Command::new("cc")
+                .args(["-shared", "-fPIC", "-O2", "-o"])
+                .arg(&output)
+                .arg(&source)
+                .output()
+                .map_err(|err| format!("cannot run cc: {err}"))?;
+            if result.status.success() {
+                Ok(output)
+            } else {
+                Err(format!("cc failed: {}", String::from_utf8_lossy(&result.stderr)))
+            }
+        })
+        .clone()
+        .map_err(io::Error::other)
 }
 
 fn free_port() -> io::Result<u16> {

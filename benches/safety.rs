@@ -1,0 +1,71 @@
+//! The safety checker, long version: random faults until at least 10,000 grants (or `SAFETY_GRANTS`), then the
+//! negative controls and their clean twins. Run with `cargo bench --bench safety`; the last line is the SUMMARY.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use support::safety::{Workload, fast_clocks, random_run, restart_majority_while_held};
+
+/// Stop even if the grant target is not reached (a run that makes no progress is a finding too).
+const TIME_CAP: Duration = Duration::from_secs(20 * 60);
+
+fn main() {
+    let target: usize = std::env::var("SAFETY_GRANTS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(10_000);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("cannot start the runtime: {err}");
+            std::process::exit(1);
+        }
+    };
+    runtime.block_on(async move {
+        let workload = Workload {
+            clients: 12,
+            resources: Workload::resources(16),
+            ttl: Duration::from_secs(1),
+            hold: Duration::from_millis(1)..Duration::from_millis(20),
+            pause_probability: 0.02,
+            long_hold_probability: 0.05,
+        };
+        println!("random faults until {target} grants (at most {}s)…", TIME_CAP.as_secs());
+        let main = random_run(workload, Duration::from_millis(50), Duration::from_millis(1_500), move |recorder, elapsed| {
+            recorder.grants().len() >= target || elapsed >= TIME_CAP
+        })
+        .await;
+        println!("random faults: {main}");
+
+        let controls = [
+            ("restart of a majority, quarantine off", restart_majority_while_held(false).await),
+            ("clocks 50% fast", fast_clocks(1.5).await),
+        ];
+        let twins = [
+            ("restart of a majority, quarantine on", restart_majority_while_held(true).await),
+            ("clocks 0.5% fast (within the allowance)", fast_clocks(1.005).await),
+        ];
+        let mut detected = 0;
+        for (name, report) in &controls {
+            let found = !report.overlaps.is_empty();
+            detected += usize::from(found);
+            println!("negative control, {name}: {} — {report}", if found { "DETECTED" } else { "NOT DETECTED" });
+        }
+        let mut overlaps = main.overlaps.len();
+        for (name, report) in &twins {
+            overlaps += report.overlaps.len();
+            println!("clean twin, {name}: {report}");
+        }
+        println!(
+            "SUMMARY grants={} overlaps={} nemesis_events={} longest_unavailable_ms={} negative_controls_detected={}/{}",
+            main.grants,
+            overlaps,
+            main.nemesis_events,
+            main.longest_unavailable.as_millis(),
+            detected,
+            controls.len()
+        );
+    });
+}

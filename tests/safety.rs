@@ -1,0 +1,97 @@
+//! The safety checker, short version (the long one is `cargo bench --bench safety`): no two holders' windows
+//! overlap under random faults, and the checker is shown able to fail by negative controls.
+
+mod support;
+
+use std::time::Duration;
+
+use support::safety::{Grant, Workload, fast_clocks, find_overlaps, random_run, restart_majority_while_held};
+use tokio::time::Instant;
+
+#[test]
+fn the_checker_finds_overlaps_and_only_overlaps() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let grant = |resource: &str, client: &str, start: u64, end: u64| Grant {
+        resource: resource.into(),
+        client: client.into(),
+        start: at(start),
+        end: at(end),
+    };
+    let clean = [
+        grant("a", "x", 0, 10),
+        grant("a", "y", 10, 20),
+        grant("b", "z", 5, 15),
+        grant("a", "x", 25, 30),
+    ];
+    assert!(find_overlaps(&clean).is_empty());
+    // A long window followed by two short ones: both overlap the long one, not just the first.
+    let dirty = [
+        grant("a", "x", 0, 100),
+        grant("a", "y", 10, 20),
+        grant("a", "z", 30, 40),
+    ];
+    let overlaps = find_overlaps(&dirty);
+    assert_eq!(overlaps.len(), 2);
+    assert!(overlaps.iter().all(|overlap| overlap.first.client == "x"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_faults_never_produce_two_holders() {
+    let workload = Workload {
+        clients: 8,
+        resources: Workload::resources(3),
+        ttl: Duration::from_secs(1),
+        hold: Duration::from_millis(1)..Duration::from_millis(60),
+        pause_probability: 0.03,
+        long_hold_probability: 0.1,
+    };
+    let report = random_run(
+        workload,
+        Duration::from_millis(50),
+        Duration::from_millis(1_500),
+        |_, elapsed| elapsed >= Duration::from_secs(45),
+    )
+    .await;
+    println!("random faults: {report}");
+    assert!(report.overlaps.is_empty(), "{report}");
+    assert!(
+        report.grants >= 100,
+        "too little progress to mean anything: {report}"
+    );
+    assert!(report.nemesis_events >= 20, "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarting_a_majority_breaks_safety_without_quarantine_only() {
+    let without = restart_majority_while_held(false).await;
+    println!("quarantine off: {without}");
+    assert!(
+        !without.overlaps.is_empty(),
+        "the negative control must fail the check: {without}"
+    );
+    let with = restart_majority_while_held(true).await;
+    println!("quarantine on: {with}");
+    assert!(with.overlaps.is_empty(), "{with}");
+    assert_eq!(
+        with.grants, 2,
+        "the contender gets the lock once the quarantine is over: {with}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clocks_faster_than_the_drift_allowance_break_safety() {
+    let fast = fast_clocks(1.5).await;
+    println!("clock 50% fast: {fast}");
+    assert!(
+        !fast.overlaps.is_empty(),
+        "the negative control must fail the check: {fast}"
+    );
+    let within = fast_clocks(1.005).await;
+    println!("clock 0.5% fast (allowance 1% + 2ms): {within}");
+    assert!(within.overlaps.is_empty(), "{within}");
+    assert_eq!(
+        within.grants, 2,
+        "the contender gets the lock once it expired: {within}"
+    );
+}

@@ -1,0 +1,555 @@
+//! A Jepsen-style safety checker for the engine: many clients (separate engines, separate connections, one
+//! process so that one monotonic clock orders every event) contend for a few resources while a nemesis breaks
+//! masters and the network; every grant's window is recorded and checked for overlaps.
+//!
+//! A window is what a holder claimed: from the moment it learned it holds the lock to the moment it stopped
+//! claiming it (released, was told the lock is lost) or to the validity end the engine gave it, whichever comes
+//! first. A paused holder claims until its validity end and, when it wakes after that, must not act.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use rand::Rng;
+use redlock_operator::redlock::{AcquireOptions, KeepPolicy, Redlock, RedlockConfig};
+use tokio::time::Instant;
+
+use super::fault_proxy::{Direction, FaultProxy};
+use super::redis_server::{Options, RedisCluster};
+
+#[derive(Clone, Debug)]
+pub struct Grant {
+    pub resource: String,
+    pub client: String,
+    pub start: Instant,
+    pub end: Instant,
+}
+
+#[derive(Clone, Debug)]
+pub struct Overlap {
+    pub resource: String,
+    pub first: Grant,
+    pub second: Grant,
+}
+
+impl fmt::Display for Overlap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} held until {:?} after {} got it ({:.1}ms of overlap)",
+            self.resource,
+            self.first.client,
+            self.first.end,
+            self.second.client,
+            (self.first.end - self.second.start).as_secs_f64() * 1e3
+        )
+    }
+}
+
+/// Every pair of windows on one resource that overlaps, found by a sweep over windows sorted by start.
+pub fn find_overlaps(grants: &[Grant]) -> Vec<Overlap> {
+    let mut by_resource: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
+    for grant in grants {
+        by_resource.entry(&grant.resource).or_default().push(grant);
+    }
+    let mut overlaps = Vec::new();
+    for (resource, mut windows) in by_resource {
+        windows.sort_by_key(|grant| (grant.start, grant.end));
+        let mut frontier: Option<&Grant> = None;
+        for grant in windows {
+            if let Some(latest) = frontier {
+                if grant.start < latest.end {
+                    overlaps.push(Overlap {
+                        resource: resource.to_owned(),
+                        first: latest.clone(),
+                        second: grant.clone(),
+                    });
+                }
+                if grant.end > latest.end {
+                    frontier = Some(grant);
+                }
+            } else {
+                frontier = Some(grant);
+            }
+        }
+    }
+    overlaps
+}
+
+/// The longest stretch, on any resource, during which nobody held it.
+pub fn longest_unavailable(grants: &[Grant], resources: &[String], from: Instant, to: Instant) -> Duration {
+    let mut longest = Duration::ZERO;
+    for resource in resources {
+        let mut windows: Vec<(Instant, Instant)> = grants
+            .iter()
+            .filter(|grant| &grant.resource == resource)
+            .map(|grant| (grant.start, grant.end))
+            .collect();
+        windows.sort();
+        let mut covered_until = from;
+        for (start, end) in windows {
+            if start > covered_until {
+                longest = longest.max(start - covered_until);
+            }
+            covered_until = covered_until.max(end);
+        }
+        if to > covered_until {
+            longest = longest.max(to - covered_until);
+        }
+    }
+    longest
+}
+
+#[derive(Default)]
+pub struct Recorder {
+    grants: Mutex<Vec<Grant>>,
+    failed_attempts: AtomicU64,
+    lost_signals: AtomicU64,
+    stale_wakes: AtomicU64,
+    acts: AtomicU64,
+    nemesis_events: AtomicU64,
+}
+
+impl Recorder {
+    fn grant(&self, grant: Grant) {
+        self.grants.lock().unwrap_or_else(|e| e.into_inner()).push(grant);
+    }
+
+    pub fn grants(&self) -> Vec<Grant> {
+        self.grants.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn report(&self, resources: &[String], from: Instant, to: Instant) -> Report {
+        let grants = self.grants();
+        Report {
+            overlaps: find_overlaps(&grants),
+            longest_unavailable: longest_unavailable(&grants, resources, from, to),
+            grants: grants.len(),
+            failed_attempts: self.failed_attempts.load(Ordering::Relaxed),
+            lost_signals: self.lost_signals.load(Ordering::Relaxed),
+            stale_wakes: self.stale_wakes.load(Ordering::Relaxed),
+            acts: self.acts.load(Ordering::Relaxed),
+            nemesis_events: self.nemesis_events.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Report {
+    pub grants: usize,
+    pub overlaps: Vec<Overlap>,
+    pub failed_attempts: u64,
+    pub lost_signals: u64,
+    pub stale_wakes: u64,
+    pub acts: u64,
+    pub nemesis_events: u64,
+    pub longest_unavailable: Duration,
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "grants={} overlaps={} failed_attempts={} lost_signals={} paused_holders_woken_late={} acts={} nemesis_events={} longest_unavailable_ms={}",
+            self.grants,
+            self.overlaps.len(),
+            self.failed_attempts,
+            self.lost_signals,
+            self.stale_wakes,
+            self.acts,
+            self.nemesis_events,
+            self.longest_unavailable.as_millis()
+        )?;
+        for overlap in self.overlaps.iter().take(5) {
+            write!(f, "\n  overlap: {overlap}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What the clients do.
+#[derive(Clone, Debug)]
+pub struct Workload {
+    pub clients: usize,
+    pub resources: Vec<String>,
+    pub ttl: Duration,
+    /// How long a holder keeps the lock (kept alive by the engine's keeper when longer than a third of the TTL).
+    pub hold: Range<Duration>,
+    /// Share of grants whose holder is "paused" (stops, keeper included) for half a TTL to two TTLs.
+    pub pause_probability: f64,
+    /// Share of grants held for up to two TTLs, so that extensions happen under faults.
+    pub long_hold_probability: f64,
+}
+
+impl Workload {
+    pub fn resources(count: usize) -> Vec<String> {
+        (0..count).map(|index| format!("resource-{index}")).collect()
+    }
+}
+
+/// Runs `workload` against `urls` until `stop` says so. Each client has its own engine.
+pub async fn run_clients(
+    config: &RedlockConfig,
+    workload: &Workload,
+    recorder: Arc<Recorder>,
+    stop: impl Fn(&Recorder) -> bool + Send + Sync + 'static,
+) {
+    let stop = Arc::new(stop);
+    let mut tasks = Vec::new();
+    for client in 0..workload.clients {
+        let engine = match Redlock::connect(config.clone()).await {
+            Ok(engine) => engine,
+            Err(err) => panic!("client {client}: {err}"),
+        };
+        let workload = workload.clone();
+        let recorder = recorder.clone();
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let name = format!("client-{client}");
+            while !stop(&recorder) {
+                one_turn(&engine, &name, &workload, &recorder).await;
+            }
+        }));
+    }
+    for task in tasks {
+        if let Err(err) = task.await {
+            panic!("client task failed: {err}");
+        }
+    }
+}
+
+async fn one_turn(engine: &Redlock, name: &str, workload: &Workload, recorder: &Recorder) {
+    let (resource, hold, pause, long) = {
+        let mut rng = rand::rng();
+        let resource = workload.resources[rng.random_range(0..workload.resources.len())].clone();
+        let hold = if workload.hold.is_empty() {
+            workload.hold.start
+        } else {
+            rng.random_range(workload.hold.clone())
+        };
+        (
+            resource,
+            hold,
+            rng.random_bool(workload.pause_probability),
+            rng.random_bool(workload.long_hold_probability),
+        )
+    };
+    let once = AcquireOptions {
+        attempts: Some(1),
+        deadline: None,
+    };
+    let lease = match engine.acquire(&resource, workload.ttl, name, once).await {
+        Ok(lease) => lease,
+        Err(_) => {
+            recorder.failed_attempts.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(rand::random_range(1..20))).await;
+            return;
+        }
+    };
+    let start = Instant::now();
+    if pause {
+        // A stopped process: no keeper, no checks. It claims the lock until its validity ends.
+        let claimed_until = lease.valid_until();
+        let nap = workload.ttl.mul_f64(rand::random_range(0.5..2.0));
+        tokio::time::sleep(nap).await;
+        let woke = Instant::now();
+        let end = if woke < claimed_until {
+            recorder.acts.fetch_add(1, Ordering::Relaxed);
+            woke
+        } else {
+            // Woke after its validity: it must not act, and does not.
+            recorder.stale_wakes.fetch_add(1, Ordering::Relaxed);
+            claimed_until
+        };
+        recorder.grant(Grant {
+            resource,
+            client: name.to_owned(),
+            start,
+            end: end.min(claimed_until),
+        });
+        engine.release(&lease).await;
+        return;
+    }
+    let hold = if long {
+        workload.ttl.mul_f64(rand::random_range(0.5..2.0))
+    } else {
+        hold
+    };
+    let kept = engine.keep(
+        lease,
+        KeepPolicy::for_ttl(workload.ttl, engine.config().node_timeout),
+    );
+    let lost = kept.lost_token();
+    let until = start + hold;
+    let mut end;
+    loop {
+        // Act only while the lock is ours and valid; the act itself is instantaneous here.
+        let now = Instant::now();
+        let valid_until = kept.state().lease.valid_until();
+        end = now.min(valid_until);
+        if lost.is_cancelled() || now >= valid_until {
+            recorder.lost_signals.fetch_add(1, Ordering::Relaxed);
+            break;
+        }
+        recorder.acts.fetch_add(1, Ordering::Relaxed);
+        if now >= until {
+            break;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(rand::random_range(1..10))) => {}
+            () = lost.cancelled() => {}
+        }
+    }
+    recorder.grant(Grant {
+        resource,
+        client: name.to_owned(),
+        start,
+        end,
+    });
+    kept.release().await;
+}
+
+/// Masters behind fault proxies, and the faults to throw at them.
+pub struct Nemesis {
+    pub cluster: RedisCluster,
+    pub proxies: Vec<FaultProxy>,
+}
+
+impl Nemesis {
+    pub async fn start(masters: usize) -> std::io::Result<Self> {
+        let cluster = RedisCluster::start(masters)?;
+        let mut proxies = Vec::new();
+        for server in cluster.servers() {
+            proxies.push(FaultProxy::start(server.addr()).await?);
+        }
+        Ok(Self { cluster, proxies })
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.proxies.iter().map(FaultProxy::url).collect()
+    }
+
+    /// Throws random faults until `stop`, one at a time, each lasting up to `longest`; heals everything at the
+    /// end. Counts every fault in `recorder`.
+    pub async fn run(&mut self, recorder: &Recorder, longest: Duration, stop: impl Fn() -> bool) {
+        let count = self.cluster.len();
+        while !stop() {
+            let (kind, targets, duration, direction) = {
+                let mut rng = rand::rng();
+                let kind = rng.random_range(0..8);
+                let how_many = if rng.random_bool(0.25) {
+                    count / 2 + 1
+                } else {
+                    rng.random_range(1..=count / 2)
+                };
+                let mut targets: Vec<usize> = (0..count).collect();
+                for index in (1..targets.len()).rev() {
+                    targets.swap(index, rng.random_range(0..=index));
+                }
+                targets.truncate(how_many);
+                let direction = match rng.random_range(0..3) {
+                    0 => Direction::ClientToServer,
+                    1 => Direction::ServerToClient,
+                    _ => Direction::Both,
+                };
+                let duration = longest.mul_f64(rng.random_range(0.1..1.0));
+                (kind, targets, duration, direction)
+            };
+            recorder.nemesis_events.fetch_add(1, Ordering::Relaxed);
+            match kind {
+                0 | 1 => {
+                    for &index in &targets {
+                        // Restarted empty: every lock it held is forgotten.
+                        let _ = self.cluster[index].restart();
+                    }
+                }
+                2 | 3 => {
+                    for &index in &targets {
+                        self.cluster[index].stop();
+                    }
+                    tokio::time::sleep(duration).await;
+                    for &index in &targets {
+                        self.cluster[index].cont();
+                    }
+                }
+                4 | 5 => {
+                    for &index in &targets {
+                        self.proxies[index].hold(direction, true);
+                    }
+                    tokio::time::sleep(duration).await;
+                    for &index in &targets {
+                        self.proxies[index].hold(direction, false);
+                    }
+                }
+                6 => {
+                    let latency = Duration::from_millis(rand::random_range(5..60));
+                    for &index in &targets {
+                        self.proxies[index].set_latency(direction, latency);
+                    }
+                    tokio::time::sleep(duration).await;
+                    for &index in &targets {
+                        self.proxies[index].set_latency(Direction::Both, Duration::ZERO);
+                    }
+                }
+                _ => {
+                    for &index in &targets {
+                        self.proxies[index].cut_all();
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(rand::random_range(50..400))).await;
+        }
+        for index in 0..count {
+            self.cluster[index].cont();
+            self.proxies[index].heal();
+        }
+    }
+}
+
+/// Random faults against `workload` until `done` says so; returns the checked history.
+pub async fn random_run(
+    workload: Workload,
+    node_timeout: Duration,
+    longest_fault: Duration,
+    done: impl Fn(&Recorder, Duration) -> bool + Send + Sync + Clone + 'static,
+) -> Report {
+    let mut nemesis = Nemesis::start(5).await.expect("masters and proxies");
+    let mut config = RedlockConfig::from_urls(&nemesis.urls()).expect("config");
+    config.max_ttl = workload.ttl;
+    config.node_timeout = node_timeout;
+    // Fresh masters are in quarantine for max-ttl (uptime is reported in whole seconds).
+    tokio::time::sleep(workload.ttl + Duration::from_secs(1)).await;
+    let recorder = Arc::new(Recorder::default());
+    let started = Instant::now();
+    let clients = {
+        let recorder = recorder.clone();
+        let done = done.clone();
+        let workload = workload.clone();
+        tokio::spawn(async move {
+            run_clients(&config, &workload, recorder, move |recorder| {
+                done(recorder, started.elapsed())
+            })
+            .await
+        })
+    };
+    let stop = || done(&recorder, started.elapsed());
+    nemesis.run(&recorder, longest_fault, stop).await;
+    clients.await.expect("clients");
+    recorder.report(&workload.resources, started, Instant::now())
+}
+
+/// Negative control (or its clean twin): a majority of masters restarts empty while a lock is held, and a
+/// fresh client tries to take it. With `quarantine` off, the fresh client gets it inside the holder's window.
+pub async fn restart_majority_while_held(quarantine: bool) -> Report {
+    let ttl = Duration::from_secs(3);
+    let mut cluster = RedisCluster::start(5).expect("masters");
+    let mut config = RedlockConfig::from_urls(&cluster.urls()).expect("config");
+    config.max_ttl = ttl;
+    config.assume_durable = !quarantine;
+    let holder = Redlock::connect(config.clone()).await.expect("engine");
+    wait_eligible(&holder, 5).await;
+    let recorder = Recorder::default();
+    let started = Instant::now();
+    let once = AcquireOptions {
+        attempts: Some(1),
+        deadline: None,
+    };
+    let lease = holder
+        .acquire("payments", ttl, "holder", once)
+        .await
+        .expect("holder acquires");
+    recorder.grant(Grant {
+        resource: "payments".into(),
+        client: "holder".into(),
+        start: Instant::now(),
+        end: lease.valid_until(),
+    });
+    for index in 0..3 {
+        cluster[index].restart().expect("restart");
+    }
+    recorder.nemesis_events.fetch_add(1, Ordering::Relaxed);
+    let contender = Redlock::connect(config).await.expect("engine");
+    let give_up = lease.valid_until() + ttl + Duration::from_secs(2);
+    while Instant::now() < give_up {
+        match contender.acquire("payments", ttl, "contender", once).await {
+            Ok(lease) => {
+                recorder.grant(Grant {
+                    resource: "payments".into(),
+                    client: "contender".into(),
+                    start: Instant::now(),
+                    end: lease.valid_until(),
+                });
+                break;
+            }
+            Err(_) => {
+                recorder.failed_attempts.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+    recorder.report(&["payments".to_owned()], started, Instant::now())
+}
+
+/// Negative control (or its clean twin): every master's clock runs `rate` times too fast. The holder keeps
+/// its lock for its whole validity without extending; a contender tries to take it all the time.
+pub async fn fast_clocks(rate: f64) -> Report {
+    let ttl = Duration::from_secs(2);
+    let cluster = RedisCluster::start_with(5, |_| Options {
+        clock_rate: Some(rate),
+        ..Options::default()
+    })
+    .expect("masters");
+    let mut config = RedlockConfig::from_urls(&cluster.urls()).expect("config");
+    config.max_ttl = ttl;
+    let holder = Redlock::connect(config.clone()).await.expect("engine");
+    let contender = Redlock::connect(config).await.expect("engine");
+    wait_eligible(&holder, 5).await;
+    wait_eligible(&contender, 5).await;
+    let recorder = Recorder::default();
+    let started = Instant::now();
+    let once = AcquireOptions {
+        attempts: Some(1),
+        deadline: None,
+    };
+    let lease = holder
+        .acquire("clock", ttl, "holder", once)
+        .await
+        .expect("holder acquires");
+    recorder.grant(Grant {
+        resource: "clock".into(),
+        client: "holder".into(),
+        start: Instant::now(),
+        end: lease.valid_until(),
+    });
+    let give_up = lease.valid_until() + Duration::from_millis(500);
+    while Instant::now() < give_up {
+        if let Ok(taken) = contender.acquire("clock", ttl, "contender", once).await {
+            recorder.grant(Grant {
+                resource: "clock".into(),
+                client: "contender".into(),
+                start: Instant::now(),
+                end: taken.valid_until(),
+            });
+            break;
+        }
+        recorder.failed_attempts.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    recorder.report(&["clock".to_owned()], started, Instant::now())
+}
+
+async fn wait_eligible(engine: &Redlock, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while engine.eligible() < count {
+        assert!(
+            Instant::now() < deadline,
+            "masters never left quarantine: {:?}",
+            engine.masters()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
