@@ -23,6 +23,12 @@ fn main() {
             std::process::exit(1);
         }
     };
+    if std::env::var_os("SAFETY_LOG").is_some() {
+        redlock_operator::telemetry::init(
+            redlock_operator::telemetry::LogFormat::Text,
+            "redlock_operator=debug",
+        );
+    }
     runtime.block_on(async move {
         let workload = Workload {
             clients: 12,

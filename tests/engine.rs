@@ -576,3 +576,70 @@ async fn passwords_and_tls_are_honoured_and_failures_are_explained() {
         "{reason}"
     );
 }
+
+/// Regression test for a bug the safety checker found: Redis reports uptime as the difference of two
+/// whole-second readings, so a master started just before a second boundary claims a full second of uptime
+/// milliseconds later. Trusting that number shortened the quarantine to almost nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_started_just_before_a_second_boundary_is_still_quarantined() {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let max_ttl = Duration::from_secs(1);
+    let mut cluster = RedisCluster::start(1).expect("master");
+    // Restart it at about x.95 s of wall-clock time, then ask right after the boundary.
+    let mut attempts = 0;
+    let reported = loop {
+        attempts += 1;
+        assert!(
+            attempts <= 20,
+            "could not time the restart around a second boundary"
+        );
+        let fraction = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .subsec_millis();
+        tokio::time::sleep(Duration::from_millis(u64::from((1_950 - fraction) % 1_000))).await;
+        cluster[0].restart().expect("restart");
+        let restarted = Instant::now();
+        let fraction = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .subsec_millis();
+        if !(900..=990).contains(&fraction) {
+            continue; // the restart itself took too long; try again
+        }
+        tokio::time::sleep(Duration::from_millis(u64::from(1_020 - fraction))).await;
+        let client = redis::Client::open(cluster[0].url().as_str()).expect("url");
+        let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut conn)
+            .await
+            .expect("info");
+        let uptime = info
+            .lines()
+            .find_map(|line| line.strip_prefix("uptime_in_seconds:"))
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .expect("uptime");
+        if uptime == 1 {
+            break (uptime, restarted);
+        }
+    };
+    let (uptime, restarted) = reported;
+    assert!(
+        restarted.elapsed() < Duration::from_millis(500),
+        "reported {uptime}s after {:?}",
+        restarted.elapsed()
+    );
+
+    let mut config = RedlockConfig::from_urls(&cluster.urls()).expect("config");
+    config.max_ttl = max_ttl;
+    let engine = Redlock::connect(config.clone()).await.expect("engine");
+    let status = &engine.masters()[0];
+    assert_eq!(status.health, NodeHealth::Quarantined, "{status:?}");
+    let until = status.quarantined_until.expect("quarantined");
+    assert!(
+        until >= restarted + config.quarantine_period(),
+        "quarantine ends {:?} after the restart, before max-ttl + drift",
+        until - restarted
+    );
+}

@@ -17,6 +17,7 @@ fn the_checker_finds_overlaps_and_only_overlaps() {
         client: client.into(),
         start: at(start),
         end: at(end),
+        evidence: String::new(),
     };
     let clean = [
         grant("a", "x", 0, 10),

@@ -266,6 +266,14 @@ impl Node {
                 "Redis master started recently: quarantined, it may have forgotten live locks"
             );
         }
+        tracing::debug!(
+            master = %self.endpoint,
+            run_id = %info.run_id,
+            uptime_s = info.uptime.as_secs(),
+            quarantined = quarantined_until.is_some(),
+            at = ?answered_at,
+            "connected and verified"
+        );
         state.generation += 1;
         state.conn = Some(conn);
         state.info = Some(info);

@@ -27,6 +27,8 @@ pub struct Grant {
     pub client: String,
     pub start: Instant,
     pub end: Instant,
+    /// What the masters answered to the acquisition and to the last extension, to explain an overlap.
+    pub evidence: String,
 }
 
 #[derive(Clone, Debug)]
@@ -40,13 +42,22 @@ impl fmt::Display for Overlap {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}: {} held until {:?} after {} got it ({:.1}ms of overlap)",
+            "{}: {} held until {:?} after {} got it at {:?} ({:.1}ms of overlap)",
             self.resource,
             self.first.client,
             self.first.end,
             self.second.client,
+            self.second.start,
             (self.first.end - self.second.start).as_secs_f64() * 1e3
-        )
+        )?;
+        if !self.first.evidence.is_empty() || !self.second.evidence.is_empty() {
+            write!(
+                f,
+                "\n    first (from {:?}): {}\n    second: {}",
+                self.first.start, self.first.evidence, self.second.evidence
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -251,6 +262,7 @@ async fn one_turn(engine: &Redlock, name: &str, workload: &Workload, recorder: &
         }
     };
     let start = Instant::now();
+    let acquired = format!("acquired {}", lease.report());
     if pause {
         // A stopped process: no keeper, no checks. It claims the lock until its validity ends.
         let claimed_until = lease.valid_until();
@@ -270,6 +282,7 @@ async fn one_turn(engine: &Redlock, name: &str, workload: &Workload, recorder: &
             client: name.to_owned(),
             start,
             end: end.min(claimed_until),
+            evidence: format!("paused; {acquired}"),
         });
         engine.release(&lease).await;
         return;
@@ -304,11 +317,24 @@ async fn one_turn(engine: &Redlock, name: &str, workload: &Workload, recorder: &
             () = lost.cancelled() => {}
         }
     }
+    let state = kept.state();
+    let last = if state.extensions > 0 {
+        format!(
+            "; {} extensions, the last granted at {:?} valid until {:?}: {}",
+            state.extensions,
+            state.lease.granted_at(),
+            state.lease.valid_until(),
+            state.lease.report()
+        )
+    } else {
+        String::new()
+    };
     recorder.grant(Grant {
         resource,
         client: name.to_owned(),
         start,
         end,
+        evidence: format!("{acquired}{last}"),
     });
     kept.release().await;
 }
@@ -360,6 +386,12 @@ impl Nemesis {
                 (kind, targets, duration, direction)
             };
             recorder.nemesis_events.fetch_add(1, Ordering::Relaxed);
+            if std::env::var_os("SAFETY_LOG").is_some() {
+                eprintln!(
+                    "{:?} nemesis kind={kind} targets={targets:?} for {duration:?} {direction:?}",
+                    Instant::now()
+                );
+            }
             match kind {
                 0 | 1 => {
                     for &index in &targets {
@@ -467,6 +499,7 @@ pub async fn restart_majority_while_held(quarantine: bool) -> Report {
         client: "holder".into(),
         start: Instant::now(),
         end: lease.valid_until(),
+        evidence: String::new(),
     });
     for index in 0..3 {
         cluster[index].restart().expect("restart");
@@ -482,6 +515,7 @@ pub async fn restart_majority_while_held(quarantine: bool) -> Report {
                     client: "contender".into(),
                     start: Instant::now(),
                     end: lease.valid_until(),
+                    evidence: String::new(),
                 });
                 break;
             }
@@ -524,6 +558,7 @@ pub async fn fast_clocks(rate: f64) -> Report {
         client: "holder".into(),
         start: Instant::now(),
         end: lease.valid_until(),
+        evidence: String::new(),
     });
     let give_up = lease.valid_until() + Duration::from_millis(500);
     while Instant::now() < give_up {
@@ -533,6 +568,7 @@ pub async fn fast_clocks(rate: f64) -> Report {
                 client: "contender".into(),
                 start: Instant::now(),
                 end: taken.valid_until(),
+                evidence: String::new(),
             });
             break;
         }

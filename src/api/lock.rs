@@ -1,0 +1,163 @@
+//! `DistributedLock`: one named lock on a `RedisQuorum`, and who holds it.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// A lock held as a Redlock quorum on a `RedisQuorum`; the operator acquires it for the holder the policy
+/// chooses, keeps it extended, and fences the holder before it can expire.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "redlock.io",
+    version = "v1alpha1",
+    kind = "DistributedLock",
+    plural = "distributedlocks",
+    shortname = "dlock",
+    namespaced,
+    status = "DistributedLockStatus",
+    printcolumn = r#"{"name":"Holder","type":"string","jsonPath":".status.holder"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Token","type":"integer","jsonPath":".status.fencingToken"}"#,
+    printcolumn = r#"{"name":"Valid-Until","type":"date","jsonPath":".status.validUntil"}"#,
+    printcolumn = r#"{"name":"Quorum","type":"string","jsonPath":".status.quorum"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.resourceKey) == has(oldSelf.resourceKey) && (!has(self.resourceKey) || self.resourceKey == oldSelf.resourceKey)").message("resourceKey is immutable: create a new DistributedLock to lock another key"))]
+pub struct DistributedLockSpec {
+    /// The `RedisQuorum` holding this lock.
+    #[serde(default = "default_quorum")]
+    #[schemars(length(min = 1, max = 253))]
+    pub quorum: String,
+
+    /// The Redis key; defaults to `<namespace>/<name>`. Two locks naming the same key on the same masters, in one
+    /// cluster or in several, contend for one lock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub resource_key: Option<String>,
+
+    /// Time to live of the lock in Redis; it is extended well before it runs out. At most the quorum's maxTtl.
+    #[serde(default = "default_ttl")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('100ms') && duration(self) <= duration('1h')").message("ttl must be between 100ms and 1h"))]
+    pub ttl: String,
+
+    /// Who holds the lock: exactly one policy.
+    pub holder: HolderPolicy,
+}
+
+fn default_quorum() -> String {
+    "default".into()
+}
+
+fn default_ttl() -> String {
+    "10s".into()
+}
+
+/// Exactly one of `identity`, `leaderElection` and `jobs`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("[has(self.identity), has(self.leaderElection), has(self.jobs)].filter(x, x).size() == 1").message("set exactly one of holder.identity, holder.leaderElection and holder.jobs"))]
+pub struct HolderPolicy {
+    /// A fixed holder name, for example a process outside Kubernetes that reads the token from status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub identity: Option<String>,
+    /// The leader among the pods matching a selector.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_election: Option<LeaderElectionPolicy>,
+    /// One Job at a time among those labelled `redlock.io/lock: <lock name>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jobs: Option<JobsPolicy>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaderElectionPolicy {
+    /// Candidate pods, in the lock's namespace.
+    pub selector: LabelSelector,
+    /// The label the leader carries (and no other pod).
+    #[serde(default = "default_leader_label")]
+    pub leader_label: String,
+    /// Pod names preferred as leader, most preferred first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preference: Vec<String>,
+    /// Remove the leader label this long before the lock's validity ends when it cannot be extended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub fence_margin: Option<String>,
+}
+
+fn default_leader_label() -> String {
+    "redlock.io/leader".into()
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct JobsPolicy {
+    /// Suspend the running Job this long before the lock's validity ends when it cannot be extended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub fence_margin: Option<String>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockPhase {
+    /// Waiting to be acquired (quorum not ready, or backing off).
+    Pending,
+    /// Held by `status.holder`, extended in time.
+    Held,
+    /// Another holder has the key; `status.blockedBy` says who.
+    Contended,
+    /// Could not be extended: the holder was fenced before `validUntil`; re-acquiring.
+    Lost,
+    /// The spec cannot be acted on; see the `Ready` condition.
+    Invalid,
+    /// Being deleted: releasing the key.
+    Releasing,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DistributedLockStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<LockPhase>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// Strictly increasing for this lock; hand it to what the holder writes to, so stale holders are rejected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_token: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acquired_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewed_at: Option<Time>,
+    /// No other holder can exist before this time (TTL minus elapsed time minus clock drift).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_until: Option<Time>,
+    /// Votes of the last acquisition or extension, as `votes/masters`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quorum: Option<String>,
+    /// Per-master outcome of the last operation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub masters: Vec<MasterOutcome>,
+    /// Who holds the key when this lock cannot get it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocked_by: Option<String>,
+    /// Holder changes and losses so far.
+    #[serde(default)]
+    pub transitions: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MasterOutcome {
+    pub endpoint: String,
+    /// granted, recreated, held-by-other, not-held, timeout, error, quarantined, unavailable or pending.
+    pub outcome: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}

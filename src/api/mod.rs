@@ -1,0 +1,21 @@
+//! The custom resources (group `redlock.io`, version `v1alpha1`) and what they share.
+
+pub mod conditions;
+pub mod duration;
+pub mod lock;
+pub mod quorum;
+
+pub use lock::{DistributedLock, DistributedLockSpec, DistributedLockStatus, HolderPolicy, LockPhase};
+pub use quorum::{RedisQuorum, RedisQuorumSpec, RedisQuorumStatus};
+
+use kube::CustomResourceExt;
+
+pub const GROUP: &str = "redlock.io";
+
+/// The CRDs as YAML documents, in a stable order: what `redlock-operator crd` prints and `crds/` holds.
+pub fn crd_documents() -> Result<Vec<(&'static str, String)>, serde_yaml_ng::Error> {
+    Ok(vec![
+        ("redisquorums.redlock.io.yaml", serde_yaml_ng::to_string(&RedisQuorum::crd())?),
+        ("distributedlocks.redlock.io.yaml", serde_yaml_ng::to_string(&DistributedLock::crd())?),
+    ])
+}

@@ -1,0 +1,155 @@
+//! `RedisQuorum`: a set of independent Redis masters and how to talk to them.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// A set of independent Redis masters (no replication between them) that together hold Redlock locks.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "redlock.io",
+    version = "v1alpha1",
+    kind = "RedisQuorum",
+    plural = "redisquorums",
+    shortname = "rq",
+    status = "RedisQuorumStatus",
+    printcolumn = r#"{"name":"Eligible","type":"integer","jsonPath":".status.eligible","description":"Masters that can vote now"}"#,
+    printcolumn = r#"{"name":"Required","type":"integer","jsonPath":".status.required","description":"Majority of the configured masters"}"#,
+    printcolumn = r#"{"name":"Available","type":"string","jsonPath":".status.conditions[?(@.type==\"Available\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.retry) || !has(self.retry.delayMin) || !has(self.retry.delayMax) || duration(self.retry.delayMin) <= duration(self.retry.delayMax)").message("retry.delayMin must not exceed retry.delayMax"))]
+pub struct RedisQuorumSpec {
+    /// The masters, as `redis://host:port` or `rediss://host:port` (TLS). Put credentials in `auth`, not here.
+    #[schemars(length(min = 1, max = 15))]
+    #[x_kube(validation = Rule::new("self.all(e, e.startsWith('redis://') || e.startsWith('rediss://'))").message("endpoints must be redis:// or rediss:// URLs"))]
+    #[x_kube(validation = Rule::new("self.all(e, !e.contains('@'))").message("put credentials in spec.auth, not in endpoint URLs"))]
+    #[x_kube(validation = Rule::new("self.size() == self.map(e, e).filter(e, true).size() && self.all(e, self.filter(f, f == e).size() == 1)").message("endpoints must be distinct: each master counts once"))]
+    pub endpoints: Vec<String>,
+
+    /// Credentials from a Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<QuorumAuth>,
+
+    /// TLS settings for `rediss://` endpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<QuorumTls>,
+
+    /// How long one master may take to answer one command.
+    #[serde(default = "default_node_timeout")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub node_timeout: String,
+
+    /// Clock drift allowance as a fraction of the TTL (plus 2ms).
+    #[serde(default = "default_drift_factor")]
+    #[schemars(range(min = 0.0, max = 0.2))]
+    pub drift_factor: f64,
+
+    /// The longest TTL any lock on these masters may use. A master that restarted less than this ago does not
+    /// vote, because it may have forgotten live locks.
+    #[serde(default = "default_max_ttl")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub max_ttl: String,
+
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<QuorumRetry>,
+
+    /// Skip the restart quarantine. Only for masters that fsync every write (`appendfsync always`).
+    #[serde(default)]
+    pub assume_durable: bool,
+}
+
+fn default_node_timeout() -> String {
+    "50ms".into()
+}
+
+fn default_drift_factor() -> f64 {
+    0.01
+}
+
+fn default_max_ttl() -> String {
+    "60s".into()
+}
+
+/// Reference to a Secret holding the masters' credentials.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct QuorumAuth {
+    /// Namespace of the Secret (RedisQuorum is cluster-scoped).
+    #[schemars(length(min = 1, max = 63))]
+    pub secret_namespace: String,
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
+    /// Key holding the password.
+    #[serde(default = "default_password_key")]
+    pub password_key: String,
+    /// Key holding the user name (Redis ACL); absent means the default user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username_key: Option<String>,
+}
+
+fn default_password_key() -> String {
+    "password".into()
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct QuorumTls {
+    /// Secret (namespace/name) whose key `caKey` holds the PEM CA bundle; absent means the system roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret_namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret_name: Option<String>,
+    #[serde(default = "default_ca_key")]
+    pub ca_key: String,
+}
+
+fn default_ca_key() -> String {
+    "ca.crt".into()
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct QuorumRetry {
+    /// Attempts per acquisition, the first included.
+    #[schemars(range(min = 1, max = 100))]
+    pub attempts: Option<u32>,
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub delay_min: Option<String>,
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub delay_max: Option<String>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RedisQuorumStatus {
+    /// Masters that can vote now (connected, verified, not quarantined).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eligible: Option<u32>,
+    /// The majority of the configured masters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub required: Option<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub masters: Vec<MasterStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MasterStatus {
+    pub endpoint: String,
+    /// `Up`, `Down` or `Quarantined`.
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantined_until: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<f64>,
+}
