@@ -39,7 +39,8 @@ fn main() {
             long_hold_probability: 0.05,
         };
         println!("random faults until {target} grants (at most {}s)…", TIME_CAP.as_secs());
-        let main = random_run(workload, Duration::from_millis(50), Duration::from_millis(1_500), move |recorder, elapsed| {
+        let progress = Some(Duration::from_secs(15));
+        let main = random_run(workload, Duration::from_millis(50), Duration::from_millis(1_500), progress, move |recorder, elapsed| {
             recorder.grants().len() >= target || elapsed >= TIME_CAP
         })
         .await;

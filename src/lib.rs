@@ -1,6 +1,7 @@
 //! redlock-operator: the Redlock algorithm ([`redlock`]), made declarative for Kubernetes and usable from the
 //! shell ([`cli`]).
 
+pub mod api;
 pub mod cli;
 pub mod redlock;
 pub mod telemetry;

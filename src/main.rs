@@ -21,6 +21,7 @@ fn main() -> ExitCode {
                 telemetry::init(cli.log_format, "warn");
                 cli::lock::run(args).await
             }
+            Command::Crd(args) => cli::crd::run(&args),
         }
     });
     // Background reconnect tasks must not delay the exit.

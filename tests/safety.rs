@@ -51,6 +51,7 @@ async fn random_faults_never_produce_two_holders() {
         workload,
         Duration::from_millis(50),
         Duration::from_millis(1_500),
+        None,
         |_, elapsed| elapsed >= Duration::from_secs(45),
     )
     .await;

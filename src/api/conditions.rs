@@ -15,7 +15,10 @@ pub fn set(
 ) {
     let status = if status { "True" } else { "False" }.to_owned();
     let message = message.into();
-    match conditions.iter_mut().find(|condition| condition.type_ == condition_type) {
+    match conditions
+        .iter_mut()
+        .find(|condition| condition.type_ == condition_type)
+    {
         Some(existing) => {
             if existing.status != status {
                 existing.last_transition_time = Time(now);
@@ -53,7 +56,15 @@ mod tests {
         let t2 = Timestamp::from_second(3_000).unwrap();
         let mut conditions = Vec::new();
         set(&mut conditions, "Held", true, "Acquired", "held", Some(1), t0);
-        set(&mut conditions, "Held", true, "Extended", "still held", Some(1), t1);
+        set(
+            &mut conditions,
+            "Held",
+            true,
+            "Extended",
+            "still held",
+            Some(1),
+            t1,
+        );
         assert_eq!(conditions[0].last_transition_time, Time(t0));
         assert_eq!(conditions[0].reason, "Extended");
         set(&mut conditions, "Held", false, "Lost", "lost", Some(1), t2);

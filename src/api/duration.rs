@@ -16,7 +16,9 @@ pub fn parse(text: &str) -> Result<Duration, String> {
         if digits == 0 {
             return Err(format!("`{text}` is not a duration like 10s, 1m30s or 250ms"));
         }
-        let value: u64 = rest[..digits].parse().map_err(|_| format!("`{text}`: number too large"))?;
+        let value: u64 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("`{text}`: number too large"))?;
         rest = &rest[digits..];
         let (unit, millis) = if let Some(tail) = rest.strip_prefix("ms") {
             (tail, 1)
@@ -30,7 +32,9 @@ pub fn parse(text: &str) -> Result<Duration, String> {
             return Err(format!("`{text}`: unit must be ms, s, m or h"));
         };
         rest = unit;
-        let part = value.checked_mul(millis).ok_or_else(|| format!("`{text}`: too long"))?;
+        let part = value
+            .checked_mul(millis)
+            .ok_or_else(|| format!("`{text}`: too long"))?;
         total = total
             .checked_add(Duration::from_millis(part))
             .ok_or_else(|| format!("`{text}`: too long"))?;
@@ -41,7 +45,11 @@ pub fn parse(text: &str) -> Result<Duration, String> {
 /// The canonical text for a duration (whole milliseconds), used in status.
 pub fn format(duration: Duration) -> String {
     let millis = duration.as_millis();
-    if millis % 1_000 == 0 { format!("{}s", millis / 1_000) } else { format!("{millis}ms") }
+    if millis.is_multiple_of(1_000) {
+        format!("{}s", millis / 1_000)
+    } else {
+        format!("{millis}ms")
+    }
 }
 
 #[cfg(test)]
@@ -54,7 +62,16 @@ mod tests {
         assert_eq!(parse("1m30s"), Ok(Duration::from_secs(90)));
         assert_eq!(parse("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse("1h"), Ok(Duration::from_secs(3600)));
-        for bad in ["", "10", "s", "10 s", "1.5s", "-1s", "10sec", "99999999999999999999s"] {
+        for bad in [
+            "",
+            "10",
+            "s",
+            "10 s",
+            "1.5s",
+            "-1s",
+            "10sec",
+            "99999999999999999999s",
+        ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
         assert_eq!(format(Duration::from_millis(1500)), "1500ms");

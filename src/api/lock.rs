@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
     group = "redlock.io",
     version = "v1alpha1",
     kind = "DistributedLock",
+    doc = "A named lock held as a Redlock quorum, with its holder, fencing token and validity in status.",
     plural = "distributedlocks",
     shortname = "dlock",
     namespaced,
@@ -101,7 +102,7 @@ pub struct JobsPolicy {
     pub fence_margin: Option<String>,
 }
 
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LockPhase {
     /// Waiting to be acquired (quorum not ready, or backing off).
     Pending,

@@ -15,7 +15,13 @@ pub const GROUP: &str = "redlock.io";
 /// The CRDs as YAML documents, in a stable order: what `redlock-operator crd` prints and `crds/` holds.
 pub fn crd_documents() -> Result<Vec<(&'static str, String)>, serde_yaml_ng::Error> {
     Ok(vec![
-        ("redisquorums.redlock.io.yaml", serde_yaml_ng::to_string(&RedisQuorum::crd())?),
-        ("distributedlocks.redlock.io.yaml", serde_yaml_ng::to_string(&DistributedLock::crd())?),
+        (
+            "redisquorums.redlock.io.yaml",
+            serde_yaml_ng::to_string(&RedisQuorum::crd())?,
+        ),
+        (
+            "distributedlocks.redlock.io.yaml",
+            serde_yaml_ng::to_string(&DistributedLock::crd())?,
+        ),
     ])
 }

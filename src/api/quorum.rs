@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
     group = "redlock.io",
     version = "v1alpha1",
     kind = "RedisQuorum",
+    doc = "A set of independent Redis masters that together hold Redlock locks.",
     plural = "redisquorums",
     shortname = "rq",
     status = "RedisQuorumStatus",
@@ -22,10 +23,11 @@ use serde::{Deserialize, Serialize};
 #[x_kube(validation = Rule::new("!has(self.retry) || !has(self.retry.delayMin) || !has(self.retry.delayMax) || duration(self.retry.delayMin) <= duration(self.retry.delayMax)").message("retry.delayMin must not exceed retry.delayMax"))]
 pub struct RedisQuorumSpec {
     /// The masters, as `redis://host:port` or `rediss://host:port` (TLS). Put credentials in `auth`, not here.
-    #[schemars(length(min = 1, max = 15))]
+    /// A `set`: the API server rejects duplicates, since each master must count once.
+    #[schemars(length(min = 1, max = 15), inner(length(min = 8, max = 256)))]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
     #[x_kube(validation = Rule::new("self.all(e, e.startsWith('redis://') || e.startsWith('rediss://'))").message("endpoints must be redis:// or rediss:// URLs"))]
     #[x_kube(validation = Rule::new("self.all(e, !e.contains('@'))").message("put credentials in spec.auth, not in endpoint URLs"))]
-    #[x_kube(validation = Rule::new("self.size() == self.map(e, e).filter(e, true).size() && self.all(e, self.filter(f, f == e).size() == 1)").message("endpoints must be distinct: each master counts once"))]
     pub endpoints: Vec<String>,
 
     /// Credentials from a Secret.

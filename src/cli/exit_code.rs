@@ -6,6 +6,8 @@ pub const USAGE: i32 = 64;
 pub const UNAVAILABLE: i32 = 69;
 /// An unexpected internal failure (for example the OS random generator failing).
 pub const SOFTWARE: i32 = 70;
+/// An output file could not be written.
+pub const CANNOT_CREATE: i32 = 73;
 /// The lock could not be acquired within `--wait`: another holder has it.
 pub const TEMPFAIL: i32 = 75;
 /// The lock was lost while the command ran; the command was stopped (SIGTERM, then SIGKILL) before the

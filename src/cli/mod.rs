@@ -1,5 +1,6 @@
 //! The `redlock-operator` command line.
 
+pub mod crd;
 pub mod exit_code;
 pub mod lock;
 mod supervise;
@@ -26,6 +27,8 @@ pub struct Cli {
 pub enum Command {
     /// Run a command while holding a Redlock lock; stop it if the lock is lost.
     Lock(lock::LockArgs),
+    /// Print the CustomResourceDefinitions (or write them with --write DIR).
+    Crd(crd::CrdArgs),
 }
 
 /// Parses the arguments; usage errors become one line on stderr and exit status 64.

@@ -361,9 +361,30 @@ impl Nemesis {
 
     /// Throws random faults until `stop`, one at a time, each lasting up to `longest`; heals everything at the
     /// end. Counts every fault in `recorder`.
-    pub async fn run(&mut self, recorder: &Recorder, longest: Duration, stop: impl Fn() -> bool) {
+    pub async fn run(
+        &mut self,
+        recorder: &Recorder,
+        longest: Duration,
+        progress: Option<Duration>,
+        stop: impl Fn() -> bool,
+    ) {
         let count = self.cluster.len();
+        let started = Instant::now();
+        let mut next_progress = progress.map(|every| started + every);
         while !stop() {
+            if let (Some(due), Some(every)) = (next_progress, progress)
+                && Instant::now() >= due
+            {
+                let grants = recorder.grants();
+                println!(
+                    "  … {:.0}s: {} grants, {} overlaps so far, {} nemesis events",
+                    started.elapsed().as_secs_f64(),
+                    grants.len(),
+                    find_overlaps(&grants).len(),
+                    recorder.nemesis_events.load(Ordering::Relaxed)
+                );
+                next_progress = Some(due + every);
+            }
             let (kind, targets, duration, direction) = {
                 let mut rng = rand::rng();
                 let kind = rng.random_range(0..8);
@@ -447,6 +468,7 @@ pub async fn random_run(
     workload: Workload,
     node_timeout: Duration,
     longest_fault: Duration,
+    progress: Option<Duration>,
     done: impl Fn(&Recorder, Duration) -> bool + Send + Sync + Clone + 'static,
 ) -> Report {
     let mut nemesis = Nemesis::start(5).await.expect("masters and proxies");
@@ -469,7 +491,7 @@ pub async fn random_run(
         })
     };
     let stop = || done(&recorder, started.elapsed());
-    nemesis.run(&recorder, longest_fault, stop).await;
+    nemesis.run(&recorder, longest_fault, progress, stop).await;
     clients.await.expect("clients");
     recorder.report(&workload.resources, started, Instant::now())
 }
