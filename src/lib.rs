@@ -3,5 +3,6 @@
 
 pub mod api;
 pub mod cli;
+pub mod controller;
 pub mod redlock;
 pub mod telemetry;

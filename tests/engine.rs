@@ -643,3 +643,28 @@ async fn a_master_started_just_before_a_second_boundary_is_still_quarantined() {
         until - restarted
     );
 }
+
+/// Passwords from a RedisQuorum's Secret go into the URL percent-encoded; the master must see them decoded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_secrets_with_url_metacharacters_authenticate() {
+    use redlock_operator::controller::quorum_config::{QuorumSecrets, engine_config};
+    use support::redis_server::Options;
+    let password = "p@ss:w/rd%?#";
+    let cluster = RedisCluster::start_with(1, |_| Options {
+        password: Some(password.into()),
+        ..Options::default()
+    })
+    .expect("master");
+    let endpoint = format!("redis://127.0.0.1:{}", cluster[0].port());
+    let spec =
+        serde_json::from_value(serde_json::json!({"endpoints": [endpoint], "maxTtl": "1s"})).expect("spec");
+    let secrets = QuorumSecrets {
+        password: Some(password.into()),
+        ..QuorumSecrets::default()
+    };
+    let config = engine_config(&spec, &secrets).expect("config");
+    let engine = Redlock::connect(config).await.expect("engine");
+    let statuses = engine.masters();
+    assert_ne!(statuses[0].health, NodeHealth::Down, "{statuses:?}");
+    assert!(statuses[0].last_error.is_none(), "{statuses:?}");
+}

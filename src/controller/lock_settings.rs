@@ -1,0 +1,133 @@
+//! `DistributedLock` spec → what the controller needs to hold it, or a message for the `Ready` condition.
+
+use std::time::Duration;
+
+use crate::api::{DistributedLockSpec, duration};
+
+/// Who the lock is for, once validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HolderKind {
+    Identity(String),
+    LeaderElection,
+    Jobs,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockSettings {
+    /// The Redis key.
+    pub key: String,
+    pub ttl: Duration,
+    pub quorum: String,
+    pub holder: HolderKind,
+}
+
+/// Why a spec cannot be acted on, and whether waiting can help.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Invalid {
+    /// A `Ready` condition reason (CamelCase).
+    pub reason: &'static str,
+    pub message: String,
+}
+
+pub fn lock_settings(
+    spec: &DistributedLockSpec,
+    namespace: &str,
+    name: &str,
+    quorum_max_ttl: Duration,
+) -> Result<LockSettings, Invalid> {
+    let invalid = |reason, message: String| Invalid { reason, message };
+    let ttl = duration::parse(&spec.ttl).map_err(|err| invalid("InvalidTtl", format!("spec.ttl: {err}")))?;
+    if ttl.is_zero() {
+        return Err(invalid("InvalidTtl", "spec.ttl must be greater than 0".into()));
+    }
+    if ttl > quorum_max_ttl {
+        return Err(invalid(
+            "TtlAboveMaxTtl",
+            format!(
+                "spec.ttl {} exceeds the maxTtl {} of RedisQuorum {}: restarted masters are only kept out for maxTtl, so a longer lock could be granted twice; lower the ttl or raise the quorum's maxTtl",
+                spec.ttl,
+                duration::format(quorum_max_ttl),
+                spec.quorum
+            ),
+        ));
+    }
+    let policies = &spec.holder;
+    let holder = match (&policies.identity, &policies.leader_election, &policies.jobs) {
+        (Some(identity), None, None) if !identity.is_empty() => HolderKind::Identity(identity.clone()),
+        (None, Some(_), None) => HolderKind::LeaderElection,
+        (None, None, Some(_)) => HolderKind::Jobs,
+        _ => {
+            return Err(invalid(
+                "InvalidHolder",
+                "set exactly one of spec.holder.identity, spec.holder.leaderElection and spec.holder.jobs"
+                    .into(),
+            ));
+        }
+    };
+    let key = spec
+        .resource_key
+        .clone()
+        .unwrap_or_else(|| format!("{namespace}/{name}"));
+    Ok(LockSettings {
+        key,
+        ttl,
+        quorum: spec.quorum.clone(),
+        holder,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(value: serde_json::Value) -> DistributedLockSpec {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn defaults_give_a_ten_second_lock_on_namespace_slash_name() {
+        let settings = lock_settings(
+            &spec(serde_json::json!({"holder": {"identity": "batch"}})),
+            "payments",
+            "nightly",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        assert_eq!(settings.key, "payments/nightly");
+        assert_eq!(settings.ttl, Duration::from_secs(10));
+        assert_eq!(settings.quorum, "default");
+        assert_eq!(settings.holder, HolderKind::Identity("batch".into()));
+    }
+
+    #[test]
+    fn ttl_above_the_quorum_max_is_explained() {
+        let err = lock_settings(
+            &spec(serde_json::json!({"ttl": "2m", "holder": {"identity": "x"}})),
+            "ns",
+            "n",
+            Duration::from_secs(60),
+        )
+        .unwrap_err();
+        assert_eq!(err.reason, "TtlAboveMaxTtl");
+        assert!(err.message.contains("exceeds the maxTtl 60s"), "{}", err.message);
+    }
+
+    #[test]
+    fn holder_policies_are_exclusive() {
+        let err = lock_settings(
+            &spec(serde_json::json!({"holder": {"identity": "x", "jobs": {}}})),
+            "ns",
+            "n",
+            Duration::from_secs(60),
+        )
+        .unwrap_err();
+        assert_eq!(err.reason, "InvalidHolder");
+        let jobs = lock_settings(
+            &spec(serde_json::json!({"holder": {"jobs": {}}})),
+            "ns",
+            "n",
+            Duration::from_secs(60),
+        );
+        assert_eq!(jobs.unwrap().holder, HolderKind::Jobs);
+    }
+}

@@ -1,0 +1,120 @@
+//! `RedisQuorum` spec (and the Secret contents it points to) → engine configuration, or a message for the
+//! `Available` condition saying what to fix.
+
+use crate::api::RedisQuorumSpec;
+use crate::api::duration;
+use crate::redlock::{Endpoint, RedlockConfig};
+
+/// What the quorum's Secrets hold, already read.
+#[derive(Clone, Default)]
+pub struct QuorumSecrets {
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub ca_pem: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for QuorumSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuorumSecrets")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("ca", &self.ca_pem.is_some())
+            .finish()
+    }
+}
+
+pub fn engine_config(spec: &RedisQuorumSpec, secrets: &QuorumSecrets) -> Result<RedlockConfig, String> {
+    let field = |name: &str, text: &str| duration::parse(text).map_err(|err| format!("spec.{name}: {err}"));
+    let mut endpoints = Vec::with_capacity(spec.endpoints.len());
+    for raw in &spec.endpoints {
+        let with_credentials = add_credentials(raw, secrets)?;
+        endpoints.push(Endpoint::parse(&with_credentials).map_err(|err| err.to_string())?);
+    }
+    let mut config = RedlockConfig::new(endpoints);
+    config.node_timeout = field("nodeTimeout", &spec.node_timeout)?;
+    config.max_ttl = field("maxTtl", &spec.max_ttl)?;
+    config.drift_factor = spec.drift_factor;
+    config.assume_durable = spec.assume_durable;
+    if let Some(retry) = &spec.retry {
+        if let Some(attempts) = retry.attempts {
+            config.retry.attempts = attempts;
+        }
+        if let Some(min) = &retry.delay_min {
+            config.retry.delay_min = field("retry.delayMin", min)?;
+        }
+        if let Some(max) = &retry.delay_max {
+            config.retry.delay_max = field("retry.delayMax", max)?;
+        }
+    }
+    config.tls.ca_pem = secrets.ca_pem.clone();
+    config.validate().map_err(|err| err.to_string())?;
+    Ok(config)
+}
+
+/// Puts the Secret's credentials into an endpoint URL, percent-encoded, so that passwords with `@`, `:` or `/`
+/// work. The spec's own URLs never carry credentials (the schema forbids it).
+fn add_credentials(raw: &str, secrets: &QuorumSecrets) -> Result<String, String> {
+    if secrets.username.is_none() && secrets.password.is_none() {
+        return Ok(raw.to_owned());
+    }
+    let mut url = url::Url::parse(raw).map_err(|err| format!("endpoint {raw}: {err}"))?;
+    if let Some(username) = &secrets.username {
+        url.set_username(username)
+            .map_err(|()| format!("endpoint {raw} cannot carry a user name"))?;
+    }
+    if let Some(password) = &secrets.password {
+        url.set_password(Some(password))
+            .map_err(|()| format!("endpoint {raw} cannot carry a password"))?;
+    }
+    Ok(url.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(endpoints: &[&str]) -> RedisQuorumSpec {
+        serde_json::from_value(serde_json::json!({ "endpoints": endpoints })).unwrap()
+    }
+
+    #[test]
+    fn defaults_match_the_engine_defaults() {
+        let config = engine_config(
+            &spec(&["redis://a:6379", "redis://b:6379", "redis://c:6379"]),
+            &QuorumSecrets::default(),
+        )
+        .unwrap();
+        let engine_defaults = RedlockConfig::new(Vec::new());
+        assert_eq!(config.node_timeout, engine_defaults.node_timeout);
+        assert_eq!(config.max_ttl, engine_defaults.max_ttl);
+        assert_eq!(config.drift_factor, engine_defaults.drift_factor);
+        assert_eq!(config.quorum(), 2);
+    }
+
+    #[test]
+    fn credentials_are_encoded_and_never_displayed() {
+        let secrets = QuorumSecrets {
+            username: Some("locker".into()),
+            password: Some("p@ss:w/rd".into()),
+            ca_pem: None,
+        };
+        let config = engine_config(&spec(&["rediss://a:6380"]), &secrets).unwrap();
+        let endpoint = &config.endpoints[0];
+        assert_eq!(endpoint.display(), "rediss://locker:***@a:6380");
+        assert!(endpoint.is_tls());
+        assert!(!format!("{secrets:?}{config:?}").contains("p@ss"));
+    }
+
+    #[test]
+    fn bad_values_say_which_field_to_fix() {
+        let mut bad = spec(&["redis://a:1"]);
+        bad.max_ttl = "forever".into();
+        let err = engine_config(&bad, &QuorumSecrets::default()).unwrap_err();
+        assert!(err.starts_with("spec.maxTtl:"), "{err}");
+        let mut bad = spec(&["redis://a:1"]);
+        bad.retry =
+            Some(serde_json::from_value(serde_json::json!({"delayMin": "2s", "delayMax": "1s"})).unwrap());
+        let err = engine_config(&bad, &QuorumSecrets::default()).unwrap_err();
+        assert!(err.contains("retry delay range"), "{err}");
+    }
+}
