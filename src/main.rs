@@ -17,6 +17,10 @@ fn main() -> ExitCode {
     };
     let code = runtime.block_on(async {
         match cli.command {
+            Command::Run(args) => {
+                telemetry::init(cli.log_format, "info");
+                cli::run::run(args).await
+            }
             Command::Lock(args) => {
                 telemetry::init(cli.log_format, "warn");
                 cli::lock::run(args).await

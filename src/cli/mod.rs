@@ -3,6 +3,7 @@
 pub mod crd;
 pub mod exit_code;
 pub mod lock;
+pub mod run;
 mod supervise;
 
 use clap::{Parser, Subcommand};
@@ -25,6 +26,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the operator: the DistributedLock and RedisQuorum controllers.
+    Run(run::RunArgs),
     /// Run a command while holding a Redlock lock; stop it if the lock is lost.
     Lock(lock::LockArgs),
     /// Print the CustomResourceDefinitions (or write them with --write DIR).

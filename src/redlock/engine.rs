@@ -18,13 +18,13 @@ use super::{
 /// A Redlock client over N independent masters. Cheap to clone; every clone shares the connections.
 #[derive(Clone)]
 pub struct Redlock {
-    inner: Arc<Inner>,
+    pub(super) inner: Arc<Inner>,
 }
 
-struct Inner {
-    config: RedlockConfig,
-    nodes: Vec<Arc<Node>>,
-    extend_script: redis::Script,
+pub(super) struct Inner {
+    pub(super) config: RedlockConfig,
+    pub(super) nodes: Vec<Arc<Node>>,
+    pub(super) extend_script: redis::Script,
     release_script: redis::Script,
     shutdown: CancellationToken,
 }
@@ -38,17 +38,34 @@ impl Drop for Inner {
 /// A granted lock: who holds it and until when it is safe to act on it.
 #[derive(Clone, Debug)]
 pub struct Lease {
-    resource: Arc<str>,
-    value: LockValue,
-    ttl: Duration,
-    granted_at: Instant,
-    valid_until: Instant,
-    report: OperationReport,
+    pub(super) resource: Arc<str>,
+    pub(super) value: LockValue,
+    pub(super) ttl: Duration,
+    pub(super) granted_at: Instant,
+    pub(super) valid_until: Instant,
+    pub(super) report: OperationReport,
 }
 
 impl Lease {
     pub fn resource(&self) -> &str {
         &self.resource
+    }
+
+    /// A lease that no engine granted, for tests of code that only reads leases.
+    #[doc(hidden)]
+    pub fn for_tests(resource: &str, value: LockValue, ttl: Duration, granted_at: Instant) -> Self {
+        Self {
+            resource: resource.into(),
+            value,
+            ttl,
+            granted_at,
+            valid_until: granted_at + ttl,
+            report: OperationReport {
+                nodes: Vec::new(),
+                elapsed: Duration::ZERO,
+                quorum: 1,
+            },
+        }
     }
 
     pub fn holder(&self) -> &str {
@@ -112,7 +129,7 @@ impl FanOut {
 }
 
 #[derive(Clone, Copy)]
-enum Op {
+pub(super) enum Op {
     Acquire { ttl_ms: u64 },
     Extend { ttl_ms: u64 },
     Release,
@@ -313,43 +330,61 @@ impl Redlock {
             )
             .await
             .detach();
-        let decided_at = Instant::now();
-        if decided_at >= lease.valid_until {
-            return Err(ExtendError::Expired { report: Some(report) });
+        extend_outcome(
+            lease,
+            started,
+            Instant::now(),
+            report,
+            extended,
+            self.inner.config.drift(ttl),
+        )
+    }
+
+    /// Takes over a lock whose value this process can rebuild but whose validity it does not know — a
+    /// restarted or standby controller resuming a lock its predecessor held. It succeeds only where a majority
+    /// of masters still hold `value`: such keys have been present continuously since the predecessor last wrote
+    /// them, which it only did while holding the lock, so nobody else can have held a majority in between.
+    /// Keys re-created by the attempt do not count, and are deleted again if the attempt fails.
+    pub async fn reclaim(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        value: LockValue,
+    ) -> Result<Lease, ExtendError> {
+        self.inner.config.check_ttl(ttl)?;
+        let now = Instant::now();
+        let probe = Lease {
+            resource: resource.into(),
+            value,
+            ttl,
+            granted_at: now,
+            // Only bounds how long the attempt may take; the validity that counts is the one it returns.
+            valid_until: now + ttl,
+            report: OperationReport {
+                nodes: Vec::new(),
+                elapsed: Duration::ZERO,
+                quorum: self.quorum(),
+            },
+        };
+        let result = self.extend(&probe).await;
+        if result.is_err() {
+            self.release(&probe).await;
         }
-        let validity = ttl
-            .checked_sub(decided_at - started)
-            .and_then(|left| left.checked_sub(self.inner.config.drift(ttl)))
-            .filter(|validity| !validity.is_zero());
-        if let (true, Some(validity)) = (extended, validity) {
-            return Ok(Lease {
-                resource: lease.resource.clone(),
-                value: lease.value.clone(),
-                ttl,
-                granted_at: started,
-                valid_until: started + validity,
-                report,
-            });
-        }
-        let taken = report
-            .nodes
-            .iter()
-            .filter(|node| matches!(node.outcome, NodeOutcome::HeldByOther { .. }))
-            .count();
-        if report.nodes.len() - taken < report.quorum {
-            Err(ExtendError::Lost {
-                holder: report.blocking_holder(),
-                report,
-            })
-        } else {
-            Err(ExtendError::NoQuorum { report })
-        }
+        result
     }
 
     /// Deletes the key on every connected master where it still holds this lease's value, all at once,
     /// bounded by the per-node timeout.
     pub async fn release(&self, lease: &Lease) -> OperationReport {
         self.fan_out(Op::Release, &lease.resource, &lease.value, false, None)
+            .await
+            .report
+    }
+
+    /// Deletes `value` from `resource` wherever it is still the value: for a lock whose lease this process
+    /// never had (a predecessor's acquisition, rebuilt from a derived value).
+    pub async fn release_value(&self, resource: &str, value: LockValue) -> OperationReport {
+        self.fan_out(Op::Release, &resource.into(), &value, false, None)
             .await
             .report
     }
@@ -521,7 +556,50 @@ impl Redlock {
     }
 }
 
-fn interpret(op: Op, set_get: bool, reply: Value) -> NodeOutcome {
+/// The one rule for every extension, single or batched: a majority confirmed our value before the current
+/// validity ended, and time is left after the drift allowance.
+pub(super) fn extend_outcome(
+    lease: &Lease,
+    started: Instant,
+    decided_at: Instant,
+    report: OperationReport,
+    extended: bool,
+    drift: Duration,
+) -> Result<Lease, ExtendError> {
+    if decided_at >= lease.valid_until {
+        return Err(ExtendError::Expired { report: Some(report) });
+    }
+    let ttl = lease.ttl;
+    let validity = ttl
+        .checked_sub(decided_at - started)
+        .and_then(|left| left.checked_sub(drift))
+        .filter(|validity| !validity.is_zero());
+    if let (true, Some(validity)) = (extended, validity) {
+        return Ok(Lease {
+            resource: lease.resource.clone(),
+            value: lease.value.clone(),
+            ttl,
+            granted_at: started,
+            valid_until: started + validity,
+            report,
+        });
+    }
+    let taken = report
+        .nodes
+        .iter()
+        .filter(|node| matches!(node.outcome, NodeOutcome::HeldByOther { .. }))
+        .count();
+    if report.nodes.len() - taken < report.quorum {
+        Err(ExtendError::Lost {
+            holder: report.blocking_holder(),
+            report,
+        })
+    } else {
+        Err(ExtendError::NoQuorum { report })
+    }
+}
+
+pub(super) fn interpret(op: Op, set_get: bool, reply: Value) -> NodeOutcome {
     let other = |raw: &[u8]| NodeOutcome::HeldByOther {
         holder: LockValue::holder_of(raw),
     };
@@ -538,6 +616,6 @@ fn interpret(op: Op, set_get: bool, reply: Value) -> NodeOutcome {
     }
 }
 
-fn millis(duration: Duration) -> u64 {
+pub(super) fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }

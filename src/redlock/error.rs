@@ -61,6 +61,8 @@ impl AcquireError {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExtendError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     #[error("the lock's validity ended before the extension succeeded")]
     Expired { report: Option<OperationReport> },
     #[error("the lock was taken over{}", holder.as_ref().map(|h| format!(" by {h}")).unwrap_or_default())]

@@ -180,6 +180,11 @@ async fn keep(
                 signal(LossReason::TakenOver { holder });
                 return;
             }
+            Err(ExtendError::Config(_)) => {
+                // The lease passed the same checks when it was granted; unreachable, but never keep a lock blindly.
+                signal(LossReason::Expired);
+                return;
+            }
             Err(ExtendError::Expired { report }) => {
                 signal(match report {
                     Some(report) => LossReason::NotExtended {

@@ -3,6 +3,7 @@
 //! This module knows nothing of Kubernetes: the operator, the `lock` command and the safety checker all drive
 //! it through [`Redlock`], [`Lease`] and [`KeptLock`].
 
+mod batch;
 mod config;
 mod engine;
 mod error;
@@ -16,6 +17,7 @@ mod schedule;
 mod scripts;
 mod value;
 
+pub use batch::MAX_BATCH;
 pub use config::{ConfigError, Endpoint, RedlockConfig, RetryPolicy, TlsOptions};
 pub use engine::{AcquireOptions, Lease, Redlock};
 pub use error::{AcquireError, ExtendError, FailureKind};

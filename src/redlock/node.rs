@@ -169,8 +169,18 @@ impl Node {
     /// Turns a command error into an outcome. Errors that mean the connection is gone drop it, so that the
     /// master is verified again (restart check) before it is used.
     pub(crate) fn record_error(&self, generation: u64, err: &RedisError) -> NodeOutcome {
-        let message = describe(err);
         let broken = err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error();
+        self.record(generation, err, broken)
+    }
+
+    /// For errors that mean the connection's state can no longer be trusted although it still works (a
+    /// flushed script cache): the master is verified again, restart check included.
+    pub(crate) fn record_error_forcing_reconnect(&self, generation: u64, err: &RedisError) -> NodeOutcome {
+        self.record(generation, err, true)
+    }
+
+    fn record(&self, generation: u64, err: &RedisError, broken: bool) -> NodeOutcome {
+        let message = describe(err);
         {
             let mut state = self.state();
             state.last_error = Some(message.clone());

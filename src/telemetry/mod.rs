@@ -29,3 +29,7 @@ pub fn init(format: LogFormat, default_level: &str) {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
 }
+
+pub mod health;
+pub mod metrics;
+pub mod server;

@@ -1,0 +1,119 @@
+//! `redlock-operator run`: the controller.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+
+use super::exit_code;
+use crate::controller::leadership::LeaseTiming;
+use crate::controller::lock_value::InstallationSecret;
+use crate::controller::run::{ElectionOptions, RunOptions, start};
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Where /metrics, /healthz and /readyz are served.
+    #[arg(long, env = "REDLOCK_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+    /// Namespace of the Lease that picks the active replica (default: the kubeconfig's or the pod's namespace).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Name of that Lease.
+    #[arg(long, env = "REDLOCK_LEASE_NAME", default_value = "redlock-operator")]
+    pub lease_name: String,
+    /// This replica's name in the Lease (default: the host name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// A standby takes over after the Lease has not been renewed for this long. Keep it well below the
+    /// shortest lock TTL, or locks lapse (and get a new token) on failover.
+    #[arg(long, env = "REDLOCK_LEASE_DURATION", default_value = "4s", value_parser = humantime::parse_duration)]
+    pub lease_duration: Duration,
+    /// Run as the only replica, without a Lease.
+    #[arg(long)]
+    pub no_leader_election: bool,
+    /// File with at least 32 bytes of secret shared by the replicas of one installation; lock values are derived
+    /// from it so that a restarted or standby replica can resume held locks.
+    #[arg(long, env = "REDLOCK_INSTALLATION_SECRET_FILE", value_name = "PATH")]
+    pub installation_secret_file: Option<PathBuf>,
+    /// How often each RedisQuorum's masters are checked and its status written.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub health_interval: Duration,
+}
+
+pub async fn run(args: RunArgs) -> i32 {
+    let fail = |code: i32, message: String| {
+        eprintln!("redlock-operator run: {message}");
+        code
+    };
+    if args.lease_duration < Duration::from_secs(1) {
+        return fail(exit_code::USAGE, "--lease-duration must be at least 1s".into());
+    }
+    let secret = match &args.installation_secret_file {
+        Some(path) => match InstallationSecret::read(path) {
+            Ok(secret) => secret,
+            Err(err) => return fail(exit_code::USAGE, err),
+        },
+        None => {
+            tracing::warn!(
+                "no --installation-secret-file: lock values are random per process, so a restarted or standby replica cannot resume held locks (they lapse and are re-acquired with a new token)"
+            );
+            match InstallationSecret::ephemeral() {
+                Ok(secret) => secret,
+                Err(err) => return fail(exit_code::SOFTWARE, err.to_string()),
+            }
+        }
+    };
+    let client = match kube::Client::try_default().await {
+        Ok(client) => client,
+        Err(err) => {
+            return fail(
+                exit_code::UNAVAILABLE,
+                format!("no Kubernetes configuration: {err}"),
+            );
+        }
+    };
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        nix::unistd::gethostname()
+            .ok()
+            .and_then(|name| name.into_string().ok())
+            .unwrap_or_else(|| format!("redlock-operator-{}", std::process::id()))
+    });
+    let election = (!args.no_leader_election).then(|| ElectionOptions {
+        namespace: args
+            .namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_owned()),
+        lease_name: args.lease_name.clone(),
+        identity: identity.clone(),
+        timing: LeaseTiming::for_lease_duration(args.lease_duration),
+    });
+    let shutdown = CancellationToken::new();
+    let options = RunOptions {
+        metrics_addr: args.metrics_addr,
+        election,
+        secret,
+        health_interval: args.health_interval,
+        instance: identity,
+    };
+    let running = match start(client, options, shutdown.clone()).await {
+        Ok(running) => running,
+        Err(err) => return fail(exit_code::UNAVAILABLE, err.to_string()),
+    };
+    tracing::info!(metrics = %running.metrics_addr, "redlock-operator running");
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        return fail(exit_code::SOFTWARE, "cannot install signal handlers".into());
+    };
+    let mut task = running.task;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: stopping without releasing held locks"),
+        _ = int.recv() => tracing::info!("SIGINT: stopping without releasing held locks"),
+        _ = &mut task => return fail(exit_code::SOFTWARE, "the controllers stopped unexpectedly".into()),
+    }
+    shutdown.cancel();
+    let _ = task.await;
+    0
+}

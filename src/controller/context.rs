@@ -1,0 +1,138 @@
+//! What every reconciler shares, and the one error type they return.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::Client;
+use kube::Resource;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use super::engines::Engines;
+use super::holdings::Holdings;
+use super::leadership::Leadership;
+use super::lock_value::InstallationSecret;
+use crate::api::DistributedLock;
+use crate::redlock::ValueError;
+use crate::telemetry::metrics::Metrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// Not an error of the object: this replica may not write. Handled without backoff.
+    #[error("not the active replica")]
+    NotLeader,
+    #[error("status kept changing under us; retrying")]
+    Conflict,
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+    #[error("lock value: {0}")]
+    Value(#[from] ValueError),
+}
+
+pub struct Context {
+    pub client: Client,
+    pub engines: Arc<Engines>,
+    pub holdings: Arc<Holdings>,
+    pub leadership: Arc<Leadership>,
+    pub metrics: Arc<Metrics>,
+    pub recorder: Recorder,
+    pub secret: InstallationSecret,
+    /// How often quorum health is checked and written.
+    pub health_interval: Duration,
+    pub locks: Store<DistributedLock>,
+    /// Consecutive failures per object, for the error backoff.
+    pub(super) failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    /// Asks the lock reconciler to look at every lock on `quorum` now (its engine appeared, changed or went).
+    pub fn wake_locks_on(&self, quorum: &str) {
+        for lock in self
+            .locks
+            .state()
+            .iter()
+            .filter(|lock| lock.spec.quorum == quorum)
+        {
+            self.holdings.wake(ObjectRef::from_obj(&**lock));
+        }
+    }
+
+    /// Every write (API or Redis) goes through this check at the moment of the call.
+    pub fn ensure_leader(&self) -> Result<(), Error> {
+        if self.leadership.is_leader() {
+            Ok(())
+        } else {
+            Err(Error::NotLeader)
+        }
+    }
+
+    /// Publishes an Event; failures are logged, never fatal (an Event is a courtesy, not state).
+    pub async fn publish<K: Resource<DynamicType = ()>>(
+        &self,
+        object: &K,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        if !self.leadership.is_leader() {
+            return;
+        }
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(truncate(note, 1000)),
+            action: reason.to_owned(),
+            secondary: None,
+        };
+        if let Err(err) = self.recorder.publish(&event, &object.object_ref(&())).await {
+            tracing::debug!(error = %err, reason, "could not publish an event");
+        }
+    }
+
+    /// The error policy: exponential backoff per object (1 s doubling to 5 min), never a hot loop.
+    pub fn backoff<K: Resource<DynamicType = ()>>(
+        &self,
+        object: &ObjectRef<K>,
+        error: &Error,
+        resource: &str,
+    ) -> Action {
+        if matches!(error, Error::NotLeader) {
+            return Action::await_change();
+        }
+        self.metrics.reconcile_error(resource);
+        let mut failures = self
+            .failures
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let count = failures.entry(object.to_string()).or_insert(0);
+        *count = count.saturating_add(1);
+        let delay = Duration::from_secs(1u64 << (*count - 1).min(8)).min(Duration::from_secs(300));
+        tracing::warn!(object = %object, error = %error, retry_in_s = delay.as_secs(), "reconcile failed");
+        Action::requeue(delay)
+    }
+
+    pub fn succeeded<K: Resource<DynamicType = ()>>(&self, object: &ObjectRef<K>) {
+        let mut failures = self
+            .failures
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !failures.is_empty() {
+            failures.remove(&object.to_string());
+        }
+    }
+}
+
+fn truncate(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}

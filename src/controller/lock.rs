@@ -1,0 +1,682 @@
+//! The `DistributedLock` reconciler: validate → decide ([`super::lock_decide`]) → act on Redis and write
+//! status. Extension itself is the keeper's job ([`super::holdings`]); it wakes this reconciler when a lock is
+//! lost or its status is due.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use rand::Rng;
+use tokio::time::Instant;
+
+use super::context::{Context, Error};
+use super::engines::{QuorumEngine, QuorumLookup};
+use super::holdings::LockRef;
+use super::lock_decide::{LockAction, Wanted, contended_retry, decide, resume_still_possible};
+use super::lock_settings::{HolderKind, LockSettings, lock_settings};
+use crate::api::conditions;
+use crate::api::lock::MasterOutcome;
+use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
+use crate::redlock::{AcquireError, ExtendError, FailureKind, KeepPolicy, Lease, OperationReport};
+use crate::telemetry::metrics::OutcomeLabels;
+
+/// Present while the operator may still hold the lock's key: deletion waits for the release.
+pub const FINALIZER: &str = "redlock.io/release";
+
+/// A held lock is looked at again at least this often even when nothing wakes it.
+const RESYNC: Duration = Duration::from_secs(300);
+
+pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if !ctx.leadership.is_leader() {
+        return Ok(Action::await_change());
+    }
+    let lref = ObjectRef::from_obj(&*lock);
+    let namespace = lock.namespace().unwrap_or_default();
+    let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &namespace);
+    let result = finalizer(&api, FINALIZER, lock, |event| async {
+        match event {
+            FinalizerEvent::Apply(lock) => apply(&lock, &ctx).await,
+            FinalizerEvent::Cleanup(lock) => cleanup(&lock, &ctx).await,
+        }
+    })
+    .await;
+    match result {
+        Ok(action) => {
+            ctx.succeeded(&lref);
+            Ok(action)
+        }
+        Err(finalizer::Error::ApplyFailed(err) | finalizer::Error::CleanupFailed(err)) => Err(err),
+        Err(other) => Err(Error::Finalizer(other.to_string())),
+    }
+}
+
+pub fn error_policy(lock: Arc<DistributedLock>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.backoff(&ObjectRef::from_obj(&*lock), error, "distributedlock")
+}
+
+/// What the reconciler works with once the spec and the quorum are known to be usable.
+struct Target<'a> {
+    lock: &'a DistributedLock,
+    lref: LockRef,
+    settings: LockSettings,
+    holder: String,
+    engine: Arc<QuorumEngine>,
+    policy: KeepPolicy,
+}
+
+async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
+    let lref = ObjectRef::from_obj(lock);
+    let namespace = lock.namespace().unwrap_or_default();
+    let engine = match ctx.engines.lookup(&lock.spec.quorum) {
+        QuorumLookup::Ready(engine) => engine,
+        QuorumLookup::Missing => {
+            let message = format!(
+                "RedisQuorum `{}` does not exist: create it, or set spec.quorum to an existing one",
+                lock.spec.quorum
+            );
+            return not_ready(
+                lock,
+                ctx,
+                LockPhase::Pending,
+                "QuorumNotFound",
+                message,
+                Some(Duration::from_secs(30)),
+            )
+            .await;
+        }
+        QuorumLookup::Unusable { reason, message } => {
+            let message = format!(
+                "RedisQuorum `{}` cannot be used ({reason}): {message}",
+                lock.spec.quorum
+            );
+            return not_ready(
+                lock,
+                ctx,
+                LockPhase::Pending,
+                "QuorumNotReady",
+                message,
+                Some(Duration::from_secs(30)),
+            )
+            .await;
+        }
+    };
+    let max_ttl = engine.engine.config().max_ttl;
+    let settings = match lock_settings(&lock.spec, &namespace, &lock.name_any(), max_ttl) {
+        Ok(settings) => settings,
+        Err(invalid) => {
+            return not_ready(
+                lock,
+                ctx,
+                LockPhase::Invalid,
+                invalid.reason,
+                invalid.message,
+                None,
+            )
+            .await;
+        }
+    };
+    let holder = match &settings.holder {
+        HolderKind::Identity(holder) => holder.clone(),
+        HolderKind::LeaderElection | HolderKind::Jobs => {
+            let message = "holder.leaderElection and holder.jobs are accepted but not supported yet by this operator version; use holder.identity".to_owned();
+            return not_ready(lock, ctx, LockPhase::Pending, "PolicyNotSupported", message, None).await;
+        }
+    };
+    let policy = KeepPolicy::for_ttl(settings.ttl, engine.engine.config().node_timeout);
+    let target = Target {
+        lock,
+        lref: lref.clone(),
+        settings,
+        holder,
+        engine,
+        policy,
+    };
+    let status = lock.status.clone().unwrap_or_default();
+    let held = ctx.holdings.view(&lref);
+    let wanted = Wanted {
+        holder: &target.holder,
+        key: &target.settings.key,
+        quorum: &target.settings.quorum,
+    };
+    match decide(wanted, held.as_ref(), &status, ctx.holdings.highest_token(&lref)) {
+        LockAction::Keep { write_status } => {
+            if write_status && let Some(held) = held {
+                write_held(&target, ctx, &held.lease, held.token, false).await?;
+            }
+            Ok(Action::requeue(RESYNC))
+        }
+        LockAction::ReportLost { reason } => report_lost(&target, ctx, &reason.to_string()).await,
+        LockAction::ReleaseHeld => {
+            release_held(ctx, &lref, held.map(|held| held.quorum)).await;
+            Ok(Action::requeue(Duration::from_millis(10)))
+        }
+        LockAction::ReleasePrevious { token, holder } => release_previous(&target, ctx, token, &holder).await,
+        LockAction::Resume { token } => resume(&target, ctx, token, &status).await,
+        LockAction::Acquire { token } => acquire(&target, ctx, token).await,
+    }
+}
+
+async fn acquire(target: &Target<'_>, ctx: &Context, token: i64) -> Result<Action, Error> {
+    ctx.ensure_leader()?;
+    let uid = target.lock.uid().unwrap_or_default();
+    let value = ctx
+        .secret
+        .lock_value(&target.settings.key, &uid, token, &target.holder)?;
+    let started = Instant::now();
+    let result = target
+        .engine
+        .engine
+        .try_acquire(&target.settings.key, target.settings.ttl, value)
+        .await;
+    let outcome = match &result {
+        Ok(_) => "acquired",
+        Err(AcquireError::NotAcquired {
+            kind: FailureKind::Contended,
+            ..
+        }) => "contended",
+        Err(AcquireError::NotAcquired { .. }) => "unavailable",
+        Err(_) => "error",
+    };
+    ctx.metrics
+        .acquire_seconds
+        .get_or_create(&OutcomeLabels {
+            outcome: outcome.to_owned(),
+        })
+        .observe(started.elapsed().as_secs_f64());
+    match result {
+        Ok(lease) => {
+            // Kept from this moment: the status write below takes an API round trip of the validity.
+            ctx.holdings.insert(
+                target.lref.clone(),
+                lease.clone(),
+                &target.settings.quorum,
+                &target.settings.key,
+                token,
+                target.policy,
+            );
+            match write_held(target, ctx, &lease, token, true).await {
+                Ok(true) => {
+                    let note = format!(
+                        "{} holds the lock with fencing token {token} ({} of {} masters)",
+                        target.holder,
+                        lease.report().votes(),
+                        lease.report().nodes.len()
+                    );
+                    tracing::info!(lock = %target.lref, token, holder = %target.holder, "acquired");
+                    ctx.publish(target.lock, EventType::Normal, "Acquired", note)
+                        .await;
+                    Ok(Action::requeue(RESYNC))
+                }
+                Ok(false) => {
+                    // Another writer advanced the token first: this acquisition is not the lock's.
+                    release_held(ctx, &target.lref, Some(target.settings.quorum.clone())).await;
+                    Ok(Action::requeue(Duration::from_secs(1)))
+                }
+                Err(err) => {
+                    release_held(ctx, &target.lref, Some(target.settings.quorum.clone())).await;
+                    Err(err)
+                }
+            }
+        }
+        Err(AcquireError::NotAcquired { kind, report, .. }) => waiting(target, ctx, kind, &report).await,
+        Err(AcquireError::Config(err)) => {
+            not_ready(
+                target.lock,
+                ctx,
+                LockPhase::Invalid,
+                "InvalidTtl",
+                err.to_string(),
+                None,
+            )
+            .await
+        }
+        Err(AcquireError::Value(err)) => Err(Error::Value(err)),
+    }
+}
+
+/// Not acquired: say who or what blocks it, and try again after a pause.
+async fn waiting(
+    target: &Target<'_>,
+    ctx: &Context,
+    kind: FailureKind,
+    report: &OperationReport,
+) -> Result<Action, Error> {
+    let ttl = target.settings.ttl;
+    let (phase, reason, message, retry) = match kind {
+        FailureKind::Contended => {
+            let blocker = report
+                .blocking_holder()
+                .unwrap_or_else(|| "another holder".into());
+            (
+                LockPhase::Contended,
+                "Contended",
+                format!("key `{}` is held by {blocker}; retrying", target.settings.key),
+                contended_retry(ttl, rand::rng().random()),
+            )
+        }
+        FailureKind::TooFewMasters => (
+            LockPhase::Pending,
+            "QuorumUnavailable",
+            format!(
+                "too few masters of RedisQuorum `{}` can vote ({}); {} are needed; retrying",
+                target.settings.quorum,
+                report.unreachable_summary(),
+                report.quorum
+            ),
+            Duration::from_secs(2),
+        ),
+        FailureKind::ValidityExhausted => (
+            LockPhase::Pending,
+            "SlowMasters",
+            "a majority granted the lock too slowly to leave any validity; retrying".to_owned(),
+            Duration::from_millis(200),
+        ),
+    };
+    let blocked_by = report.blocking_holder();
+    let before = target.lock.status.as_ref().and_then(|status| status.phase);
+    let generation = target.lock.meta().generation;
+    let written = write_status(ctx, target.lock, |current| {
+        let mut next = current.clone();
+        next.phase = Some(phase);
+        next.holder = None;
+        next.blocked_by = blocked_by.clone();
+        next.masters = masters(report);
+        next.quorum = Some(format!("{}/{}", report.votes(), report.nodes.len()));
+        next.observed_generation = generation;
+        let now = Timestamp::now();
+        conditions::set(
+            &mut next.conditions,
+            "Ready",
+            true,
+            "Valid",
+            "spec is valid and the quorum exists",
+            generation,
+            now,
+        );
+        conditions::set(
+            &mut next.conditions,
+            "Held",
+            false,
+            reason,
+            message.clone(),
+            generation,
+            now,
+        );
+        Some(next)
+    })
+    .await?;
+    if written && before != Some(phase) {
+        let type_ = if phase == LockPhase::Contended {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        };
+        ctx.publish(target.lock, type_, reason, message).await;
+    }
+    Ok(Action::requeue(retry))
+}
+
+async fn resume(
+    target: &Target<'_>,
+    ctx: &Context,
+    token: i64,
+    status: &DistributedLockStatus,
+) -> Result<Action, Error> {
+    ctx.ensure_leader()?;
+    let uid = target.lock.uid().unwrap_or_default();
+    let value = ctx
+        .secret
+        .lock_value(&target.settings.key, &uid, token, &target.holder)?;
+    match target
+        .engine
+        .engine
+        .reclaim(&target.settings.key, target.settings.ttl, value)
+        .await
+    {
+        Ok(lease) => {
+            ctx.holdings.insert(
+                target.lref.clone(),
+                lease.clone(),
+                &target.settings.quorum,
+                &target.settings.key,
+                token,
+                target.policy,
+            );
+            tracing::info!(lock = %target.lref, token, "resumed a lock held by a previous replica");
+            write_held(target, ctx, &lease, token, false).await?;
+            Ok(Action::requeue(RESYNC))
+        }
+        Err(ExtendError::NoQuorum { .. } | ExtendError::Expired { .. })
+            if resume_still_possible(status, target.policy.fence_margin, Timestamp::now()) =>
+        {
+            Ok(Action::requeue(target.policy.retry_interval))
+        }
+        Err(ExtendError::Lost { holder, .. }) => {
+            let by = holder.unwrap_or_else(|| "another holder".into());
+            report_lost(
+                target,
+                ctx,
+                &format!("taken over by {by} while no replica was extending it"),
+            )
+            .await
+        }
+        Err(err) => {
+            report_lost(
+                target,
+                ctx,
+                &format!("could not be resumed after a controller restart: {err}"),
+            )
+            .await
+        }
+    }
+}
+
+async fn report_lost(target: &Target<'_>, ctx: &Context, reason: &str) -> Result<Action, Error> {
+    release_held(ctx, &target.lref, Some(target.settings.quorum.clone())).await;
+    let generation = target.lock.meta().generation;
+    let message = format!("lock lost: {reason}; re-acquiring");
+    let written = write_status(ctx, target.lock, |current| {
+        let mut next = current.clone();
+        next.phase = Some(LockPhase::Lost);
+        next.transitions += 1;
+        next.observed_generation = generation;
+        conditions::set(
+            &mut next.conditions,
+            "Held",
+            false,
+            "Lost",
+            message.clone(),
+            generation,
+            Timestamp::now(),
+        );
+        Some(next)
+    })
+    .await?;
+    if written {
+        tracing::warn!(lock = %target.lref, %reason, "lock lost");
+        ctx.publish(target.lock, EventType::Warning, "Lost", message)
+            .await;
+    }
+    Ok(Action::requeue(contended_retry(
+        target.settings.ttl,
+        rand::rng().random(),
+    )))
+}
+
+async fn release_previous(
+    target: &Target<'_>,
+    ctx: &Context,
+    token: i64,
+    holder: &str,
+) -> Result<Action, Error> {
+    ctx.ensure_leader()?;
+    let uid = target.lock.uid().unwrap_or_default();
+    let value = ctx.secret.lock_value(&target.settings.key, &uid, token, holder)?;
+    target
+        .engine
+        .engine
+        .release_value(&target.settings.key, value)
+        .await;
+    let generation = target.lock.meta().generation;
+    let message = format!("released for {holder}: the holder changed to {}", target.holder);
+    write_status(ctx, target.lock, |current| {
+        let mut next = current.clone();
+        next.phase = Some(LockPhase::Pending);
+        next.holder = None;
+        next.observed_generation = generation;
+        conditions::set(
+            &mut next.conditions,
+            "Held",
+            false,
+            "HolderChanged",
+            message.clone(),
+            generation,
+            Timestamp::now(),
+        );
+        Some(next)
+    })
+    .await?;
+    ctx.publish(target.lock, EventType::Normal, "Released", message)
+        .await;
+    Ok(Action::requeue(Duration::from_millis(10)))
+}
+
+async fn cleanup(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
+    ctx.ensure_leader()?;
+    let lref = ObjectRef::from_obj(lock);
+    let held_quorum = ctx.holdings.view(&lref).map(|held| held.quorum);
+    let released = match held_quorum {
+        Some(quorum) => release_held(ctx, &lref, Some(quorum)).await,
+        None => release_from_status(lock, ctx).await?,
+    };
+    if let Some(report) = released {
+        let note = format!(
+            "released on deletion ({} of {} masters deleted the key)",
+            report.votes(),
+            report.nodes.len()
+        );
+        ctx.publish(lock, EventType::Normal, "Released", note).await;
+    }
+    Ok(Action::await_change())
+}
+
+/// A predecessor's acquisition named in status: rebuild its value and delete it.
+async fn release_from_status(
+    lock: &DistributedLock,
+    ctx: &Context,
+) -> Result<Option<OperationReport>, Error> {
+    let Some(status) = &lock.status else {
+        return Ok(None);
+    };
+    let (Some(LockPhase::Held | LockPhase::Lost), Some(holder), Some(token)) =
+        (status.phase, &status.holder, status.fencing_token)
+    else {
+        return Ok(None);
+    };
+    let QuorumLookup::Ready(engine) = ctx.engines.lookup(&lock.spec.quorum) else {
+        return Ok(None);
+    };
+    let namespace = lock.namespace().unwrap_or_default();
+    let key = lock
+        .spec
+        .resource_key
+        .clone()
+        .unwrap_or_else(|| format!("{namespace}/{}", lock.name_any()));
+    let value = ctx
+        .secret
+        .lock_value(&key, &lock.uid().unwrap_or_default(), token, holder)?;
+    Ok(Some(engine.engine.release_value(&key, value).await))
+}
+
+/// Stops keeping the lock and deletes its key where it is still ours.
+async fn release_held(ctx: &Context, lref: &LockRef, quorum: Option<String>) -> Option<OperationReport> {
+    let lease = ctx.holdings.remove(lref).await?;
+    let quorum = quorum?;
+    match ctx.engines.lookup(&quorum) {
+        QuorumLookup::Ready(engine) => Some(engine.engine.release(&lease).await),
+        _ => None,
+    }
+}
+
+/// The spec or the quorum cannot be acted on: release whatever is held and say why.
+async fn not_ready(
+    lock: &DistributedLock,
+    ctx: &Context,
+    phase: LockPhase,
+    reason: &str,
+    message: String,
+    retry: Option<Duration>,
+) -> Result<Action, Error> {
+    let lref = ObjectRef::from_obj(lock);
+    let held_quorum = ctx.holdings.view(&lref).map(|held| held.quorum);
+    if held_quorum.is_some() {
+        release_held(ctx, &lref, held_quorum).await;
+    }
+    let generation = lock.meta().generation;
+    let before = lock.status.as_ref().and_then(|status| status.phase);
+    let written = write_status(ctx, lock, |current| {
+        let mut next = current.clone();
+        next.phase = Some(phase);
+        next.holder = None;
+        next.blocked_by = None;
+        next.observed_generation = generation;
+        let now = Timestamp::now();
+        conditions::set(
+            &mut next.conditions,
+            "Ready",
+            false,
+            reason,
+            message.clone(),
+            generation,
+            now,
+        );
+        conditions::set(
+            &mut next.conditions,
+            "Held",
+            false,
+            reason,
+            message.clone(),
+            generation,
+            now,
+        );
+        Some(next)
+    })
+    .await?;
+    if written && before != Some(phase) {
+        ctx.publish(lock, EventType::Warning, reason, message).await;
+    }
+    Ok(retry.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// Writes the Held status for `lease`. With `new_token`, only if status still shows an older token — the
+/// resourceVersion precondition makes that check and the write one atomic step. `Ok(false)`: a newer token
+/// is already there.
+async fn write_held(
+    target: &Target<'_>,
+    ctx: &Context,
+    lease: &Lease,
+    token: i64,
+    new_token: bool,
+) -> Result<bool, Error> {
+    let now = Instant::now();
+    let wall_now = Timestamp::now();
+    let valid_until = wall_at(lease.valid_until(), now, wall_now);
+    let renewed_at = wall_at(lease.granted_at(), now, wall_now);
+    let generation = target.lock.meta().generation;
+    let holder = target.holder.clone();
+    let written = write_status(ctx, target.lock, |current| {
+        if new_token && current.fencing_token.unwrap_or(0) >= token {
+            return None;
+        }
+        let mut next = current.clone();
+        if new_token {
+            next.transitions += 1;
+            next.acquired_at = Some(Time(wall_now));
+        }
+        next.phase = Some(LockPhase::Held);
+        next.holder = Some(holder.clone());
+        next.fencing_token = Some(token);
+        next.renewed_at = Some(Time(renewed_at));
+        next.valid_until = Some(Time(valid_until));
+        next.quorum = Some(format!(
+            "{}/{}",
+            lease.report().votes(),
+            lease.report().nodes.len()
+        ));
+        next.masters = masters(lease.report());
+        next.blocked_by = None;
+        next.observed_generation = generation;
+        conditions::set(
+            &mut next.conditions,
+            "Ready",
+            true,
+            "Valid",
+            "spec is valid and the quorum exists",
+            generation,
+            wall_now,
+        );
+        conditions::set(
+            &mut next.conditions,
+            "Held",
+            true,
+            "Held",
+            format!("held by {holder} with fencing token {token}"),
+            generation,
+            wall_now,
+        );
+        Some(next)
+    })
+    .await?;
+    if written {
+        ctx.holdings.note_token(&target.lref, token);
+        ctx.holdings.status_written(&target.lref, lease.valid_until());
+    }
+    Ok(written)
+}
+
+/// Replaces the status with what `edit` makes of the current one, with the resourceVersion it was read at
+/// as a precondition; on a conflict it reads the object again and asks `edit` again. `edit` returning `None`
+/// means the write no longer applies: `Ok(false)`.
+async fn write_status(
+    ctx: &Context,
+    lock: &DistributedLock,
+    mut edit: impl FnMut(&DistributedLockStatus) -> Option<DistributedLockStatus>,
+) -> Result<bool, Error> {
+    let api: Api<DistributedLock> =
+        Api::namespaced(ctx.client.clone(), &lock.namespace().unwrap_or_default());
+    let mut current = lock.clone();
+    for _ in 0..4 {
+        let before = current.status.clone().unwrap_or_default();
+        let Some(next) = edit(&before) else {
+            return Ok(false);
+        };
+        if next == before {
+            return Ok(true);
+        }
+        ctx.ensure_leader()?;
+        current.status = Some(next);
+        match api
+            .replace_status(&lock.name_any(), &PostParams::default(), &current)
+            .await
+        {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                current = api.get(&lock.name_any()).await?;
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Err(Error::Conflict)
+}
+
+fn masters(report: &OperationReport) -> Vec<MasterOutcome> {
+    report
+        .nodes
+        .iter()
+        .map(|node| MasterOutcome {
+            endpoint: node.endpoint.clone(),
+            outcome: node.outcome.label().to_owned(),
+            message: match node.outcome.to_string() {
+                text if text == node.outcome.label() => None,
+                text => Some(text),
+            },
+        })
+        .collect()
+}
+
+/// The wall-clock time of a monotonic instant, rounded down to the millisecond (conservative for ends).
+fn wall_at(at: Instant, now: Instant, wall_now: Timestamp) -> Timestamp {
+    let offset = if at >= now {
+        SignedDuration::from_millis(i64::try_from((at - now).as_millis()).unwrap_or(i64::MAX))
+    } else {
+        -SignedDuration::from_millis(i64::try_from((now - at).as_millis()).unwrap_or(i64::MAX))
+    };
+    wall_now + offset
+}

@@ -1,0 +1,242 @@
+//! What to do with a `DistributedLock` whose holder is fixed (`holder.identity`): a pure function of what
+//! this replica holds, what status says and the time, so every branch is tested without a cluster.
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use super::holdings::HeldView;
+use crate::api::{DistributedLockStatus, LockPhase};
+use crate::redlock::LossReason;
+
+/// Who should hold the lock, where.
+#[derive(Clone, Copy, Debug)]
+pub struct Wanted<'a> {
+    pub holder: &'a str,
+    pub key: &'a str,
+    pub quorum: &'a str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LockAction {
+    /// Held and extended by this replica; refresh status when it is due or out of date.
+    Keep { write_status: bool },
+    /// The keeper gave up on the lock: report it (the fence time is before `validUntil`), then re-acquire.
+    ReportLost { reason: LossReason },
+    /// This replica holds a lock that no longer matches the spec (holder, key or quorum changed).
+    ReleaseHeld,
+    /// Status names a holder other than the wanted one, held by a predecessor of this replica: release that
+    /// acquisition (its value can be rebuilt from the token) before acquiring for the new holder.
+    ReleasePrevious { token: i64, holder: String },
+    /// Status says the wanted holder has the lock, but this replica does not hold it: a predecessor
+    /// (restarted or failed-over replica) did. Take it over without a new token.
+    Resume { token: i64 },
+    /// Acquire with this token.
+    Acquire { token: i64 },
+}
+
+pub fn decide(
+    wanted: Wanted<'_>,
+    held: Option<&HeldView>,
+    status: &DistributedLockStatus,
+    highest_token_written: i64,
+) -> LockAction {
+    if let Some(held) = held {
+        if let Some(reason) = &held.lost {
+            return LockAction::ReportLost {
+                reason: reason.clone(),
+            };
+        }
+        if held.lease.holder() != wanted.holder || held.key != wanted.key || held.quorum != wanted.quorum {
+            return LockAction::ReleaseHeld;
+        }
+        let shown = status.phase == Some(LockPhase::Held)
+            && status.fencing_token == Some(held.token)
+            && status.holder.as_deref() == Some(wanted.holder);
+        return LockAction::Keep {
+            write_status: held.status_due || !shown,
+        };
+    }
+    let status_token = status.fencing_token.unwrap_or(0);
+    if status.phase == Some(LockPhase::Held)
+        && let (Some(holder), Some(token)) = (&status.holder, status.fencing_token)
+    {
+        if holder == wanted.holder {
+            return LockAction::Resume { token };
+        }
+        return LockAction::ReleasePrevious {
+            token,
+            holder: holder.clone(),
+        };
+    }
+    LockAction::Acquire {
+        token: status_token.max(highest_token_written) + 1,
+    }
+}
+
+/// After a resume attempt could not reach a majority: keep trying while the validity status shows leaves
+/// room for the fence margin; after that the lock counts as lost (reported before `validUntil`).
+pub fn resume_still_possible(status: &DistributedLockStatus, fence_margin: Duration, now: Timestamp) -> bool {
+    let Some(valid_until) = &status.valid_until else {
+        return false;
+    };
+    let margin = SignedDuration::from_millis(i64::try_from(fence_margin.as_millis()).unwrap_or(i64::MAX));
+    now < valid_until.0 - margin
+}
+
+/// Pause before the next attempt on a contended lock: a fraction of the TTL, so a freed lock is taken soon
+/// without hammering the masters; random so that contenders do not retry in lockstep.
+pub fn contended_retry(ttl: Duration, random_unit: f64) -> Duration {
+    let base = (ttl / 4).clamp(Duration::from_millis(200), Duration::from_secs(5));
+    base.mul_f64(1.0 + random_unit.clamp(0.0, 1.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::redlock::LockValue;
+
+    const WANTED: Wanted<'static> = Wanted {
+        holder: "batch",
+        key: "ns/lock",
+        quorum: "default",
+    };
+
+    fn held_status(holder: &str, token: i64) -> DistributedLockStatus {
+        DistributedLockStatus {
+            phase: Some(LockPhase::Held),
+            holder: Some(holder.into()),
+            fencing_token: Some(token),
+            ..DistributedLockStatus::default()
+        }
+    }
+
+    async fn view(holder: &str, token: i64) -> HeldView {
+        HeldView {
+            lease: crate::redlock::Lease::for_tests(
+                "ns/lock",
+                LockValue::random(holder).unwrap(),
+                Duration::from_secs(10),
+                Instant::now(),
+            ),
+            quorum: "default".into(),
+            key: "ns/lock".into(),
+            token,
+            lost: None,
+            status_due: false,
+            last_failure: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_fresh_lock_is_acquired_with_the_next_token() {
+        let status = DistributedLockStatus::default();
+        assert_eq!(decide(WANTED, None, &status, 0), LockAction::Acquire { token: 1 });
+        let lost = DistributedLockStatus {
+            phase: Some(LockPhase::Lost),
+            fencing_token: Some(7),
+            ..DistributedLockStatus::default()
+        };
+        assert_eq!(decide(WANTED, None, &lost, 0), LockAction::Acquire { token: 8 });
+        assert_eq!(
+            decide(WANTED, None, &lost, 9),
+            LockAction::Acquire { token: 10 },
+            "a token this replica wrote wins over a status cache that lags behind"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_held_lock_is_kept_and_status_written_when_out_of_date() {
+        let held = view("batch", 3).await;
+        assert_eq!(
+            decide(WANTED, Some(&held), &held_status("batch", 3), 3),
+            LockAction::Keep { write_status: false }
+        );
+        assert_eq!(
+            decide(WANTED, Some(&held), &DistributedLockStatus::default(), 3),
+            LockAction::Keep { write_status: true }
+        );
+        let due = HeldView {
+            status_due: true,
+            ..held.clone()
+        };
+        assert_eq!(
+            decide(WANTED, Some(&due), &held_status("batch", 3), 3),
+            LockAction::Keep { write_status: true }
+        );
+    }
+
+    #[tokio::test]
+    async fn loss_is_reported_before_anything_else() {
+        let lost = HeldView {
+            lost: Some(LossReason::TakenOver { holder: None }),
+            ..view("batch", 3).await
+        };
+        assert!(matches!(
+            decide(WANTED, Some(&lost), &held_status("batch", 3), 3),
+            LockAction::ReportLost { .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_changed_holder_releases_first() {
+        let held = view("old", 3).await;
+        assert_eq!(
+            decide(WANTED, Some(&held), &held_status("old", 3), 3),
+            LockAction::ReleaseHeld
+        );
+        assert_eq!(
+            decide(WANTED, None, &held_status("old", 3), 0),
+            LockAction::ReleasePrevious {
+                token: 3,
+                holder: "old".into()
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn a_restarted_replica_resumes_without_a_new_token() {
+        assert_eq!(
+            decide(WANTED, None, &held_status("batch", 4), 0),
+            LockAction::Resume { token: 4 }
+        );
+    }
+
+    #[test]
+    fn resume_gives_up_a_fence_margin_before_the_validity_shown() {
+        let now = Timestamp::from_second(1_000).unwrap();
+        let mut status = held_status("batch", 4);
+        status.valid_until = Some(Time(now + SignedDuration::from_secs(3)));
+        assert!(resume_still_possible(&status, Duration::from_secs(2), now));
+        assert!(!resume_still_possible(
+            &status,
+            Duration::from_secs(2),
+            now + SignedDuration::from_secs(1)
+        ));
+        status.valid_until = None;
+        assert!(!resume_still_possible(&status, Duration::from_secs(2), now));
+    }
+
+    #[test]
+    fn contended_retries_scale_with_the_ttl_and_are_bounded() {
+        assert_eq!(
+            contended_retry(Duration::from_secs(10), 0.0),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(
+            contended_retry(Duration::from_secs(10), 1.0),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            contended_retry(Duration::from_millis(100), 0.0),
+            Duration::from_millis(200)
+        );
+        assert_eq!(
+            contended_retry(Duration::from_secs(3600), 0.5),
+            Duration::from_millis(7500)
+        );
+    }
+}

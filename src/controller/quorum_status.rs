@@ -1,0 +1,277 @@
+//! Master health → `RedisQuorum` status and the Events worth telling: pure, so it is tested with a fake
+//! clock.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use tokio::time::Instant;
+
+use crate::api::conditions;
+use crate::api::quorum::{MasterStatus, RedisQuorumStatus};
+use crate::redlock::{NodeHealth, NodeStatus};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum QuorumEvent {
+    Quarantined { endpoint: String, seconds: u64 },
+    Down { endpoint: String, error: String },
+    Recovered { endpoint: String },
+}
+
+/// The status for a quorum whose engine runs, and what changed since `previous`.
+pub fn healthy_status(
+    previous: &RedisQuorumStatus,
+    nodes: &[NodeStatus],
+    required: usize,
+    generation: Option<i64>,
+    now: Instant,
+    wall_now: Timestamp,
+) -> (RedisQuorumStatus, Vec<QuorumEvent>) {
+    let mut events = Vec::new();
+    let masters: Vec<MasterStatus> = nodes
+        .iter()
+        .map(|node| {
+            let state = match node.health {
+                NodeHealth::Up => "Up",
+                NodeHealth::Quarantined => "Quarantined",
+                NodeHealth::Down => "Down",
+            };
+            let before = previous
+                .masters
+                .iter()
+                .find(|master| master.endpoint == node.endpoint)
+                .map(|master| master.state.as_str());
+            let quarantined_until = node.quarantined_until.map(|until| {
+                let left = until.saturating_duration_since(now);
+                Time(
+                    wall_now
+                        + SignedDuration::from_millis(i64::try_from(left.as_millis()).unwrap_or(i64::MAX)),
+                )
+            });
+            if before != Some(state) {
+                match node.health {
+                    NodeHealth::Quarantined => events.push(QuorumEvent::Quarantined {
+                        endpoint: node.endpoint.clone(),
+                        seconds: node
+                            .quarantined_until
+                            .map_or(0, |until| until.saturating_duration_since(now).as_secs()),
+                    }),
+                    NodeHealth::Down => events.push(QuorumEvent::Down {
+                        endpoint: node.endpoint.clone(),
+                        error: node.last_error.clone().unwrap_or_else(|| "not connected".into()),
+                    }),
+                    NodeHealth::Up if before.is_some() => events.push(QuorumEvent::Recovered {
+                        endpoint: node.endpoint.clone(),
+                    }),
+                    NodeHealth::Up => {}
+                }
+            }
+            MasterStatus {
+                endpoint: node.endpoint.clone(),
+                state: state.to_owned(),
+                quarantined_until,
+                run_id: node.run_id.clone(),
+                last_error: (node.health != NodeHealth::Up)
+                    .then(|| node.last_error.clone())
+                    .flatten(),
+                // Rounded so that status does not change on every check for noise alone.
+                latency_ms: node
+                    .latency
+                    .map(|latency| (latency.as_secs_f64() * 10_000.0).round() / 10.0),
+            }
+        })
+        .collect();
+    let eligible = nodes.iter().filter(|node| node.health == NodeHealth::Up).count();
+    let mut status = RedisQuorumStatus {
+        eligible: u32::try_from(eligible).ok(),
+        required: u32::try_from(required).ok(),
+        masters,
+        observed_generation: generation,
+        conditions: previous.conditions.clone(),
+    };
+    let not_voting = describe_not_voting(nodes);
+    if eligible >= required {
+        conditions::set(
+            &mut status.conditions,
+            "Available",
+            true,
+            "QuorumReachable",
+            format!(
+                "{eligible} of {} masters can vote; {required} are needed",
+                nodes.len()
+            ),
+            generation,
+            wall_now,
+        );
+    } else {
+        conditions::set(
+            &mut status.conditions,
+            "Available",
+            false,
+            "TooFewMasters",
+            format!(
+                "only {eligible} of {} masters can vote, {required} are needed: {not_voting}",
+                nodes.len()
+            ),
+            generation,
+            wall_now,
+        );
+    }
+    if eligible < nodes.len() {
+        conditions::set(
+            &mut status.conditions,
+            "Degraded",
+            true,
+            "MastersNotVoting",
+            not_voting,
+            generation,
+            wall_now,
+        );
+    } else {
+        conditions::set(
+            &mut status.conditions,
+            "Degraded",
+            false,
+            "AllMastersVoting",
+            "every master is up and voting",
+            generation,
+            wall_now,
+        );
+    }
+    (status, events)
+}
+
+/// The status for a quorum that cannot be used at all (bad spec, missing Secret).
+pub fn unusable_status(
+    previous: &RedisQuorumStatus,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    wall_now: Timestamp,
+) -> RedisQuorumStatus {
+    let mut status = RedisQuorumStatus {
+        eligible: Some(0),
+        required: previous.required,
+        masters: Vec::new(),
+        observed_generation: generation,
+        conditions: previous.conditions.clone(),
+    };
+    conditions::set(
+        &mut status.conditions,
+        "Available",
+        false,
+        reason,
+        message,
+        generation,
+        wall_now,
+    );
+    conditions::set(
+        &mut status.conditions,
+        "Degraded",
+        true,
+        reason,
+        message,
+        generation,
+        wall_now,
+    );
+    status
+}
+
+fn describe_not_voting(nodes: &[NodeStatus]) -> String {
+    nodes
+        .iter()
+        .filter(|node| node.health != NodeHealth::Up)
+        .map(|node| match node.health {
+            NodeHealth::Quarantined => format!("{} quarantined (restarted recently)", node.endpoint),
+            _ => format!(
+                "{} down ({})",
+                node.endpoint,
+                node.last_error.as_deref().unwrap_or("not connected")
+            ),
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn node(endpoint: &str, health: NodeHealth) -> NodeStatus {
+        NodeStatus {
+            endpoint: endpoint.into(),
+            health,
+            run_id: Some("r".into()),
+            quarantined_until: None,
+            last_error: (health == NodeHealth::Down).then(|| "connection refused".into()),
+            latency: Some(Duration::from_micros(123)),
+            restarts_seen: 0,
+        }
+    }
+
+    #[test]
+    fn availability_follows_the_voting_masters_and_events_follow_transitions() {
+        let now = Instant::now();
+        let wall = Timestamp::from_second(1_000_000).unwrap();
+        let mut nodes = vec![
+            node("redis://a", NodeHealth::Up),
+            node("redis://b", NodeHealth::Up),
+            node("redis://c", NodeHealth::Up),
+        ];
+        let (status, events) = healthy_status(&RedisQuorumStatus::default(), &nodes, 2, Some(1), now, wall);
+        assert!(events.is_empty(), "first sight of healthy masters is no news");
+        assert!(conditions::is_true(&status.conditions, "Available"));
+        assert!(!conditions::is_true(&status.conditions, "Degraded"));
+        assert_eq!(status.masters[0].latency_ms, Some(0.1));
+
+        nodes[0].health = NodeHealth::Quarantined;
+        nodes[0].quarantined_until = Some(now + Duration::from_secs(60));
+        nodes[1].health = NodeHealth::Down;
+        nodes[1].last_error = Some("connection refused".into());
+        let later = Timestamp::from_second(1_000_010).unwrap();
+        let (next, events) = healthy_status(&status, &nodes, 2, Some(1), now, later);
+        assert_eq!(events.len(), 2);
+        assert!(matches!(&events[0], QuorumEvent::Quarantined { seconds: 60, .. }));
+        let available = next.conditions.iter().find(|c| c.type_ == "Available").unwrap();
+        assert_eq!(available.status, "False");
+        assert_eq!(available.last_transition_time, Time(later));
+        assert!(
+            available.message.contains("redis://a quarantined"),
+            "{}",
+            available.message
+        );
+        assert!(available.message.contains("redis://b down (connection refused)"));
+        assert_eq!(
+            next.masters[0].quarantined_until,
+            Some(Time(later + SignedDuration::from_secs(60)))
+        );
+
+        let (_, events) = healthy_status(
+            &next,
+            &[
+                node("redis://a", NodeHealth::Up),
+                node("redis://b", NodeHealth::Up),
+                node("redis://c", NodeHealth::Up),
+            ],
+            2,
+            Some(1),
+            now,
+            later,
+        );
+        assert_eq!(events.len(), 2, "{events:?}");
+        assert!(
+            events
+                .iter()
+                .all(|event| matches!(event, QuorumEvent::Recovered { .. }))
+        );
+    }
+
+    #[test]
+    fn unusable_keeps_the_transition_time_while_nothing_changes() {
+        let t0 = Timestamp::from_second(1_000).unwrap();
+        let t1 = Timestamp::from_second(2_000).unwrap();
+        let first = unusable_status(&RedisQuorumStatus::default(), "SecretNotFound", "x", Some(1), t0);
+        let second = unusable_status(&first, "SecretNotFound", "x", Some(1), t1);
+        assert_eq!(second.conditions[0].last_transition_time, Time(t0));
+    }
+}

@@ -1,0 +1,251 @@
+//! `redlock-operator run`, as a library function: the metrics/health server, the Lease election, the keeper
+//! of held locks and the two controllers, stopped together by one token. Tests run exactly this in-process.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use kube::api::Api;
+use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::context::Context;
+use super::engines::Engines;
+use super::holdings::{Holdings, LockRef};
+use super::leadership::{Elector, Leadership, LeaseTiming};
+use super::lock_value::InstallationSecret;
+use super::{lock, quorum};
+use crate::api::{DistributedLock, RedisQuorum};
+use crate::telemetry::health::Health;
+use crate::telemetry::metrics::Metrics;
+use crate::telemetry::server;
+
+/// Reconciliations running at once per controller: enough to acquire thousands of new locks quickly without
+/// flooding the API server.
+const CONCURRENCY: u16 = 64;
+
+pub struct ElectionOptions {
+    pub namespace: String,
+    pub lease_name: String,
+    pub identity: String,
+    pub timing: LeaseTiming,
+}
+
+pub struct RunOptions {
+    pub metrics_addr: SocketAddr,
+    /// `None`: this process is the only replica and always active.
+    pub election: Option<ElectionOptions>,
+    pub secret: InstallationSecret,
+    pub health_interval: Duration,
+    /// Name shown as the reporting instance of Events.
+    pub instance: String,
+}
+
+/// A started operator.
+pub struct Running {
+    pub metrics_addr: SocketAddr,
+    pub leadership: Arc<Leadership>,
+    pub holdings: Arc<Holdings>,
+    pub task: JoinHandle<()>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Starts everything and returns once the metrics port is bound. Cancelling `shutdown` stops the controllers,
+/// stops extending (without releasing: holders are alive, the next replica resumes), then hands the Lease back.
+pub async fn start(
+    client: Client,
+    options: RunOptions,
+    shutdown: CancellationToken,
+) -> Result<Running, RunError> {
+    let metrics = Arc::new(Metrics::default());
+    let health = Arc::new(Health::new(&["distributedlocks", "redisquorums"]));
+    let server_stop = CancellationToken::new();
+    let (metrics_addr, server_task) = server::bind(
+        options.metrics_addr,
+        metrics.clone(),
+        health.clone(),
+        server_stop.clone(),
+    )
+    .await
+    .map_err(|source| RunError::Listen {
+        addr: options.metrics_addr,
+        source,
+    })?;
+
+    let election_stop = CancellationToken::new();
+    let (leadership, elector_task) = match options.election {
+        Some(election) => {
+            let api = Api::namespaced(client.clone(), &election.namespace);
+            let (elector, leadership) =
+                Elector::new(api, &election.lease_name, &election.identity, election.timing);
+            (leadership, Some(tokio::spawn(elector.run(election_stop.clone()))))
+        }
+        None => (Leadership::always(), None),
+    };
+
+    let engines = Arc::new(Engines::default());
+    let (holdings, wakes) = Holdings::new(metrics.clone());
+    let keeper_stop = CancellationToken::new();
+    let keeper_task = tokio::spawn(holdings.clone().keep(
+        engines.clone(),
+        leadership.clone(),
+        keeper_stop.clone(),
+    ));
+
+    let locks_api: Api<DistributedLock> = Api::all(client.clone());
+    let quorums_api: Api<RedisQuorum> = Api::all(client.clone());
+    let (lock_store, lock_writer) = reflector::store::<DistributedLock>();
+    let (quorum_store, quorum_writer) = reflector::store::<RedisQuorum>();
+
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "redlock-operator".into(),
+            instance: Some(options.instance.clone()),
+        },
+    );
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        engines: engines.clone(),
+        holdings: holdings.clone(),
+        leadership: leadership.clone(),
+        metrics: metrics.clone(),
+        recorder,
+        secret: options.secret,
+        health_interval: options.health_interval,
+        locks: lock_store.clone(),
+        failures: Default::default(),
+    });
+
+    // Status writes must not wake the reconcilers: only spec, deletion and finalizer changes do. Extension and
+    // status refreshes are driven by the keeper, quorum health by the requeue interval.
+    let lock_changes = |lock: &DistributedLock| {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        lock.metadata.generation.hash(&mut hasher);
+        lock.metadata.deletion_timestamp.is_some().hash(&mut hasher);
+        lock.finalizers().hash(&mut hasher);
+        Some(hasher.finish())
+    };
+    let lock_health = health.clone();
+    let lock_events = watcher(locks_api, watcher::Config::default())
+        .default_backoff()
+        .reflect(lock_writer)
+        .inspect(move |event| record_watch(&lock_health, "distributedlocks", event.is_ok()))
+        .touched_objects()
+        .predicate_filter(lock_changes, Default::default());
+    let quorum_health = health.clone();
+    let quorum_engines = engines.clone();
+    let deleted_ctx = ctx.clone();
+    let quorum_events = watcher(quorums_api, watcher::Config::default())
+        .default_backoff()
+        .reflect(quorum_writer)
+        .inspect(move |event| {
+            record_watch(&quorum_health, "redisquorums", event.is_ok());
+            if let Ok(watcher::Event::Delete(quorum)) = event {
+                // The locks on it learn at once that it is gone, instead of being extended on a stale engine.
+                quorum_engines.remove(&quorum.name_any());
+                deleted_ctx.wake_locks_on(&quorum.name_any());
+            }
+        })
+        .touched_objects()
+        .predicate_filter(kube::runtime::predicates::generation, Default::default());
+
+    let became_leader = leader_edges(&leadership);
+    let lock_controller = Controller::for_stream(lock_events, lock_store)
+        .with_config(ControllerConfig::default().concurrency(CONCURRENCY))
+        .reconcile_on(receiver_stream(wakes))
+        .reconcile_all_on(became_leader)
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(lock::reconcile, lock::error_policy, ctx.clone())
+        .for_each(|_| async {});
+    let quorum_controller = Controller::for_stream(quorum_events, quorum_store)
+        .with_config(ControllerConfig::default().concurrency(CONCURRENCY))
+        .reconcile_all_on(leader_edges(&leadership))
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(quorum::reconcile, quorum::error_policy, ctx.clone())
+        .for_each(|_| async {});
+
+    let leader_gauge = metrics.clone();
+    let mut leader_changes = leadership.subscribe();
+    let gauge_stop = shutdown.clone();
+    let gauge_task = tokio::spawn(async move {
+        loop {
+            leader_gauge
+                .leader
+                .set(i64::from(*leader_changes.borrow_and_update()));
+            tokio::select! {
+                changed = leader_changes.changed() => if changed.is_err() { return },
+                () = gauge_stop.cancelled() => return,
+            }
+        }
+    });
+
+    let task = tokio::spawn(async move {
+        tokio::join!(lock_controller, quorum_controller);
+        keeper_stop.cancel();
+        let _ = keeper_task.await;
+        let held = ctx.holdings.len();
+        if held > 0 {
+            tracing::info!(
+                locks = held,
+                "stopped without releasing held locks: the next active replica resumes them"
+            );
+        }
+        election_stop.cancel();
+        if let Some(elector) = elector_task {
+            let _ = elector.await;
+        }
+        gauge_task.abort();
+        server_stop.cancel();
+        let _ = server_task.await;
+    });
+    Ok(Running {
+        metrics_addr,
+        leadership,
+        holdings,
+        task,
+    })
+}
+
+fn record_watch(health: &Health, name: &str, ok: bool) {
+    if ok {
+        health.watch_ok(name);
+    } else {
+        health.watch_failed(name);
+    }
+}
+
+/// Fires each time this replica becomes the active one, so that it resumes every lock at once.
+fn leader_edges(leadership: &Leadership) -> impl Stream<Item = ()> + Send + 'static {
+    futures::stream::unfold(leadership.subscribe(), |mut changes| async move {
+        loop {
+            changes.changed().await.ok()?;
+            if *changes.borrow_and_update() {
+                return Some(((), changes));
+            }
+        }
+    })
+}
+
+fn receiver_stream(
+    receiver: tokio::sync::mpsc::UnboundedReceiver<LockRef>,
+) -> impl Stream<Item = LockRef> + Send + 'static {
+    futures::stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|lock| (lock, receiver))
+    })
+}

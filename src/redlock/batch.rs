@@ -1,0 +1,173 @@
+//! Extending many leases at once: one pipeline per master per batch instead of one round trip per lease, so
+//! that a controller holding thousands of locks spends its CPU on locks, not on request overhead.
+
+use std::time::Duration;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use redis::Value;
+use tokio::time::Instant;
+
+use super::engine::{Op, extend_outcome, interpret, millis};
+use super::node::Ready;
+use super::quorum::Tally;
+use super::{ExtendError, Lease, NodeOutcome, NodeReport, OperationReport, Redlock};
+
+/// Commands one pipeline may carry before it is split: keeps a single master's reply time, and so the time the
+/// whole batch takes to decide, small against the validity being extended.
+pub const MAX_BATCH: usize = 512;
+
+/// Pipelines take longer to answer than one command; this much per command is added to the per-node timeout.
+const PER_COMMAND_ALLOWANCE: Duration = Duration::from_micros(20);
+
+impl Redlock {
+    /// Extends every lease in `leases` (at most [`MAX_BATCH`] are sent per pipeline; longer slices are split).
+    /// Each result follows exactly the rule of [`Redlock::extend`]: a majority confirmed before the lease's
+    /// validity ended. The batch is timed as a whole, so every lease gets the validity of the slowest master
+    /// needed for the decision — conservative, never longer than a single extension would give.
+    pub async fn extend_many(&self, leases: &[Lease]) -> Vec<Result<Lease, ExtendError>> {
+        let mut results = Vec::with_capacity(leases.len());
+        for chunk in leases.chunks(MAX_BATCH) {
+            results.extend(self.extend_chunk(chunk).await);
+        }
+        results
+    }
+
+    async fn extend_chunk(&self, leases: &[Lease]) -> Vec<Result<Lease, ExtendError>> {
+        let started = Instant::now();
+        let nodes = &self.inner.nodes;
+        let quorum = self.quorum();
+        let mut outcomes: Vec<Vec<NodeOutcome>> = vec![vec![NodeOutcome::Pending; nodes.len()]; leases.len()];
+        let mut latencies: Vec<Option<Duration>> = vec![None; nodes.len()];
+        // Leases whose validity already ended are not sent; they fail as a single extension would.
+        let live: Vec<bool> = leases.iter().map(|lease| started < lease.valid_until).collect();
+        let mut pending = FuturesUnordered::new();
+        for (index, node) in nodes.iter().enumerate() {
+            match node.ready(started) {
+                Ok(ready) => pending.push(self.pipeline_on_node(index, ready, leases, &live)),
+                Err(outcome) => {
+                    for per_lease in &mut outcomes {
+                        per_lease[index] = outcome.clone();
+                    }
+                }
+            }
+        }
+        let all_decided = |outcomes: &[Vec<NodeOutcome>]| {
+            outcomes.iter().zip(&live).all(|(per_lease, live)| {
+                !live || {
+                    let mut tally = Tally::new(per_lease.len());
+                    for outcome in per_lease.iter().filter(|o| **o != NodeOutcome::Pending) {
+                        tally.record(outcome.is_vote());
+                    }
+                    tally.decided().is_some()
+                }
+            })
+        };
+        while !all_decided(&outcomes) {
+            let Some((index, replies, latency)) = pending.next().await else {
+                break;
+            };
+            latencies[index] = latency;
+            for (per_lease, outcome) in outcomes.iter_mut().zip(replies) {
+                per_lease[index] = outcome;
+            }
+        }
+        let decided_at = Instant::now();
+        let elapsed = decided_at - started;
+        leases
+            .iter()
+            .zip(outcomes)
+            .zip(&live)
+            .map(|((lease, per_lease), live)| {
+                if !live {
+                    return Err(ExtendError::Expired { report: None });
+                }
+                let votes = per_lease.iter().filter(|outcome| outcome.is_vote()).count();
+                let report = OperationReport {
+                    nodes: per_lease
+                        .into_iter()
+                        .enumerate()
+                        .map(|(index, outcome)| NodeReport {
+                            endpoint: nodes[index].endpoint().display().to_owned(),
+                            outcome,
+                            latency: latencies[index],
+                        })
+                        .collect(),
+                    elapsed,
+                    quorum,
+                };
+                let drift = self.inner.config.drift(lease.ttl);
+                extend_outcome(lease, started, decided_at, report, votes >= quorum, drift)
+            })
+            .collect()
+    }
+
+    /// One pipeline of compare-and-pexpire scripts on one master; per lease, what it answered.
+    fn pipeline_on_node(
+        &self,
+        index: usize,
+        ready: Ready,
+        leases: &[Lease],
+        live: &[bool],
+    ) -> futures::future::BoxFuture<'static, (usize, Vec<NodeOutcome>, Option<Duration>)> {
+        let node = self.inner.nodes[index].clone();
+        let hash = self.inner.extend_script.get_hash().to_owned();
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        let mut sent = Vec::with_capacity(leases.len());
+        for (lease, live) in leases.iter().zip(live) {
+            sent.push(*live);
+            if *live {
+                pipe.cmd("EVALSHA")
+                    .arg(&hash)
+                    .arg(1)
+                    .arg(&*lease.resource)
+                    .arg(lease.value.as_str())
+                    .arg(millis(lease.ttl));
+            }
+        }
+        let count = sent.iter().filter(|live| **live).count();
+        let timeout = node.node_timeout() + PER_COMMAND_ALLOWANCE * u32::try_from(count).unwrap_or(u32::MAX);
+        let Ready {
+            mut conn, generation, ..
+        } = ready;
+        Box::pin(async move {
+            let started = Instant::now();
+            let reply = tokio::time::timeout(timeout, pipe.query_async::<Vec<Value>>(&mut conn)).await;
+            let per_lease =
+                |outcome: &dyn Fn() -> NodeOutcome| sent.iter().map(|_| outcome()).collect::<Vec<_>>();
+            match reply {
+                Err(_) => (index, per_lease(&|| NodeOutcome::Timeout), None),
+                Ok(Err(err)) => {
+                    let outcome = node.record_error(generation, &err);
+                    (index, per_lease(&|| outcome.clone()), None)
+                }
+                Ok(Ok(values)) => {
+                    let latency = started.elapsed();
+                    node.record_latency(latency);
+                    let mut values = values.into_iter();
+                    let outcomes = sent
+                        .iter()
+                        .map(|live| match (live, values.next()) {
+                            (false, _) => NodeOutcome::Pending,
+                            (true, Some(Value::ServerError(err))) => {
+                                // NOSCRIPT means the master lost its script cache (SCRIPT FLUSH or a restart we
+                                // have not noticed yet): reconnecting reloads the scripts and re-runs the
+                                // restart check. Other errors concern one key only.
+                                let noscript = err.code() == "NOSCRIPT";
+                                let redis_err: redis::RedisError = err.into();
+                                if noscript {
+                                    node.record_error_forcing_reconnect(generation, &redis_err)
+                                } else {
+                                    node.record_error(generation, &redis_err)
+                                }
+                            }
+                            (true, Some(value)) => interpret(Op::Extend { ttl_ms: 0 }, false, value),
+                            (true, None) => NodeOutcome::Error("pipeline reply too short".into()),
+                        })
+                        .collect();
+                    (index, outcomes, Some(latency))
+                }
+            }
+        })
+    }
+}
