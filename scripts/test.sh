@@ -30,6 +30,9 @@ echo "==> cargo test"
 mkdir -p target
 log=target/test-output.log
 cargo test --locked 2>&1 | tee "$log"
+# The Helm chart: lint, render and validate (installs helm and a Python venv under target/tools when missing).
+echo "==> chart check"
+./scripts/chart-check.sh
 # One closing line over every test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^failed/) f += $(i-1) } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"

@@ -1,6 +1,6 @@
 //! `DistributedLock`: one named lock on a `RedisQuorum`, and who holds it.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, MicroTime, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -19,7 +19,8 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Holder","type":"string","jsonPath":".status.holder"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Token","type":"integer","jsonPath":".status.fencingToken"}"#,
-    printcolumn = r#"{"name":"Valid-Until","type":"date","jsonPath":".status.validUntil"}"#,
+    // A string, not a date: kubectl shows future dates as `<invalid>`.
+    printcolumn = r#"{"name":"Valid-Until","type":"string","jsonPath":".status.validUntil"}"#,
     printcolumn = r#"{"name":"Quorum","type":"string","jsonPath":".status.quorum"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -130,11 +131,14 @@ pub struct DistributedLockStatus {
     pub fencing_token: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acquired_at: Option<Time>,
+    /// When the operation that last granted or extended the lock started (microseconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub renewed_at: Option<Time>,
-    /// No other holder can exist before this time (TTL minus elapsed time minus clock drift).
+    pub renewed_at: Option<MicroTime>,
+    /// No other holder can exist before this time (TTL minus elapsed time minus clock drift), in microseconds:
+    /// the holder must stop acting on the lock by then unless status shows a later time. Refreshed while held,
+    /// before less than half a TTL of it is left.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub valid_until: Option<Time>,
+    pub valid_until: Option<MicroTime>,
     /// Votes of the last acquisition or extension, as `votes/masters`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quorum: Option<String>,

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
@@ -583,8 +583,8 @@ async fn write_held(
         next.phase = Some(LockPhase::Held);
         next.holder = Some(holder.clone());
         next.fencing_token = Some(token);
-        next.renewed_at = Some(Time(renewed_at));
-        next.valid_until = Some(Time(valid_until));
+        next.renewed_at = Some(MicroTime(renewed_at));
+        next.valid_until = Some(MicroTime(valid_until));
         next.quorum = Some(format!(
             "{}/{}",
             lease.report().votes(),
@@ -671,7 +671,7 @@ fn masters(report: &OperationReport) -> Vec<MasterOutcome> {
         .collect()
 }
 
-/// The wall-clock time of a monotonic instant, rounded down to the millisecond (conservative for ends).
+/// The wall-clock time of a monotonic instant, rounded to the millisecond towards `now` (conservative for ends).
 fn wall_at(at: Instant, now: Instant, wall_now: Timestamp) -> Timestamp {
     let offset = if at >= now {
         SignedDuration::from_millis(i64::try_from((at - now).as_millis()).unwrap_or(i64::MAX))

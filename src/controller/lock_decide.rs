@@ -93,7 +93,7 @@ pub fn contended_retry(ttl: Duration, random_unit: f64) -> Duration {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
     use tokio::time::Instant;
 
     use super::*;
@@ -209,7 +209,7 @@ mod tests {
     fn resume_gives_up_a_fence_margin_before_the_validity_shown() {
         let now = Timestamp::from_second(1_000).unwrap();
         let mut status = held_status("batch", 4);
-        status.valid_until = Some(Time(now + SignedDuration::from_secs(3)));
+        status.valid_until = Some(MicroTime(now + SignedDuration::from_secs(3)));
         assert!(resume_still_possible(&status, Duration::from_secs(2), now));
         assert!(!resume_still_possible(
             &status,

