@@ -14,7 +14,7 @@ use super::engines::Engines;
 use super::holdings::Holdings;
 use super::leadership::Leadership;
 use super::lock_value::InstallationSecret;
-use crate::api::DistributedLock;
+use crate::api::{DistributedLock, RedisQuorum};
 use crate::redlock::ValueError;
 use crate::telemetry::metrics::Metrics;
 
@@ -44,6 +44,7 @@ pub struct Context {
     /// How often quorum health is checked and written.
     pub health_interval: Duration,
     pub locks: Store<DistributedLock>,
+    pub quorums: Store<RedisQuorum>,
     /// Consecutive failures per object, for the error backoff.
     pub(super) failures: Mutex<HashMap<String, u32>>,
 }
@@ -59,6 +60,13 @@ impl Context {
         {
             self.holdings.wake(ObjectRef::from_obj(&**lock));
         }
+    }
+
+    /// Whether a `RedisQuorum` of this name exists, or `None` while the quorum cache has not synced yet.
+    pub fn quorum_exists(&self, name: &str) -> Option<bool> {
+        use futures::FutureExt;
+        self.quorums.wait_until_ready().now_or_never()?.ok()?;
+        Some(self.quorums.get(&ObjectRef::new(name)).is_some())
     }
 
     /// Every write (API or Redis) goes through this check at the moment of the call.

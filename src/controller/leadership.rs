@@ -83,10 +83,15 @@ impl Leadership {
     }
 
     fn extend_until(&self, until: Instant) {
+        let lapsed = !self.is_leader();
         self.deadline_ms
             .store(self.millis(until).max(1), Ordering::SeqCst);
-        self.changes
-            .send_if_modified(|leader| !std::mem::replace(leader, true));
+        if lapsed {
+            // Always an edge, even when the lapse was never published: whoever resumes locks on becoming the
+            // leader must hear of every new term.
+            tracing::debug!("leadership (re)gained");
+            self.changes.send_replace(true);
+        }
     }
 
     fn step_down(&self) {

@@ -34,10 +34,11 @@ pub const FINALIZER: &str = "redlock.io/release";
 const RESYNC: Duration = Duration::from_secs(300);
 
 pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let lref = ObjectRef::from_obj(&*lock);
     if !ctx.leadership.is_leader() {
+        tracing::debug!(lock = %lref, "standby: not reconciling");
         return Ok(Action::await_change());
     }
-    let lref = ObjectRef::from_obj(&*lock);
     let namespace = lock.namespace().unwrap_or_default();
     let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &namespace);
     let result = finalizer(&api, FINALIZER, lock, |event| async {
@@ -76,6 +77,12 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     let namespace = lock.namespace().unwrap_or_default();
     let engine = match ctx.engines.lookup(&lock.spec.quorum) {
         QuorumLookup::Ready(engine) => engine,
+        QuorumLookup::Missing if ctx.quorum_exists(&lock.spec.quorum) != Some(false) => {
+            // The quorum exists (or the cache is still syncing) but its engine is not built yet, as right after
+            // a start: status is left alone — it may show a lock a predecessor holds — and the quorum
+            // reconciler wakes this lock when the engine is there.
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
         QuorumLookup::Missing => {
             let message = format!(
                 "RedisQuorum `{}` does not exist: create it, or set spec.quorum to an existing one",
@@ -145,10 +152,19 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
         key: &target.settings.key,
         quorum: &target.settings.quorum,
     };
-    match decide(wanted, held.as_ref(), &status, ctx.holdings.highest_token(&lref)) {
+    let action = decide(wanted, held.as_ref(), &status, ctx.holdings.highest_token(&lref));
+    tracing::debug!(lock = %lref, ?action, "decided");
+    match action {
         LockAction::Keep { write_status } => {
-            if write_status && let Some(held) = held {
-                write_held(&target, ctx, &held.lease, held.token, false).await?;
+            if write_status
+                && let Some(held) = held
+                && !write_held(&target, ctx, &held.lease, held.token, false).await?
+            {
+                // Status shows a newer token than ours: this acquisition is stale for everyone who fences on
+                // the token. Give it up and acquire above that token.
+                tracing::warn!(lock = %lref, token = held.token, "a newer fencing token is in status: re-acquiring above it");
+                release_held(ctx, &lref, Some(held.quorum)).await;
+                return Ok(Action::requeue(Duration::from_millis(10)));
             }
             Ok(Action::requeue(RESYNC))
         }
@@ -555,9 +571,9 @@ async fn not_ready(
     Ok(retry.map_or_else(Action::await_change, Action::requeue))
 }
 
-/// Writes the Held status for `lease`. With `new_token`, only if status still shows an older token — the
-/// resourceVersion precondition makes that check and the write one atomic step. `Ok(false)`: a newer token
-/// is already there.
+/// Writes the Held status for `lease`. With `new_token`, only if status still shows an older token; without,
+/// only if it shows no newer one — the resourceVersion precondition makes check and write one atomic step.
+/// `Ok(false)`: a newer token is already there.
 async fn write_held(
     target: &Target<'_>,
     ctx: &Context,
@@ -572,7 +588,9 @@ async fn write_held(
     let generation = target.lock.meta().generation;
     let holder = target.holder.clone();
     let written = write_status(ctx, target.lock, |current| {
-        if new_token && current.fencing_token.unwrap_or(0) >= token {
+        // The token in status never goes back: a new acquisition needs a higher one, a refresh the same.
+        let shown = current.fencing_token.unwrap_or(0);
+        if (new_token && shown >= token) || shown > token {
             return None;
         }
         let mut next = current.clone();

@@ -23,7 +23,11 @@ impl std::fmt::Debug for InstallationSecret {
 
 impl InstallationSecret {
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, String> {
-        let trimmed = bytes.trim_ascii();
+        // A file written by hand or by `echo` ends with a line break that is not part of the secret.
+        let trimmed = bytes
+            .strip_suffix(b"\n")
+            .map(|rest| rest.strip_suffix(b"\r").unwrap_or(rest))
+            .unwrap_or(bytes);
         if trimmed.len() < MIN_SECRET_BYTES {
             return Err(format!(
                 "the installation secret must hold at least {MIN_SECRET_BYTES} bytes, it has {}",
@@ -89,6 +93,12 @@ mod tests {
     #[test]
     fn short_secrets_are_refused() {
         assert!(InstallationSecret::from_bytes(b"too short\n").is_err());
+        let with_newline = InstallationSecret::from_bytes(b"0123456789abcdef0123456789abcdef\n").unwrap();
+        let without = InstallationSecret::from_bytes(b"0123456789abcdef0123456789abcdef").unwrap();
+        assert_eq!(
+            with_newline.lock_value("k", "u", 1, "h").unwrap(),
+            without.lock_value("k", "u", 1, "h").unwrap()
+        );
         assert!(!format!("{:?}", InstallationSecret::ephemeral().unwrap()).contains('7'));
     }
 }

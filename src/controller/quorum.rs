@@ -22,12 +22,21 @@ use super::quorum_status::{QuorumEvent, healthy_status, unusable_status};
 use crate::api::{RedisQuorum, RedisQuorumStatus};
 use crate::redlock::{NodeHealth, Redlock};
 
+/// The reason for a Secret read that failed for a reason of the API server's, not of the quorum's.
+const TRANSIENT: &str = "SecretUnreadable";
+
 pub async fn reconcile(quorum: Arc<RedisQuorum>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = quorum.name_any();
     let generation = quorum.meta().generation;
     let previous = quorum.status.clone().unwrap_or_default();
     let engine = match build(&quorum, &ctx).await {
         Ok(engine) => engine,
+        Err((reason, message)) if reason == TRANSIENT && ctx.engines.fingerprint(&name).is_some() => {
+            // The API server failed to hand over a Secret: keep the working engine (and the locks on it) and
+            // try again, rather than dropping every lock for an error that says nothing about the quorum.
+            tracing::warn!(quorum = %name, %message, "keeping the current engine");
+            return Ok(Action::requeue(ctx.health_interval));
+        }
         Err((reason, message)) => {
             let was_usable = ctx.engines.fingerprint(&name).is_some();
             ctx.engines.set(

@@ -128,6 +128,7 @@ pub async fn start(
         secret: options.secret,
         health_interval: options.health_interval,
         locks: lock_store.clone(),
+        quorums: quorum_store.clone(),
         failures: Default::default(),
     });
 

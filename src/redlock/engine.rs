@@ -367,8 +367,31 @@ impl Redlock {
             },
         };
         let result = self.extend(&probe).await;
-        if result.is_err() {
-            self.release(&probe).await;
+        let report = match &result {
+            Err(ExtendError::NoQuorum { report } | ExtendError::Lost { report, .. }) => Some(report),
+            Err(ExtendError::Expired { report }) => report.as_ref(),
+            _ => None,
+        };
+        if let Some(report) = report {
+            // Only the keys this attempt re-created are undone: keys that still held the value are the
+            // predecessor's live lock (the attempt may have failed only because masters are quarantined).
+            let recreated: Vec<usize> = report
+                .nodes
+                .iter()
+                .enumerate()
+                .filter(|(_, node)| node.outcome == NodeOutcome::Recreated)
+                .map(|(index, _)| index)
+                .collect();
+            if !recreated.is_empty() {
+                self.fan_out(
+                    Op::Release,
+                    &probe.resource,
+                    &probe.value,
+                    false,
+                    Some(&recreated),
+                )
+                .await;
+            }
         }
         result
     }

@@ -96,6 +96,14 @@ impl Default for Metrics {
             reconcile_errors.clone(),
         );
         registry.register("leader", "1 while this replica is the active one", leader.clone());
+        // Present at zero from the start, so that alerts on their rate work before the first error.
+        for resource in ["distributedlock", "redisquorum"] {
+            reconcile_errors
+                .get_or_create(&ResourceLabels {
+                    resource: resource.to_owned(),
+                })
+                .inc_by(0);
+        }
         Self {
             registry,
             acquire_seconds,
