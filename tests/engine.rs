@@ -10,7 +10,7 @@ use redlock_operator::redlock::{
     AcquireError, AcquireOptions, FailureKind, KeepPolicy, LossReason, NodeHealth, NodeOutcome, Redlock,
     RedlockConfig,
 };
-use support::redis_server::RedisCluster;
+use support::redis_server::{RedisCluster, raw_get};
 use tokio::time::Instant;
 
 /// Masters started by the tests have uptime 0, so with the default max TTL they would sit in quarantine for a
@@ -32,16 +32,6 @@ async fn wait_until_eligible(engine: &Redlock, count: usize) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-async fn raw_get(url: &str, key: &str) -> Option<String> {
-    let client = redis::Client::open(url).ok()?;
-    let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-    redis::cmd("GET")
-        .arg(key)
-        .query_async::<Option<String>>(&mut conn)
-        .await
-        .ok()?
 }
 
 async fn raw_pttl(url: &str, key: &str) -> i64 {

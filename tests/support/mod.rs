@@ -1,6 +1,7 @@
 //! Test harnesses shared by the integration tests and the benchmarks. Each test binary uses part of it.
 #![allow(dead_code)]
 
+pub mod apiserver;
 pub mod fault_proxy;
 pub mod redis_server;
 pub mod safety;

@@ -411,3 +411,14 @@ impl IndexMut<usize> for RedisCluster {
         &mut self.servers[index]
     }
 }
+
+/// The value of `key` on one master, read directly (no lock logic in between).
+pub async fn raw_get(url: &str, key: &str) -> Option<String> {
+    let client = redis::Client::open(url).ok()?;
+    let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+    redis::cmd("GET")
+        .arg(key)
+        .query_async::<Option<String>>(&mut conn)
+        .await
+        .ok()?
+}

@@ -1,0 +1,666 @@
+//! The in-process test API server, through kube's own client and runtime only: what the end-to-end tests
+//! rely on must behave as on a real API server.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodSpec};
+use k8s_openapi::api::events::v1::Event as EventsV1Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::core::ObjectMeta;
+use kube::runtime::events::{Event as RecorderEvent, EventType, Recorder, Reporter};
+use kube::runtime::reflector;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, CustomResourceExt, Resource, ResourceExt};
+use redlock_operator::api::{DistributedLock, RedisQuorum};
+use serde_json::json;
+use support::apiserver::TestApiServer;
+
+const UPPER_BOUND: Duration = Duration::from_secs(10);
+
+fn config_map(name: &str, labels: &[(&str, &str)]) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([("key".to_string(), "value".to_string())])),
+        ..ConfigMap::default()
+    }
+}
+
+fn lock(name: &str) -> DistributedLock {
+    serde_json::from_value(json!({
+        "apiVersion": "redlock.io/v1alpha1",
+        "kind": "DistributedLock",
+        "metadata": {"name": name},
+        "spec": {"quorum": "default", "ttl": "10s", "holder": {"identity": "me"}},
+    }))
+    .expect("a DistributedLock")
+}
+
+/// What a real cluster needs before custom resources can be used, done the same way.
+async fn install_crds(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in [DistributedLock::crd(), RedisQuorum::crd()] {
+        crds.create(&PostParams::default(), &crd)
+            .await
+            .expect("create CRD");
+    }
+}
+
+async fn started() -> (TestApiServer, Client) {
+    let server = TestApiServer::start().await;
+    let client = server.client();
+    install_crds(&client).await;
+    (server, client)
+}
+
+fn api_error(result: Result<impl std::fmt::Debug, kube::Error>) -> (u16, String) {
+    match result {
+        Err(kube::Error::Api(status)) => (status.code, status.reason.clone()),
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+/// Polls `check` until it holds; the timeout is only an upper bound.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + UPPER_BOUND;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn names<K: ResourceExt>(items: impl IntoIterator<Item = K>) -> Vec<String> {
+    let mut names: Vec<String> = items.into_iter().map(|o| o.name_any()).collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn create_get_list_with_selectors() {
+    let (_server, client) = started().await;
+    let default: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    let other: Api<ConfigMap> = Api::namespaced(client.clone(), "other");
+    let pp = PostParams::default();
+    default
+        .create(&pp, &config_map("a", &[("app", "x"), ("tier", "web")]))
+        .await
+        .unwrap();
+    default
+        .create(&pp, &config_map("b", &[("app", "y")]))
+        .await
+        .unwrap();
+    default.create(&pp, &config_map("c", &[])).await.unwrap();
+    other
+        .create(&pp, &config_map("a", &[("app", "x")]))
+        .await
+        .unwrap();
+
+    let got = default.get("a").await.unwrap();
+    assert_eq!(got.metadata.namespace.as_deref(), Some("default"));
+    assert!(got.metadata.uid.is_some() && got.metadata.creation_timestamp.is_some());
+    assert!(
+        got.metadata.generation.is_none(),
+        "ConfigMaps do not track generation"
+    );
+
+    let list = |api: Api<ConfigMap>, lp: ListParams| async move { names(api.list(&lp).await.unwrap()) };
+    let labels = |s: &str| ListParams::default().labels(s);
+    assert_eq!(list(default.clone(), labels("app=x")).await, ["a"]);
+    assert_eq!(list(default.clone(), labels("app!=x")).await, ["b", "c"]);
+    assert_eq!(list(default.clone(), labels("app in (x,y),tier")).await, ["a"]);
+    assert_eq!(list(default.clone(), labels("app notin (x)")).await, ["b", "c"]);
+    assert_eq!(list(default.clone(), labels("app")).await, ["a", "b"]);
+    assert_eq!(list(default.clone(), labels("!app")).await, ["c"]);
+    let all: Api<ConfigMap> = Api::all(client.clone());
+    assert_eq!(list(all.clone(), labels("app=x")).await, ["a", "a"]);
+    let fields = |s: &str| ListParams::default().fields(s);
+    assert_eq!(list(all.clone(), fields("metadata.namespace=other")).await, ["a"]);
+    assert_eq!(list(all.clone(), fields("metadata.name!=a")).await, ["b", "c"]);
+    let (code, _) = api_error(all.list(&fields("data.key=value")).await);
+    assert_eq!(code, 400, "unsupported field labels are refused");
+
+    // limit/continue pages through one consistent snapshot.
+    let first = default.list(&ListParams::default().limit(2)).await.unwrap();
+    assert_eq!(first.items.len(), 2);
+    let token = first.metadata.continue_.clone().expect("a continue token");
+    let rest = default
+        .list(&ListParams::default().limit(2).continue_token(&token))
+        .await
+        .unwrap();
+    assert_eq!(names(first.items.into_iter().chain(rest.items)), ["a", "b", "c"]);
+    assert!(rest.metadata.continue_.is_none_or(|c| c.is_empty()));
+    assert!(rest.metadata.resource_version.is_some());
+
+    let (code, reason) = api_error(default.create(&pp, &config_map("a", &[])).await);
+    assert_eq!((code, reason.as_str()), (409, "AlreadyExists"));
+    let (code, reason) = api_error(default.get("missing").await);
+    assert_eq!((code, reason.as_str()), (404, "NotFound"));
+    assert!(default.get_opt("missing").await.unwrap().is_none());
+
+    let generated = ConfigMap {
+        metadata: ObjectMeta {
+            generate_name: Some("gen-".into()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    };
+    let created = default.create(&pp, &generated).await.unwrap();
+    assert!(created.name_any().starts_with("gen-") && created.name_any().len() == 9);
+}
+
+#[tokio::test]
+async fn stale_resource_versions_conflict() {
+    let (_server, client) = started().await;
+    let maps: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    let created = maps
+        .create(&PostParams::default(), &config_map("cm", &[]))
+        .await
+        .unwrap();
+    let mut fresh = created.clone();
+    fresh.data = Some(BTreeMap::from([("key".into(), "v2".into())]));
+    let updated = maps.replace("cm", &PostParams::default(), &fresh).await.unwrap();
+    assert_ne!(updated.resource_version(), created.resource_version());
+
+    // `created` is now stale.
+    let (code, reason) = api_error(maps.replace("cm", &PostParams::default(), &created).await);
+    assert_eq!((code, reason.as_str()), (409, "Conflict"));
+    let stale = json!({"metadata": {"resourceVersion": created.resource_version()}, "data": {"key": "v3"}});
+    let (code, _) = api_error(
+        maps.patch("cm", &PatchParams::default(), &Patch::Merge(&stale))
+            .await,
+    );
+    assert_eq!(code, 409, "a resourceVersion in a patch is a precondition");
+    let current = json!({"metadata": {"resourceVersion": updated.resource_version()}, "data": {"key": "v3"}});
+    maps.patch("cm", &PatchParams::default(), &Patch::Merge(&current))
+        .await
+        .unwrap();
+
+    // ConfigMaps allow an unconditional PUT; custom resources do not.
+    let mut unconditional = maps.get("cm").await.unwrap();
+    unconditional.metadata.resource_version = None;
+    maps.replace("cm", &PostParams::default(), &unconditional)
+        .await
+        .unwrap();
+    let locks: Api<DistributedLock> = Api::default_namespaced(client);
+    let mut dl = locks.create(&PostParams::default(), &lock("l")).await.unwrap();
+    dl.metadata.resource_version = None;
+    let (code, reason) = api_error(locks.replace("l", &PostParams::default(), &dl).await);
+    assert_eq!((code, reason.as_str()), (422, "Invalid"));
+}
+
+#[tokio::test]
+async fn status_subresource_and_generation() {
+    let (_server, client) = started().await;
+    let locks: Api<DistributedLock> = Api::default_namespaced(client);
+    let mut with_status = lock("l");
+    with_status.status = Some(serde_json::from_value(json!({"holder": "sneaky"})).unwrap());
+    let created = locks.create(&PostParams::default(), &with_status).await.unwrap();
+    assert!(
+        created.status.is_none(),
+        "create drops the status of a resource with a status subresource"
+    );
+    assert_eq!(created.metadata.generation, Some(1));
+
+    let pp = PatchParams::default();
+    let status = json!({"status": {"holder": "me", "fencingToken": 7}});
+    let written = locks
+        .patch_status("l", &pp, &Patch::Merge(&status))
+        .await
+        .unwrap();
+    assert_eq!(
+        written.status.as_ref().and_then(|s| s.holder.as_deref()),
+        Some("me")
+    );
+    assert_eq!(
+        written.metadata.generation,
+        Some(1),
+        "status writes leave generation alone"
+    );
+    assert!(written.resource_version() != created.resource_version());
+
+    // The main resource ignores status; metadata changes do not bump generation; spec changes do.
+    let labelled = json!({"metadata": {"labels": {"a": "b"}}, "status": {"holder": "other"}});
+    let after = locks.patch("l", &pp, &Patch::Merge(&labelled)).await.unwrap();
+    assert_eq!(
+        after.status.as_ref().and_then(|s| s.holder.as_deref()),
+        Some("me")
+    );
+    assert_eq!(after.metadata.generation, Some(1));
+    let spec = json!({"spec": {"ttl": "20s"}});
+    let after = locks.patch("l", &pp, &Patch::Merge(&spec)).await.unwrap();
+    assert_eq!(after.metadata.generation, Some(2));
+
+    // /status of a custom resource changes nothing but status.
+    let sneaky =
+        json!({"metadata": {"labels": {"c": "d"}}, "spec": {"ttl": "30s"}, "status": {"holder": "you"}});
+    let after = locks
+        .patch_status("l", &pp, &Patch::Merge(&sneaky))
+        .await
+        .unwrap();
+    assert_eq!(after.spec.ttl, "20s");
+    assert!(!after.labels().contains_key("c"));
+    assert_eq!(
+        after.status.as_ref().and_then(|s| s.holder.as_deref()),
+        Some("you")
+    );
+
+    // A write that changes nothing stores nothing.
+    let again = locks
+        .patch_status("l", &pp, &Patch::Merge(&sneaky))
+        .await
+        .unwrap();
+    assert_eq!(again.resource_version(), after.resource_version());
+}
+
+#[tokio::test]
+async fn finalizers_hold_deletion() {
+    let (_server, client) = started().await;
+    let maps: Api<ConfigMap> = Api::default_namespaced(client);
+    let mut cm = config_map("cm", &[]);
+    cm.metadata.finalizers = Some(vec!["test/one".into()]);
+    maps.create(&PostParams::default(), &cm).await.unwrap();
+
+    let pending = maps.delete("cm", &DeleteParams::default()).await.unwrap();
+    let pending = pending.left().expect("the object while finalizers are pending");
+    assert!(pending.metadata.deletion_timestamp.is_some());
+    assert_eq!(pending.metadata.deletion_grace_period_seconds, Some(0));
+
+    let add = json!({"metadata": {"finalizers": ["test/one", "test/two"]}});
+    let (code, _) = api_error(
+        maps.patch("cm", &PatchParams::default(), &Patch::Merge(&add))
+            .await,
+    );
+    assert_eq!(code, 422, "no new finalizers once deletion started");
+
+    // The way kube_runtime's finalizer helper removes its finalizer.
+    let remove: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/finalizers/0", "value": "test/one"},
+        {"op": "remove", "path": "/metadata/finalizers/0"},
+    ]))
+    .unwrap();
+    maps.patch("cm", &PatchParams::default(), &Patch::Json::<()>(remove))
+        .await
+        .unwrap();
+    assert!(
+        maps.get_opt("cm").await.unwrap().is_none(),
+        "gone with its last finalizer"
+    );
+
+    // Without finalizers, a delete removes at once and answers with a Status.
+    maps.create(&PostParams::default(), &config_map("plain", &[]))
+        .await
+        .unwrap();
+    let status = maps.delete("plain", &DeleteParams::default()).await.unwrap();
+    assert!(status.right().is_some());
+    assert!(maps.get_opt("plain").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn json_patch_test_operations() {
+    let (_server, client) = started().await;
+    let locks: Api<DistributedLock> = Api::default_namespaced(client);
+    locks.create(&PostParams::default(), &lock("l")).await.unwrap();
+    let patch = |ops: serde_json::Value| Patch::Json::<()>(serde_json::from_value(ops).unwrap());
+    let pp = PatchParams::default();
+
+    let failing = patch(json!([
+        {"op": "test", "path": "/spec/ttl", "value": "99s"},
+        {"op": "replace", "path": "/spec/ttl", "value": "1s"},
+    ]));
+    let (code, _) = api_error(locks.patch("l", &pp, &failing).await);
+    assert_eq!(code, 422);
+    assert_eq!(locks.get("l").await.unwrap().spec.ttl, "10s");
+
+    // As with the Go library the real server uses, a missing member tests equal to null: this is how
+    // kube_runtime's finalizer helper adds the first finalizer.
+    let add_first = patch(json!([
+        {"op": "test", "path": "/metadata/finalizers", "value": null},
+        {"op": "add", "path": "/metadata/finalizers", "value": ["redlock.io/cleanup"]},
+    ]));
+    let after = locks.patch("l", &pp, &add_first).await.unwrap();
+    assert_eq!(after.finalizers(), ["redlock.io/cleanup"]);
+}
+
+#[tokio::test]
+async fn server_side_apply_creates_and_updates() {
+    let (_server, client) = started().await;
+    let quorums: Api<RedisQuorum> = Api::all(client);
+    let applied = json!({
+        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum",
+        "metadata": {"name": "default", "labels": {"a": "1"}},
+        "spec": {"endpoints": ["redis://r1:6379", "redis://r2:6379", "redis://r3:6379"]},
+    });
+    let (code, _) = api_error(
+        quorums
+            .patch("default", &PatchParams::default(), &Patch::Apply(&applied))
+            .await,
+    );
+    assert_eq!(code, 422, "server-side apply needs a field manager");
+
+    let ssa = PatchParams::apply("test").force();
+    let created = quorums
+        .patch("default", &ssa, &Patch::Apply(&applied))
+        .await
+        .unwrap();
+    assert_eq!(created.spec.endpoints.len(), 3);
+    assert_eq!(created.metadata.generation, Some(1));
+
+    let changed = json!({
+        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum",
+        "metadata": {"name": "default", "labels": {"b": "2"}},
+        "spec": {"endpoints": ["redis://r1:6379"]},
+    });
+    let updated = quorums
+        .patch("default", &ssa, &Patch::Apply(&changed))
+        .await
+        .unwrap();
+    assert_eq!(updated.spec.endpoints, ["redis://r1:6379"]);
+    assert_eq!(updated.labels().get("b").map(String::as_str), Some("2"));
+    assert_eq!(updated.metadata.generation, Some(2));
+
+    let status = json!({
+        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum",
+        "status": {"eligible": 1, "required": 1},
+    });
+    let with_status = quorums
+        .patch_status("default", &ssa, &Patch::Apply(&status))
+        .await
+        .unwrap();
+    assert_eq!(with_status.status.and_then(|s| s.eligible), Some(1));
+}
+
+#[tokio::test]
+async fn recorder_publishes_events() {
+    let (_server, client) = started().await;
+    let maps: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    let cm = maps
+        .create(&PostParams::default(), &config_map("cm", &[]))
+        .await
+        .unwrap();
+    let reporter = Reporter {
+        controller: "redlock-operator".into(),
+        instance: None,
+    };
+    let recorder = Recorder::new(client.clone(), reporter);
+    let event = RecorderEvent {
+        type_: EventType::Normal,
+        reason: "Acquired".into(),
+        note: Some("lock acquired".into()),
+        action: "Acquire".into(),
+        secondary: None,
+    };
+    let reference = cm.object_ref(&());
+    recorder.publish(&event, &reference).await.unwrap();
+    // The same event again becomes a series, sent as a merge patch.
+    recorder.publish(&event, &reference).await.unwrap();
+
+    let events: Api<EventsV1Event> = Api::default_namespaced(client.clone());
+    let published = events.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(published.len(), 1);
+    assert_eq!(published[0].note.as_deref(), Some("lock acquired"));
+    assert_eq!(published[0].series.as_ref().map(|s| s.count), Some(2));
+    // One storage, two views: the core/v1 view names the fields its own way.
+    let core: Api<k8s_openapi::api::core::v1::Event> = Api::default_namespaced(client);
+    let by_object = ListParams::default().fields("involvedObject.name=cm");
+    let core_events = core.list(&by_object).await.unwrap().items;
+    assert_eq!(core_events.len(), 1);
+    assert_eq!(core_events[0].message.as_deref(), Some("lock acquired"));
+    assert_eq!(
+        core_events[0].reporting_component.as_deref(),
+        Some("redlock-operator")
+    );
+}
+
+#[tokio::test]
+async fn fail_next_fails_exactly_n_requests() {
+    let (server, client) = started().await;
+    let maps: Api<ConfigMap> = Api::default_namespaced(client);
+    maps.create(&PostParams::default(), &config_map("cm", &[]))
+        .await
+        .unwrap();
+    server.fail_next("get", "configmaps", 500, 2);
+    server.fail_next("patch", "configmaps/status", 409, 1);
+    let before = server.request_count("get", "configmaps");
+    assert_eq!(api_error(maps.get("cm").await).0, 500);
+    assert_eq!(api_error(maps.get("cm").await).0, 500);
+    maps.get("cm").await.expect("the third get succeeds");
+    maps.list(&ListParams::default())
+        .await
+        .expect("other verbs are unaffected");
+    assert_eq!(server.request_count("get", "configmaps") - before, 3);
+    assert_eq!(server.request_count("list", "configmaps"), 1);
+    assert!(server.request_count("*", "*") >= 6);
+}
+
+#[tokio::test]
+async fn pod_deletion_is_graceful_once_scheduled() {
+    let (_server, client) = started().await;
+    let pods: Api<Pod> = Api::default_namespaced(client);
+    let pod = |name: &str, node: Option<&str>| Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            node_name: node.map(str::to_owned),
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    };
+    let created = pods
+        .create(&PostParams::default(), &pod("scheduled", Some("node-1")))
+        .await
+        .unwrap();
+    assert_eq!(created.status.and_then(|s| s.phase).as_deref(), Some("Pending"));
+
+    let terminating = pods.delete("scheduled", &DeleteParams::default()).await.unwrap();
+    let terminating = terminating.left().expect("pods answer with the pod");
+    assert!(terminating.metadata.deletion_timestamp.is_some());
+    assert_eq!(terminating.metadata.deletion_grace_period_seconds, Some(30));
+    let still_there = pods.get("scheduled").await.unwrap();
+    assert!(
+        still_there.metadata.deletion_timestamp.is_some(),
+        "terminating until the kubelet is done"
+    );
+
+    pods.delete("scheduled", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    assert!(pods.get_opt("scheduled").await.unwrap().is_none());
+
+    // A pod never scheduled has no kubelet to wait for: it goes at once, as on a real server.
+    pods.create(&PostParams::default(), &pod("unscheduled", None))
+        .await
+        .unwrap();
+    pods.delete("unscheduled", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(pods.get_opt("unscheduled").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn raw_watch_sends_events_in_order() {
+    let (_server, client) = started().await;
+    let maps: Api<ConfigMap> = Api::default_namespaced(client);
+    let list = maps.list(&ListParams::default()).await.unwrap();
+    let rv = list.metadata.resource_version.unwrap();
+    let wp = WatchParams::default().labels("app=x").timeout(5);
+    let mut stream = maps.watch(&wp, &rv).await.unwrap().boxed();
+
+    let pp = PostParams::default();
+    maps.create(&pp, &config_map("a", &[("app", "x")])).await.unwrap();
+    maps.create(&pp, &config_map("ignored", &[("app", "y")]))
+        .await
+        .unwrap();
+    let relabel = json!({"metadata": {"labels": {"app": "y"}}});
+    maps.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"data": {"k": "v"}})),
+    )
+    .await
+    .unwrap();
+    maps.patch("a", &PatchParams::default(), &Patch::Merge(&relabel))
+        .await
+        .unwrap();
+
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        let event = tokio::time::timeout(UPPER_BOUND, stream.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        match event {
+            WatchEvent::Added(cm) => seen.push(("ADDED", cm.name_any())),
+            WatchEvent::Modified(cm) => seen.push(("MODIFIED", cm.name_any())),
+            WatchEvent::Deleted(cm) => seen.push(("DELETED", cm.name_any())),
+            WatchEvent::Bookmark(_) => {}
+            WatchEvent::Error(e) => panic!("watch error {e:?}"),
+        }
+    }
+    let expected = [("ADDED", "a"), ("MODIFIED", "a"), ("DELETED", "a")];
+    assert_eq!(
+        seen,
+        expected.map(|(t, n)| (t, n.to_string())),
+        "leaving the selector is a DELETED event"
+    );
+}
+
+#[tokio::test]
+async fn watcher_sees_changes_in_order() {
+    let (_server, client) = started().await;
+    let locks: Api<DistributedLock> = Api::default_namespaced(client);
+    let mut events = watcher(locks.clone(), watcher::Config::default()).boxed();
+    let next = async |events: &mut futures::stream::BoxStream<
+        'static,
+        watcher::Result<watcher::Event<DistributedLock>>,
+    >| {
+        tokio::time::timeout(UPPER_BOUND, events.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+    };
+    assert!(matches!(next(&mut events).await, watcher::Event::Init));
+    assert!(matches!(next(&mut events).await, watcher::Event::InitDone));
+
+    locks.create(&PostParams::default(), &lock("l")).await.unwrap();
+    let ttl = json!({"spec": {"ttl": "20s"}});
+    locks
+        .patch("l", &PatchParams::default(), &Patch::Merge(&ttl))
+        .await
+        .unwrap();
+    locks.delete("l", &DeleteParams::default()).await.unwrap();
+
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        match next(&mut events).await {
+            watcher::Event::Apply(l) => seen.push(format!(
+                "apply {} gen {}",
+                l.name_any(),
+                l.metadata.generation.unwrap()
+            )),
+            watcher::Event::Delete(l) => seen.push(format!("delete {}", l.name_any())),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(seen, ["apply l gen 1", "apply l gen 2", "delete l"]);
+}
+
+/// A reflector's store converges on the server's state, across an API server outage, for both initial list
+/// strategies.
+async fn reflector_converges(config: watcher::Config) {
+    let (server, client) = started().await;
+    let maps: Api<ConfigMap> = Api::default_namespaced(client);
+    let pp = PostParams::default();
+    maps.create(&pp, &config_map("before", &[])).await.unwrap();
+
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(maps.clone(), config).default_backoff());
+    let task = tokio::spawn(stream.for_each(|_| async {}));
+    store.wait_until_ready().await.unwrap();
+    maps.create(&pp, &config_map("during", &[])).await.unwrap();
+    let state = |store: &reflector::Store<ConfigMap>| names(store.state().iter().map(|o| (**o).clone()));
+    eventually("the store to see both", || async {
+        state(&store) == ["before", "during"]
+    })
+    .await;
+
+    let watches = server.request_count("watch", "configmaps");
+    server.set_down(true);
+    // kube's default client retries 503 with a growing backoff, so look at the answer without retries.
+    let mut no_retry = kube::Config::new(server.url().parse().unwrap());
+    no_retry.default_retry = false;
+    let raw: Api<ConfigMap> = Api::default_namespaced(Client::try_from(no_retry).unwrap());
+    assert_eq!(api_error(raw.get("before").await).0, 503);
+    server.set_down(false);
+    maps.delete("before", &DeleteParams::default()).await.unwrap();
+    maps.create(&pp, &config_map("after", &[])).await.unwrap();
+    let data = json!({"data": {"key": "changed"}});
+    maps.patch("during", &PatchParams::default(), &Patch::Merge(&data))
+        .await
+        .unwrap();
+    eventually("the store to converge", || async {
+        let changed = store.find(|cm| cm.name_any() == "during").is_some_and(|cm| {
+            cm.data.as_ref().and_then(|d| d.get("key")).map(String::as_str) == Some("changed")
+        });
+        state(&store) == ["after", "during"] && changed
+    })
+    .await;
+    assert!(
+        server.request_count("watch", "configmaps") > watches,
+        "the outage ended the watch"
+    );
+    task.abort();
+}
+
+#[tokio::test]
+async fn reflector_converges_with_list_watch() {
+    reflector_converges(watcher::Config::default()).await;
+}
+
+#[tokio::test]
+async fn reflector_converges_with_streaming_lists() {
+    reflector_converges(watcher::Config::default().streaming_lists()).await;
+}
+
+#[tokio::test]
+async fn custom_resources_need_their_crd() {
+    let server = TestApiServer::start().await;
+    let client = server.client();
+    let locks: Api<DistributedLock> = Api::default_namespaced(client.clone());
+    assert_eq!(api_error(locks.list(&ListParams::default()).await).0, 404);
+    install_crds(&client).await;
+    locks.create(&PostParams::default(), &lock("l")).await.unwrap();
+    let version = client.apiserver_version().await.unwrap();
+    assert_eq!(version.major, "1");
+    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+    server.write_kubeconfig(kubeconfig.path()).unwrap();
+    let loaded = kube::config::Kubeconfig::read_from(kubeconfig.path()).unwrap();
+    assert_eq!(
+        loaded.clusters[0].cluster.as_ref().unwrap().server.as_deref(),
+        Some(server.url().as_str())
+    );
+}

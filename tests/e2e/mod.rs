@@ -1,0 +1,389 @@
+//! What the end-to-end tests share: a Kubernetes API (the in-process test server, or a real cluster named by
+//! `REDLOCK_E2E_KUBECONFIG`), real Redis masters, and the real operator (`controller::run::start`) or binary.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config, CustomResourceExt, ResourceExt};
+use redlock_operator::api::{DistributedLock, RedisQuorum};
+use redlock_operator::controller::leadership::LeaseTiming;
+use redlock_operator::controller::lock_value::InstallationSecret;
+use redlock_operator::controller::run::{ElectionOptions, RunOptions, Running, start};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::apiserver::TestApiServer;
+use crate::support::redis_server::raw_get;
+
+/// Long enough for anything the operator does in a test, short enough that a hang fails the test quickly.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// One Kubernetes API to run against, with a namespace of the test's own.
+pub struct Env {
+    pub client: Client,
+    pub namespace: String,
+    pub server: Option<TestApiServer>,
+    /// A kubeconfig file for a subprocess (the binary) talking to the same API.
+    pub kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn suffix() -> String {
+    let mut bytes = [0u8; 4];
+    getrandom::fill(&mut bytes).expect("random");
+    hex::encode(bytes)
+}
+
+impl Env {
+    /// The real cluster when `REDLOCK_E2E_KUBECONFIG` is set, the in-process test API server otherwise.
+    pub async fn new() -> Self {
+        match std::env::var_os("REDLOCK_E2E_KUBECONFIG") {
+            Some(path) => Self::real_cluster(Path::new(&path)).await,
+            None => Self::test_server().await,
+        }
+    }
+
+    /// Always the in-process test API server: a second, independent "cluster".
+    pub async fn test_server() -> Self {
+        let server = TestApiServer::start().await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+        let env = Self {
+            client: server.client(),
+            namespace: format!("e2e-{}", suffix()),
+            server: Some(server),
+            kubeconfig,
+            _dir: dir,
+        };
+        env.apply_crds().await;
+        env.create_namespace().await;
+        env
+    }
+
+    async fn real_cluster(path: &Path) -> Self {
+        let kubeconfig =
+            Kubeconfig::read_from(path).expect("REDLOCK_E2E_KUBECONFIG must name a readable kubeconfig");
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("kubeconfig");
+        let client = Client::try_from(config).expect("client");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let env = Self {
+            client,
+            namespace: format!("redlock-e2e-{}", suffix()),
+            server: None,
+            kubeconfig: path.to_owned(),
+            _dir: dir,
+        };
+        env.apply_crds().await;
+        env.create_namespace().await;
+        env
+    }
+
+    pub fn is_test_server(&self) -> bool {
+        self.server.is_some()
+    }
+
+    /// The CRDs, applied the way an installation applies them; both kinds of API serve the resources only then.
+    pub async fn apply_crds(&self) {
+        let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        let params = PatchParams::apply("redlock-e2e").force();
+        for crd in [RedisQuorum::crd(), DistributedLock::crd()] {
+            api.patch(&crd.name_any(), &params, &Patch::Apply(&crd))
+                .await
+                .expect("apply CRD");
+        }
+        let crds = api.clone();
+        eventually("CRDs established", || async {
+            let mut established = 0;
+            for name in ["redisquorums.redlock.io", "distributedlocks.redlock.io"] {
+                let crd = crds.get(name).await.ok()?;
+                let ok = crd
+                    .status
+                    .and_then(|status| status.conditions)
+                    .is_some_and(|conditions| {
+                        conditions
+                            .iter()
+                            .any(|c| c.type_ == "Established" && c.status == "True")
+                    });
+                established += usize::from(ok);
+            }
+            (established == 2).then_some(())
+        })
+        .await;
+    }
+
+    async fn create_namespace(&self) {
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some(self.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        api.create(&PostParams::default(), &namespace)
+            .await
+            .expect("namespace");
+    }
+
+    pub fn locks(&self) -> Api<DistributedLock> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    pub fn quorums(&self) -> Api<RedisQuorum> {
+        Api::all(self.client.clone())
+    }
+
+    /// A unique cluster-scoped name (RedisQuorum) for this test.
+    pub fn unique(&self, base: &str) -> String {
+        format!("{base}-{}", self.namespace)
+    }
+
+    pub async fn create_quorum(&self, name: &str, urls: &[String], max_ttl: &str) -> RedisQuorum {
+        self.create_quorum_from(serde_json::json!({
+            "apiVersion": "redlock.io/v1alpha1",
+            "kind": "RedisQuorum",
+            "metadata": { "name": name },
+            "spec": { "endpoints": urls, "maxTtl": max_ttl, "nodeTimeout": "100ms" }
+        }))
+        .await
+    }
+
+    pub async fn create_quorum_from(&self, object: serde_json::Value) -> RedisQuorum {
+        let quorum: RedisQuorum = serde_json::from_value(object).expect("quorum object");
+        self.quorums()
+            .create(&PostParams::default(), &quorum)
+            .await
+            .expect("create quorum")
+    }
+
+    pub async fn create_lock(&self, name: &str, quorum: &str, identity: &str, ttl: &str) -> DistributedLock {
+        self.create_lock_from(serde_json::json!({
+            "apiVersion": "redlock.io/v1alpha1",
+            "kind": "DistributedLock",
+            "metadata": { "name": name },
+            "spec": { "quorum": quorum, "ttl": ttl, "holder": { "identity": identity } }
+        }))
+        .await
+    }
+
+    pub async fn create_lock_from(&self, object: serde_json::Value) -> DistributedLock {
+        let lock: DistributedLock = serde_json::from_value(object).expect("lock object");
+        self.locks()
+            .create(&PostParams::default(), &lock)
+            .await
+            .expect("create lock")
+    }
+
+    pub async fn create_secret(&self, name: &str, data: &[(&str, &str)]) {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                ..ObjectMeta::default()
+            },
+            string_data: Some(
+                data.iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ),
+            ..Secret::default()
+        };
+        api.create(&PostParams::default(), &secret).await.expect("secret");
+    }
+
+    /// Removes what a test created on a real cluster (the test server goes away by itself).
+    pub async fn cleanup(&self, quorums: &[&str]) {
+        if self.is_test_server() {
+            return;
+        }
+        for quorum in quorums {
+            let _ = self.quorums().delete(quorum, &DeleteParams::default()).await;
+        }
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let _ = namespaces.delete(&self.namespace, &DeleteParams::default()).await;
+    }
+}
+
+/// The shared secret of one installation (all its replicas).
+pub fn installation_secret(seed: u8) -> Vec<u8> {
+    format!("test-installation-secret-{seed:03}-0123456789abcdef").into_bytes()
+}
+
+/// Starts the operator in-process, the same code path as `redlock-operator run`.
+pub async fn operator(env: &Env, secret: &[u8], identity: Option<&str>) -> (Running, CancellationToken) {
+    if std::env::var_os("RUST_LOG").is_some() {
+        redlock_operator::telemetry::init(redlock_operator::telemetry::LogFormat::Text, "warn");
+    }
+    let shutdown = CancellationToken::new();
+    let options = RunOptions {
+        metrics_addr: "127.0.0.1:0".parse().expect("addr"),
+        election: identity.map(|identity| ElectionOptions {
+            namespace: env.namespace.clone(),
+            lease_name: "redlock-operator".into(),
+            identity: identity.to_owned(),
+            timing: LeaseTiming::for_lease_duration(Duration::from_secs(2)),
+        }),
+        secret: InstallationSecret::from_bytes(secret).expect("secret"),
+        health_interval: Duration::from_millis(500),
+        instance: identity.unwrap_or("single").to_owned(),
+    };
+    let running = start(env.client.clone(), options, shutdown.clone())
+        .await
+        .expect("operator starts");
+    (running, shutdown)
+}
+
+/// Stops an in-process operator the way SIGTERM does.
+pub async fn stop(running: Running, shutdown: CancellationToken) {
+    shutdown.cancel();
+    tokio::time::timeout(PATIENCE, running.task)
+        .await
+        .expect("operator stops in time")
+        .expect("operator task");
+}
+
+/// Polls `probe` every 20 ms until it yields a value, failing the test after [`PATIENCE`].
+pub async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    eventually_within(what, PATIENCE, &mut probe).await
+}
+
+pub async fn eventually_within<T, F, Fut>(what: &str, patience: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + patience;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the object `name` satisfies `check`, and returns it.
+pub async fn object_where<K>(api: &Api<K>, name: &str, what: &str, check: impl Fn(&K) -> bool) -> K
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    eventually(what, || {
+        let check = &check;
+        async move { api.get(name).await.ok().filter(|object| check(object)) }
+    })
+    .await
+}
+
+/// Waits until the lock's status satisfies `check`, and returns that lock.
+pub async fn lock_where(
+    env: &Env,
+    name: &str,
+    what: &str,
+    check: impl Fn(&DistributedLock) -> bool,
+) -> DistributedLock {
+    object_where(&env.locks(), name, what, check).await
+}
+
+/// Waits until every one of `masters` masters of the quorum can vote (fresh masters are quarantined for the
+/// quorum's maxTtl first).
+pub async fn all_masters_voting(env: &Env, quorum: &str, masters: u32) {
+    let api = env.quorums();
+    eventually_within("every master out of quarantine", Duration::from_secs(90), || {
+        let api = api.clone();
+        async move {
+            let quorum = api.get(quorum).await.ok()?;
+            (quorum.status?.eligible? == masters).then_some(())
+        }
+    })
+    .await;
+}
+
+pub fn phase(lock: &DistributedLock) -> Option<redlock_operator::api::LockPhase> {
+    lock.status.as_ref().and_then(|status| status.phase)
+}
+
+pub fn token(lock: &DistributedLock) -> Option<i64> {
+    lock.status.as_ref().and_then(|status| status.fencing_token)
+}
+
+pub fn condition<'a>(
+    lock_conditions: &'a [k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    lock_conditions.iter().find(|condition| condition.type_ == type_)
+}
+
+/// How many masters hold `key`, and the distinct values they hold.
+pub async fn key_on(urls: &[String], key: &str) -> (usize, Vec<String>) {
+    let mut values = Vec::new();
+    let mut count = 0;
+    for url in urls {
+        if let Some(value) = raw_get(url, key).await {
+            count += 1;
+            if !values.contains(&value) {
+                values.push(value);
+            }
+        }
+    }
+    (count, values)
+}
+
+/// Masters started by a test have just started, so they are quarantined for maxTtl; tests use a short maxTtl
+/// and wait it out once, through the quorum's own status.
+pub async fn quorum_available(env: &Env, name: &str) -> RedisQuorum {
+    let api = env.quorums();
+    eventually("the quorum to become Available", || {
+        let api = api.clone();
+        async move {
+            let quorum = api.get(name).await.ok()?;
+            let available = quorum
+                .status
+                .as_ref()
+                .and_then(|status| condition(&status.conditions, "Available"))
+                .is_some_and(|condition| condition.status == "True");
+            available.then_some(quorum)
+        }
+    })
+    .await
+}
+
+/// Reads a metric from the operator's /metrics: the sum over its labelled samples.
+pub async fn metric(addr: std::net::SocketAddr, name: &str) -> Option<f64> {
+    let text = http_get(addr, "/metrics").await?.1;
+    let samples: Vec<f64> = text
+        .lines()
+        .filter(|line| line.starts_with(name) && line[name.len()..].starts_with([' ', '{']))
+        .filter_map(|line| line.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!samples.is_empty()).then(|| samples.iter().sum())
+}
+
+/// A minimal HTTP/1.0 GET (status code and body), enough for our own endpoints.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    let code = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    Some((code, body))
+}
