@@ -26,6 +26,10 @@ fn main() -> ExitCode {
                 cli::lock::run(args).await
             }
             Command::Crd(args) => cli::crd::run(&args),
+            Command::Elect(args) => {
+                telemetry::init(cli.log_format, "warn");
+                cli::elect::run(args).await
+            }
         }
     });
     // Background reconnect tasks must not delay the exit.

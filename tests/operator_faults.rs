@@ -68,12 +68,24 @@ async fn bad_lock_specs_are_reported_as_conditions() {
 
     env.create_lock_from(serde_json::json!({
         "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
-        "metadata": { "name": "leader" },
-        "spec": { "quorum": quorum, "ttl": "1s", "holder": { "leaderElection": { "selector": { "matchLabels": { "app": "x" } } } } }
+        "metadata": { "name": "batch" },
+        "spec": { "quorum": quorum, "ttl": "1s", "holder": { "jobs": {} } }
     }))
     .await;
-    lock_where(&env, "leader", "PolicyNotSupported", |lock| {
+    lock_where(&env, "batch", "PolicyNotSupported", |lock| {
         reason(lock, "Ready").as_deref() == Some("PolicyNotSupported")
+    })
+    .await;
+
+    env.create_lock_from(serde_json::json!({
+        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+        "metadata": { "name": "tight" },
+        "spec": { "quorum": quorum, "ttl": "1s", "holder": { "leaderElection": {
+            "selector": { "matchLabels": { "app": "x" } }, "fenceMargin": "2s" } } }
+    }))
+    .await;
+    lock_where(&env, "tight", "InvalidFenceMargin", |lock| {
+        reason(lock, "Ready").as_deref() == Some("InvalidFenceMargin")
     })
     .await;
 

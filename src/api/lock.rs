@@ -145,6 +145,9 @@ pub struct DistributedLockStatus {
     /// Per-master outcome of the last operation.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub masters: Vec<MasterOutcome>,
+    /// Leader election: the pods that could lead now (running, ready, not terminating), in election order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub candidates: Vec<String>,
     /// Who holds the key when this lock cannot get it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocked_by: Option<String>,

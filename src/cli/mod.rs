@@ -1,6 +1,7 @@
 //! The `redlock-operator` command line.
 
 pub mod crd;
+pub mod elect;
 pub mod exit_code;
 pub mod lock;
 pub mod run;
@@ -30,6 +31,8 @@ pub enum Command {
     Run(run::RunArgs),
     /// Run a command while holding a Redlock lock; stop it if the lock is lost.
     Lock(lock::LockArgs),
+    /// Run a command only while this pod is the leader of a leader-election DistributedLock.
+    Elect(elect::ElectArgs),
     /// Print the CustomResourceDefinitions (or write them with --write DIR).
     Crd(crd::CrdArgs),
 }

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::Resource;
 use kube::runtime::controller::Action;
@@ -31,6 +32,8 @@ pub enum Error {
     Finalizer(String),
     #[error("lock value: {0}")]
     Value(#[from] ValueError),
+    #[error("cannot encode: {0}")]
+    Encode(#[from] serde_json::Error),
 }
 
 pub struct Context {
@@ -45,6 +48,8 @@ pub struct Context {
     pub health_interval: Duration,
     pub locks: Store<DistributedLock>,
     pub quorums: Store<RedisQuorum>,
+    /// Pods, for leader election.
+    pub pods: Store<Pod>,
     /// Consecutive failures per object, for the error backoff.
     pub(super) failures: Mutex<HashMap<String, u32>>,
 }

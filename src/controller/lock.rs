@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use super::context::{Context, Error};
 use super::engines::{QuorumEngine, QuorumLookup};
 use super::holdings::LockRef;
+use super::leader::Election;
 use super::lock_decide::{LockAction, Wanted, contended_retry, decide, resume_still_possible};
 use super::lock_settings::{HolderKind, LockSettings, lock_settings};
 use crate::api::conditions;
@@ -70,6 +71,8 @@ struct Target<'a> {
     holder: String,
     engine: Arc<QuorumEngine>,
     policy: KeepPolicy,
+    /// Leader election: the pods, and the label and annotations to keep on the leader.
+    election: Option<Election>,
 }
 
 async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
@@ -129,14 +132,52 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
             .await;
         }
     };
-    let holder = match &settings.holder {
-        HolderKind::Identity(holder) => holder.clone(),
-        HolderKind::LeaderElection | HolderKind::Jobs => {
-            let message = "holder.leaderElection and holder.jobs are accepted but not supported yet by this operator version; use holder.identity".to_owned();
+    let status = lock.status.clone().unwrap_or_default();
+    let held = ctx.holdings.view(&lref);
+    let (holder, election) = match &settings.holder {
+        HolderKind::Identity(holder) => (holder.clone(), None),
+        HolderKind::LeaderElection => {
+            let Some(policy) = &lock.spec.holder.leader_election else {
+                return Ok(Action::await_change());
+            };
+            let current = held
+                .as_ref()
+                .filter(|held| held.lost.is_none())
+                .map(|held| held.lease.holder().to_owned())
+                .or_else(|| {
+                    status
+                        .holder
+                        .clone()
+                        .filter(|_| status.phase == Some(LockPhase::Held))
+                });
+            let election = match Election::observe(ctx, lock, policy, current.as_deref()) {
+                Ok(election) => election,
+                Err(message) => {
+                    return not_ready(lock, ctx, LockPhase::Invalid, "InvalidSelector", message, None).await;
+                }
+            };
+            // The label stays only on a leader whose lock is held and who is still the one to lead; every
+            // other pod loses it before the lock moves.
+            let keep = held
+                .as_ref()
+                .filter(|held| held.lost.is_none())
+                .map(|held| held.lease.holder().to_owned())
+                .filter(|holder| election.chosen.as_deref() == Some(holder.as_str()));
+            election.unlabel_all_but(ctx, keep.as_deref()).await?;
+            match election.chosen.clone() {
+                Some(chosen) => (chosen, Some(election)),
+                None => return no_candidates(lock, ctx, &election).await,
+            }
+        }
+        HolderKind::Jobs => {
+            let message = "holder.jobs is accepted but not supported yet by this operator version; use holder.identity or holder.leaderElection".to_owned();
             return not_ready(lock, ctx, LockPhase::Pending, "PolicyNotSupported", message, None).await;
         }
     };
-    let policy = KeepPolicy::for_ttl(settings.ttl, engine.engine.config().node_timeout);
+    let mut policy = KeepPolicy::for_ttl(settings.ttl, engine.engine.config().node_timeout);
+    if let Some(margin) = settings.fence_margin {
+        policy.fence_margin = margin;
+    }
     let target = Target {
         lock,
         lref: lref.clone(),
@@ -144,9 +185,8 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
         holder,
         engine,
         policy,
+        election,
     };
-    let status = lock.status.clone().unwrap_or_default();
-    let held = ctx.holdings.view(&lref);
     let wanted = Wanted {
         holder: &target.holder,
         key: &target.settings.key,
@@ -170,7 +210,18 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
         }
         LockAction::ReportLost { reason } => report_lost(&target, ctx, &reason.to_string()).await,
         LockAction::ReleaseHeld => {
+            let previous = held
+                .as_ref()
+                .map(|held| held.lease.holder().to_owned())
+                .unwrap_or_default();
             release_held(ctx, &lref, held.map(|held| held.quorum)).await;
+            let note = format!(
+                "released for {previous}: the spec now wants {} on `{}`",
+                target.holder, target.settings.key
+            );
+            ctx.publish(lock, EventType::Normal, "Released", note.clone())
+                .await;
+            show_released(ctx, lock, &note).await?;
             Ok(Action::requeue(Duration::from_millis(10)))
         }
         LockAction::ReleasePrevious { token, holder } => release_previous(&target, ctx, token, &holder).await,
@@ -306,25 +357,10 @@ async fn waiting(
         next.masters = masters(report);
         next.quorum = Some(format!("{}/{}", report.votes(), report.nodes.len()));
         next.observed_generation = generation;
-        let now = Timestamp::now();
-        conditions::set(
-            &mut next.conditions,
-            "Ready",
-            true,
-            "Valid",
-            "spec is valid and the quorum exists",
-            generation,
-            now,
-        );
-        conditions::set(
-            &mut next.conditions,
-            "Held",
-            false,
-            reason,
-            message.clone(),
-            generation,
-            now,
-        );
+        if let Some(election) = &target.election {
+            next.candidates = election.candidates.clone();
+        }
+        not_held(&mut next, reason, &message, generation);
         Some(next)
     })
     .await?;
@@ -395,6 +431,16 @@ async fn resume(
 }
 
 async fn report_lost(target: &Target<'_>, ctx: &Context, reason: &str) -> Result<Action, Error> {
+    if let Some(election) = &target.election {
+        // Fenced first: the Service stops reaching the pod before anything else happens.
+        let holder = ctx
+            .holdings
+            .view(&target.lref)
+            .map(|held| held.lease.holder().to_owned());
+        election
+            .unlabel(ctx, holder.as_deref().unwrap_or(&target.holder))
+            .await?;
+    }
     release_held(ctx, &target.lref, Some(target.settings.quorum.clone())).await;
     let generation = target.lock.meta().generation;
     let message = format!("lock lost: {reason}; re-acquiring");
@@ -440,25 +486,8 @@ async fn release_previous(
         .engine
         .release_value(&target.settings.key, value)
         .await;
-    let generation = target.lock.meta().generation;
     let message = format!("released for {holder}: the holder changed to {}", target.holder);
-    write_status(ctx, target.lock, |current| {
-        let mut next = current.clone();
-        next.phase = Some(LockPhase::Pending);
-        next.holder = None;
-        next.observed_generation = generation;
-        conditions::set(
-            &mut next.conditions,
-            "Held",
-            false,
-            "HolderChanged",
-            message.clone(),
-            generation,
-            Timestamp::now(),
-        );
-        Some(next)
-    })
-    .await?;
+    show_released(ctx, target.lock, &message).await?;
     ctx.publish(target.lock, EventType::Normal, "Released", message)
         .await;
     Ok(Action::requeue(Duration::from_millis(10)))
@@ -511,6 +540,44 @@ async fn release_from_status(
     Ok(Some(engine.engine.release_value(&key, value).await))
 }
 
+/// Status after a release for a holder the spec no longer wants: nobody holds it, the next reconcile acquires.
+async fn show_released(ctx: &Context, lock: &DistributedLock, message: &str) -> Result<bool, Error> {
+    let generation = lock.meta().generation;
+    write_status(ctx, lock, |current| {
+        let mut next = current.clone();
+        next.phase = Some(LockPhase::Pending);
+        next.holder = None;
+        next.observed_generation = generation;
+        conditions::set(
+            &mut next.conditions,
+            "Held",
+            false,
+            "HolderChanged",
+            message,
+            generation,
+            Timestamp::now(),
+        );
+        Some(next)
+    })
+    .await
+}
+
+/// The spec can be acted on, but the lock is not held, for `reason`.
+fn not_held(status: &mut DistributedLockStatus, reason: &str, message: &str, generation: Option<i64>) {
+    let now = Timestamp::now();
+    let conditions = &mut status.conditions;
+    conditions::set(
+        conditions,
+        "Ready",
+        true,
+        "Valid",
+        "spec is valid and the quorum exists",
+        generation,
+        now,
+    );
+    conditions::set(conditions, "Held", false, reason, message, generation, now);
+}
+
 /// Stops keeping the lock and deletes its key where it is still ours.
 async fn release_held(ctx: &Context, lref: &LockRef, quorum: Option<String>) -> Option<OperationReport> {
     let lease = ctx.holdings.remove(lref).await?;
@@ -519,6 +586,34 @@ async fn release_held(ctx: &Context, lref: &LockRef, quorum: Option<String>) -> 
         QuorumLookup::Ready(engine) => Some(engine.engine.release(&lease).await),
         _ => None,
     }
+}
+
+/// Leader election with no pod able to lead: nothing is held, and status says why. A pod becoming ready wakes
+/// the lock.
+async fn no_candidates(lock: &DistributedLock, ctx: &Context, election: &Election) -> Result<Action, Error> {
+    let lref = ObjectRef::from_obj(lock);
+    let held_quorum = ctx.holdings.view(&lref).map(|held| held.quorum);
+    if held_quorum.is_some() {
+        release_held(ctx, &lref, held_quorum).await;
+    }
+    let generation = lock.meta().generation;
+    let message = "no pod matching spec.holder.leaderElection.selector is running and ready".to_owned();
+    let before = lock.status.as_ref().and_then(|status| status.phase);
+    let written = write_status(ctx, lock, |current| {
+        let mut next = current.clone();
+        next.phase = Some(LockPhase::Pending);
+        next.holder = None;
+        next.candidates = election.candidates.clone();
+        next.observed_generation = generation;
+        not_held(&mut next, "NoCandidates", &message, generation);
+        Some(next)
+    })
+    .await?;
+    if written && before == Some(LockPhase::Held) {
+        ctx.publish(lock, EventType::Warning, "NoCandidates", message)
+            .await;
+    }
+    Ok(Action::requeue(RESYNC))
 }
 
 /// The spec or the quorum cannot be acted on: release whatever is held and say why.
@@ -587,6 +682,7 @@ async fn write_held(
     let renewed_at = wall_at(lease.granted_at(), now, wall_now);
     let generation = target.lock.meta().generation;
     let holder = target.holder.clone();
+    let holder_name = target.holder.clone();
     let written = write_status(ctx, target.lock, |current| {
         // The token in status never goes back: a new acquisition needs a higher one, a refresh the same.
         let shown = current.fencing_token.unwrap_or(0);
@@ -611,6 +707,9 @@ async fn write_held(
         next.masters = masters(lease.report());
         next.blocked_by = None;
         next.observed_generation = generation;
+        if let Some(election) = &target.election {
+            next.candidates = election.candidates.clone();
+        }
         conditions::set(
             &mut next.conditions,
             "Ready",
@@ -635,6 +734,12 @@ async fn write_held(
     if written {
         ctx.holdings.note_token(&target.lref, token);
         ctx.holdings.status_written(&target.lref, lease.valid_until());
+        if let Some(election) = &target.election {
+            // Labelled only once status shows the new token, so what the pod reads agrees with status.
+            election
+                .label(ctx, &holder_name, token, &MicroTime(valid_until))
+                .await?;
+        }
     }
     Ok(written)
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::api::{DistributedLockSpec, duration};
+use crate::api::{DistributedLockSpec, HolderPolicy, duration};
 
 /// Who the lock is for, once validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,6 +19,9 @@ pub struct LockSettings {
     pub ttl: Duration,
     pub quorum: String,
     pub holder: HolderKind,
+    /// The holder is fenced (told the lock is lost) this long before the validity ends; `None`: the default,
+    /// a fifth of the TTL.
+    pub fence_margin: Option<Duration>,
 }
 
 /// Why a spec cannot be acted on, and whether waiting can help.
@@ -64,6 +67,37 @@ pub fn lock_settings(
             ));
         }
     };
+    let margin_text = match policies {
+        HolderPolicy {
+            leader_election: Some(election),
+            ..
+        } => election
+            .fence_margin
+            .as_deref()
+            .map(|text| ("spec.holder.leaderElection.fenceMargin", text)),
+        HolderPolicy { jobs: Some(jobs), .. } => jobs
+            .fence_margin
+            .as_deref()
+            .map(|text| ("spec.holder.jobs.fenceMargin", text)),
+        _ => None,
+    };
+    let fence_margin = match margin_text {
+        None => None,
+        Some((field, text)) => {
+            let margin = duration::parse(text)
+                .map_err(|err| invalid("InvalidFenceMargin", format!("{field}: {err}")))?;
+            if margin.is_zero() || margin >= ttl {
+                return Err(invalid(
+                    "InvalidFenceMargin",
+                    format!(
+                        "{field} must be greater than 0 and shorter than spec.ttl ({})",
+                        spec.ttl
+                    ),
+                ));
+            }
+            Some(margin)
+        }
+    };
     let key = spec
         .resource_key
         .clone()
@@ -73,6 +107,7 @@ pub fn lock_settings(
         ttl,
         quorum: spec.quorum.clone(),
         holder,
+        fence_margin,
     })
 }
 
@@ -129,5 +164,24 @@ mod tests {
             Duration::from_secs(60),
         );
         assert_eq!(jobs.unwrap().holder, HolderKind::Jobs);
+    }
+
+    #[test]
+    fn a_fence_margin_must_fit_inside_the_ttl() {
+        let with_margin = |margin: &str| {
+            lock_settings(
+                &spec(serde_json::json!({"ttl": "10s", "holder": {"leaderElection": {
+                    "selector": {"matchLabels": {"app": "web"}}, "fenceMargin": margin}}})),
+                "ns",
+                "n",
+                Duration::from_secs(60),
+            )
+        };
+        assert_eq!(
+            with_margin("3s").unwrap().fence_margin,
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(with_margin("10s").unwrap_err().reason, "InvalidFenceMargin");
+        assert_eq!(with_margin("soon").unwrap_err().reason, "InvalidFenceMargin");
     }
 }

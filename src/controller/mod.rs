@@ -2,8 +2,10 @@
 //! with a fake clock, and a thin layer that talks to the API server and Redis.
 
 pub mod context;
+pub mod election;
 pub mod engines;
 pub mod holdings;
+pub mod leader;
 pub mod leadership;
 pub mod lock;
 pub mod lock_decide;

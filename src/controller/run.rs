@@ -6,16 +6,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
+use kube::core::{Selector, SelectorExt};
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector;
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::context::Context;
+use super::election::PodView;
 use super::engines::Engines;
 use super::holdings::{Holdings, LockRef};
 use super::leadership::{Elector, Leadership, LeaseTiming};
@@ -72,7 +75,7 @@ pub async fn start(
     shutdown: CancellationToken,
 ) -> Result<Running, RunError> {
     let metrics = Arc::new(Metrics::default());
-    let health = Arc::new(Health::new(&["distributedlocks", "redisquorums"]));
+    let health = Arc::new(Health::new(&["distributedlocks", "redisquorums", "pods"]));
     let server_stop = CancellationToken::new();
     let (metrics_addr, server_task) = server::bind(
         options.metrics_addr,
@@ -110,6 +113,7 @@ pub async fn start(
     let quorums_api: Api<RedisQuorum> = Api::all(client.clone());
     let (lock_store, lock_writer) = reflector::store::<DistributedLock>();
     let (quorum_store, quorum_writer) = reflector::store::<RedisQuorum>();
+    let (pod_store, pod_writer) = reflector::store::<Pod>();
 
     let recorder = Recorder::new(
         client.clone(),
@@ -129,6 +133,7 @@ pub async fn start(
         health_interval: options.health_interval,
         locks: lock_store.clone(),
         quorums: quorum_store.clone(),
+        pods: pod_store.clone(),
         failures: Default::default(),
     });
 
@@ -166,10 +171,49 @@ pub async fn start(
         .touched_objects()
         .predicate_filter(kube::runtime::predicates::generation, Default::default());
 
+    // Pods matter to leader-election locks only when what makes a candidate changes.
+    let pod_changes = |pod: &Pod| {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        let view = PodView::of(pod, "");
+        (view.candidate, pod.metadata.deletion_timestamp.is_some()).hash(&mut hasher);
+        pod.metadata.labels.hash(&mut hasher);
+        Some(hasher.finish())
+    };
+    let pod_health = health.clone();
+    let pod_events = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(pod_writer)
+        .inspect(move |event| record_watch(&pod_health, "pods", event.is_ok()))
+        .touched_objects()
+        .predicate_filter(pod_changes, Default::default());
+    let pod_locks = lock_store.clone();
+    let locks_of_pod = move |pod: Pod| {
+        let namespace = pod.namespace();
+        let name = pod.name_any();
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        pod_locks
+            .state()
+            .iter()
+            .filter(|lock| lock.namespace() == namespace)
+            .filter(|lock| {
+                let Some(policy) = &lock.spec.holder.leader_election else {
+                    return false;
+                };
+                let holder = lock.status.as_ref().and_then(|status| status.holder.as_deref());
+                holder == Some(name.as_str())
+                    || Selector::try_from(policy.selector.clone())
+                        .is_ok_and(|selector| selector.matches(&labels))
+            })
+            .map(|lock| ObjectRef::from_obj(&**lock))
+            .collect::<Vec<_>>()
+    };
+
     let became_leader = leader_edges(&leadership);
     let lock_controller = Controller::for_stream(lock_events, lock_store)
         .with_config(ControllerConfig::default().concurrency(CONCURRENCY))
         .reconcile_on(receiver_stream(wakes))
+        .watches_stream(pod_events, locks_of_pod)
         .reconcile_all_on(became_leader)
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(lock::reconcile, lock::error_policy, ctx.clone())

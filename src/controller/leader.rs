@@ -1,0 +1,142 @@
+//! Leader election's API side: candidates from the pod cache, and the leader label and annotations on pods.
+//! The order of writes is what fences: a leader's label goes before its lock moves or lapses, and the next
+//! leader is labelled only once it holds the lock.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::core::{Selector, SelectorExt};
+use kube::runtime::reflector::Store;
+
+use super::context::{Context, Error};
+use super::election::{
+    PodView, TOKEN_ANNOTATION, VALID_UNTIL_ANNOTATION, candidates, choose_leader, labels_to_remove,
+};
+use crate::api::DistributedLock;
+use crate::api::lock::LeaderElectionPolicy;
+
+/// One look at the pods of a leader-election lock.
+pub struct Election {
+    api: Api<Pod>,
+    label: String,
+    pods: Vec<PodView>,
+    /// Candidates in election order, for status.
+    pub candidates: Vec<String>,
+    /// The pod that should lead now, if any can.
+    pub chosen: Option<String>,
+}
+
+impl Election {
+    /// Reads the pods from the cache; `Err` is a message for the `Ready` condition (a selector that cannot be
+    /// evaluated).
+    pub fn observe(
+        ctx: &Context,
+        lock: &DistributedLock,
+        policy: &LeaderElectionPolicy,
+        current: Option<&str>,
+    ) -> Result<Self, String> {
+        let namespace = lock.namespace().unwrap_or_default();
+        let selector = Selector::try_from(policy.selector.clone())
+            .map_err(|err| format!("spec.holder.leaderElection.selector: {err}"))?;
+        let pods = pods_matching(&ctx.pods, &namespace, &selector, &policy.leader_label);
+        let candidates = candidates(&pods, &policy.preference)
+            .iter()
+            .map(|pod| pod.name.clone())
+            .collect();
+        let chosen = choose_leader(&pods, current, &policy.preference);
+        Ok(Self {
+            api: Api::namespaced(ctx.client.clone(), &namespace),
+            label: policy.leader_label.clone(),
+            pods,
+            candidates,
+            chosen,
+        })
+    }
+
+    /// Removes the leader label from every pod but `keep`, the leader whose lock is held. Done before anything
+    /// else, so that two pods never carry the label.
+    pub async fn unlabel_all_but(&self, ctx: &Context, keep: Option<&str>) -> Result<(), Error> {
+        for pod in labels_to_remove(&self.pods, keep) {
+            self.unlabel(ctx, &pod).await?;
+        }
+        Ok(())
+    }
+
+    pub async fn unlabel(&self, ctx: &Context, pod: &str) -> Result<(), Error> {
+        ctx.ensure_leader()?;
+        let patch = serde_json::json!({
+            "metadata": {
+                "labels": { self.label.clone(): null },
+                "annotations": { TOKEN_ANNOTATION: null, VALID_UNTIL_ANNOTATION: null },
+            }
+        });
+        match self
+            .api
+            .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(pod, label = %self.label, "leader label removed");
+                Ok(())
+            }
+            // A pod that is gone carries no label.
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Labels `pod` as the leader with its fencing token and validity, unless it already shows exactly that.
+    pub async fn label(
+        &self,
+        ctx: &Context,
+        pod: &str,
+        token: i64,
+        valid_until: &MicroTime,
+    ) -> Result<(), Error> {
+        let valid_until = serde_json::to_value(valid_until)?;
+        let current = self.pods.iter().find(|view| view.name == pod);
+        let cached = ctx
+            .pods
+            .get(&kube::runtime::reflector::ObjectRef::new(pod).within(&self.api_namespace()));
+        let shown = cached
+            .as_ref()
+            .and_then(|pod| pod.metadata.annotations.clone())
+            .unwrap_or_default();
+        let up_to_date = current.is_some_and(|view| view.labelled)
+            && shown.get(TOKEN_ANNOTATION) == Some(&token.to_string())
+            && valid_until.as_str() == shown.get(VALID_UNTIL_ANNOTATION).map(String::as_str);
+        if up_to_date {
+            return Ok(());
+        }
+        ctx.ensure_leader()?;
+        let patch = serde_json::json!({
+            "metadata": {
+                "labels": { self.label.clone(): "true" },
+                "annotations": { TOKEN_ANNOTATION: token.to_string(), VALID_UNTIL_ANNOTATION: valid_until },
+            }
+        });
+        self.api
+            .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        if !current.is_some_and(|view| view.labelled) {
+            tracing::info!(pod, token, "leader labelled");
+        }
+        Ok(())
+    }
+
+    fn api_namespace(&self) -> String {
+        self.api.namespace().unwrap_or_default().to_owned()
+    }
+}
+
+fn pods_matching(pods: &Store<Pod>, namespace: &str, selector: &Selector, label: &str) -> Vec<PodView> {
+    pods.state()
+        .iter()
+        .filter(|pod| pod.namespace().as_deref() == Some(namespace))
+        .filter(|pod| selector.matches(pod.metadata.labels.as_ref().unwrap_or(&BTreeMap::new())))
+        .map(|pod| PodView::of(pod, label))
+        .collect()
+}

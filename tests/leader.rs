@@ -1,0 +1,365 @@
+//! End-to-end leader election: the operator labels one pod of a set as the leader, moves the label when the
+//! leader goes, removes it before the lock's validity ends when the lock is lost, and the `elect` helper runs
+//! a command only on the leader. The tests play the kubelet: pods are bound to a node no kubelet serves, and
+//! their status is set through the status subresource — the same on the test server and on a real cluster.
+
+mod e2e;
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use e2e::*;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use redlock_operator::api::LockPhase;
+use support::redis_server::RedisCluster;
+use tokio::time::Instant;
+
+const LABEL: &str = "redlock.io/leader";
+
+fn pods(env: &Env) -> Api<Pod> {
+    Api::namespaced(env.client.clone(), &env.namespace)
+}
+
+async fn create_pod(env: &Env, name: &str) {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": name, "labels": { "app": "web" } },
+        "spec": {
+            "nodeName": "redlock-e2e-no-such-node",
+            "terminationGracePeriodSeconds": 30,
+            "containers": [{ "name": "app", "image": "registry.invalid/app:1" }]
+        }
+    }))
+    .expect("pod");
+    pods(env)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    // Creation times have a resolution of one second: keep the pods' ages distinct.
+    tokio::time::sleep(Duration::from_millis(1_050)).await;
+}
+
+/// Pods `names`, created in this order (oldest first), all running and ready.
+async fn ready_pods(env: &Env, names: &[&str]) {
+    for name in names {
+        create_pod(env, name).await;
+        set_ready(env, name, true).await;
+    }
+}
+
+/// Plays the kubelet: Running, and Ready or not.
+async fn set_ready(env: &Env, name: &str, ready: bool) {
+    let status = serde_json::json!({ "status": {
+        "phase": "Running",
+        "conditions": [{ "type": "Ready", "status": if ready { "True" } else { "False" } }]
+    }});
+    pods(env)
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("pod status");
+}
+
+async fn labelled(env: &Env) -> Vec<String> {
+    pods(env)
+        .list(&ListParams::default().labels(LABEL))
+        .await
+        .expect("pods")
+        .items
+        .into_iter()
+        .filter_map(|pod| pod.metadata.name)
+        .collect()
+}
+
+async fn annotations(env: &Env, pod: &str) -> BTreeMap<String, String> {
+    pods(env)
+        .get(pod)
+        .await
+        .expect("pod")
+        .metadata
+        .annotations
+        .unwrap_or_default()
+}
+
+async fn web_lock(env: &Env, quorum: &str, ttl: &str, key: Option<&str>) {
+    let mut spec = serde_json::json!({
+        "quorum": quorum, "ttl": ttl,
+        "holder": { "leaderElection": { "selector": { "matchLabels": { "app": "web" } } } }
+    });
+    if let Some(key) = key {
+        spec["resourceKey"] = serde_json::json!(key);
+    }
+    env.create_lock_from(serde_json::json!({
+        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+        "metadata": { "name": "web" }, "spec": spec
+    }))
+    .await;
+}
+
+/// Waits until exactly `pod` carries the label, asserting on the way that two pods never do; returns when.
+async fn wait_for_leader(env: &Env, pod: &str) -> Instant {
+    eventually(&format!("{pod} to be the only labelled pod"), || async {
+        let now = labelled(env).await;
+        assert!(now.len() <= 1, "two pods carry the leader label: {now:?}");
+        (now == [pod]).then(Instant::now)
+    })
+    .await
+}
+
+async fn setup(
+    masters: &RedisCluster,
+    env: &Env,
+    seed: u8,
+) -> (String, Running, tokio_util::sync::CancellationToken) {
+    let quorum = env.unique("q");
+    env.create_quorum(&quorum, &masters.urls(), "3s").await;
+    let (running, shutdown) = operator(env, &installation_secret(seed), None).await;
+    quorum_available(env, &quorum).await;
+    (quorum, running, shutdown)
+}
+
+use redlock_operator::controller::run::Running;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_oldest_ready_pod_leads_and_failover_moves_the_label() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let (quorum, running, shutdown) = setup(&masters, &env, 21).await;
+    for name in ["web-0", "web-1", "web-2"] {
+        create_pod(&env, name).await;
+    }
+    set_ready(&env, "web-0", true).await;
+    set_ready(&env, "web-1", true).await;
+    set_ready(&env, "web-2", false).await;
+    web_lock(&env, &quorum, "3s", None).await;
+
+    wait_for_leader(&env, "web-0").await;
+    let lock = lock_where(&env, "web", "held by web-0", |lock| {
+        phase(lock) == Some(LockPhase::Held)
+            && lock.status.as_ref().and_then(|s| s.holder.as_deref()) == Some("web-0")
+    })
+    .await;
+    let status = lock.status.expect("status");
+    assert_eq!(status.candidates, ["web-0", "web-1"], "web-2 is not ready");
+    let shown = annotations(&env, "web-0").await;
+    assert_eq!(
+        shown.get("redlock.io/fencing-token").map(String::as_str),
+        Some("1")
+    );
+    assert!(shown.contains_key("redlock.io/valid-until"));
+
+    // The leader becomes unready: label off it first, then the next oldest leads with a new token.
+    let started = Instant::now();
+    set_ready(&env, "web-0", false).await;
+    let moved = wait_for_leader(&env, "web-1").await;
+    println!(
+        "failover after the leader became unready: {} ms",
+        (moved - started).as_millis()
+    );
+    let lock = lock_where(&env, "web", "held by web-1", |lock| token(lock) == Some(2)).await;
+    assert_eq!(
+        lock.status.as_ref().and_then(|s| s.holder.as_deref()),
+        Some("web-1")
+    );
+    assert!(
+        !annotations(&env, "web-0")
+            .await
+            .contains_key("redlock.io/fencing-token")
+    );
+
+    // The leader is deleted (it starts terminating): the same, to web-2 once it is ready.
+    set_ready(&env, "web-2", true).await;
+    let started = Instant::now();
+    pods(&env)
+        .delete("web-1", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let moved = wait_for_leader(&env, "web-2").await;
+    println!(
+        "failover after the leader was deleted: {} ms",
+        (moved - started).as_millis()
+    );
+    lock_where(&env, "web", "token 3", |lock| token(lock) == Some(3)).await;
+
+    // No candidate at all: nobody leads, and status says why.
+    set_ready(&env, "web-2", false).await;
+    eventually("no labelled pod", || async {
+        labelled(&env).await.is_empty().then_some(())
+    })
+    .await;
+    lock_where(&env, "web", "NoCandidates", |lock| {
+        lock.status
+            .as_ref()
+            .and_then(|s| condition(&s.conditions, "Held"))
+            .is_some_and(|c| c.reason == "NoCandidates")
+    })
+    .await;
+    stop(running, shutdown).await;
+    let _ = pods(&env)
+        .delete("web-1", &DeleteParams::default().grace_period(0))
+        .await;
+    env.cleanup(&[&quorum]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_quorum_removes_the_label_before_valid_until_and_the_leader_comes_back() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let (quorum, running, shutdown) = setup(&masters, &env, 22).await;
+    ready_pods(&env, &["web-0"]).await;
+    web_lock(&env, &quorum, "3s", None).await;
+    wait_for_leader(&env, "web-0").await;
+
+    masters[0].stop();
+    masters[1].stop();
+    let mut valid_until = None;
+    let unlabelled_at = loop {
+        let pod = pods(&env).get("web-0").await.expect("pod");
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let labels = pod.metadata.labels.unwrap_or_default();
+        if !labels.contains_key(LABEL) {
+            break now;
+        }
+        let shown = pod.metadata.annotations.unwrap_or_default();
+        if let Some(text) = shown.get("redlock.io/valid-until") {
+            valid_until = text.parse::<k8s_openapi::jiff::Timestamp>().ok();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let valid_until = valid_until.expect("the leader showed its validity");
+    assert!(
+        unlabelled_at < valid_until,
+        "label removed at {unlabelled_at}, after the validity {valid_until}"
+    );
+    lock_where(&env, "web", "Lost", |lock| phase(lock) == Some(LockPhase::Lost)).await;
+
+    masters[0].cont();
+    masters[1].cont();
+    wait_for_leader(&env, "web-0").await;
+    let lock = lock_where(&env, "web", "held again", |lock| {
+        phase(lock) == Some(LockPhase::Held)
+    })
+    .await;
+    assert_eq!(token(&lock), Some(2));
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_operator_keeps_the_leader_without_a_transition() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let (quorum, running, shutdown) = setup(&masters, &env, 23).await;
+    ready_pods(&env, &["web-0", "web-1"]).await;
+    web_lock(&env, &quorum, "3s", None).await;
+    wait_for_leader(&env, "web-0").await;
+    lock_where(&env, "web", "held", |lock| phase(lock) == Some(LockPhase::Held)).await;
+
+    stop(running, shutdown).await;
+    let (running, shutdown) = operator(&env, &installation_secret(23), None).await;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(7) {
+        assert_eq!(
+            labelled(&env).await,
+            ["web-0"],
+            "the leader label moved or went during the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lock = env.locks().get("web").await.expect("lock");
+    let status = lock.status.expect("status");
+    assert_eq!(
+        (status.phase, status.fencing_token, status.transitions),
+        (Some(LockPhase::Held), Some(1), 1)
+    );
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clusters_on_one_quorum_have_one_leader_between_them() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let east = Env::new().await;
+    let west = Env::test_server().await;
+    let key = format!("leader/{}", east.namespace);
+    let mut running = Vec::new();
+    for (env, seed) in [(&east, 24u8), (&west, 25u8)] {
+        let quorum = env.unique("q");
+        env.create_quorum(&quorum, &masters.urls(), "3s").await;
+        ready_pods(env, &["web-0"]).await;
+        web_lock(env, &quorum, "3s", Some(&key)).await;
+        running.push((operator(env, &installation_secret(seed), None).await, quorum));
+    }
+    eventually("one leader across both clusters", || async {
+        let count = labelled(&east).await.len() + labelled(&west).await.len();
+        (count == 1).then_some(())
+    })
+    .await;
+    for _ in 0..20 {
+        let count = labelled(&east).await.len() + labelled(&west).await.len();
+        assert!(count <= 1, "two leaders across clusters");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let quorum_name = running[0].1.clone();
+    for ((running, shutdown), _) in running {
+        stop(running, shutdown).await;
+    }
+    east.cleanup(&[&quorum_name]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elect_runs_the_command_only_on_the_leader_with_its_token() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let (quorum, running, shutdown) = setup(&masters, &env, 26).await;
+    ready_pods(&env, &["web-0", "web-1"]).await;
+    web_lock(&env, &quorum, "3s", None).await;
+    wait_for_leader(&env, "web-0").await;
+
+    let dir = tempfile::tempdir().expect("dir");
+    let script = "echo \"start $REDLOCK_FENCING_TOKEN\" >> \"$OUT\"; trap 'echo stop >> \"$OUT\"; exit 0' TERM; while true; do sleep 0.05; done";
+    let mut helpers = Vec::new();
+    for pod in ["web-0", "web-1"] {
+        let out = dir.path().join(pod);
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_redlock-operator"))
+            .args([
+                "elect",
+                "--lock",
+                "web",
+                "--pod",
+                pod,
+                "--namespace",
+                &env.namespace,
+                "--",
+                "sh",
+                "-c",
+                script,
+            ])
+            .env("KUBECONFIG", &env.kubeconfig)
+            .env("OUT", &out)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("elect");
+        helpers.push((child, out));
+    }
+    let read = |path: &std::path::Path| std::fs::read_to_string(path).unwrap_or_default();
+    eventually("the leader's command to start", || async {
+        (read(&helpers[0].1) == "start 1\n").then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(read(&helpers[1].1), "", "a follower ran the command");
+
+    set_ready(&env, "web-0", false).await;
+    eventually("web-0's command to stop and web-1's to start", || async {
+        (read(&helpers[0].1) == "start 1\nstop\n" && read(&helpers[1].1) == "start 2\n").then_some(())
+    })
+    .await;
+    for (mut child, _) in helpers {
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+    }
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
