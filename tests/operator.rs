@@ -63,8 +63,11 @@ async fn an_identity_lock_is_acquired_extended_and_shown_in_status() {
     assert!(status.valid_until.is_some() && status.renewed_at.is_some());
 
     let key = format!("{}/nightly", env.namespace);
-    let (count, values) = key_on(&masters.urls(), &key).await;
-    assert_eq!(count, 3, "the key is on every master");
+    let values = eventually("the key on every master", || async {
+        let (count, values) = key_on(&masters.urls(), &key).await;
+        (count == 3).then_some(values)
+    })
+    .await;
     assert_eq!(values.len(), 1);
     assert!(values[0].starts_with("batch-runner|"));
     let secret_part = values[0].rsplit('|').next().expect("secret");
@@ -189,7 +192,11 @@ async fn deleting_a_lock_releases_its_key_before_the_object_goes() {
     })
     .await;
     let key = format!("{}/migrate", env.namespace);
-    assert_eq!(key_on(&masters.urls(), &key).await.0, 3);
+    // The last master's SET may land just after the majority decided.
+    eventually("the key on every master", || async {
+        (key_on(&masters.urls(), &key).await.0 == 3).then_some(())
+    })
+    .await;
 
     env.locks()
         .delete("migrate", &DeleteParams::default())
@@ -344,10 +351,9 @@ async fn a_restarted_operator_resumes_a_held_lock_without_a_lapse_or_a_new_token
 
     stop(running, shutdown).await;
     let (count, during) = key_on(&masters.urls(), &key).await;
-    assert_eq!(
-        (count, &during),
-        (3, &values),
-        "stopping does not release a lock whose holder is alive"
+    assert!(
+        count >= 2 && during == values,
+        "stopping released a lock whose holder is alive"
     );
     let (running, shutdown) = operator(&env, &secret, None).await;
     // Longer than the TTL: had the new operator not resumed, the key would have expired.

@@ -72,8 +72,8 @@ async fn bad_lock_specs_are_reported_as_conditions() {
         "spec": { "quorum": quorum, "ttl": "1s", "holder": { "jobs": {} } }
     }))
     .await;
-    lock_where(&env, "batch", "PolicyNotSupported", |lock| {
-        reason(lock, "Ready").as_deref() == Some("PolicyNotSupported")
+    lock_where(&env, "batch", "QueueEmpty: a Job lock with no Job", |lock| {
+        reason(lock, "Held").as_deref() == Some("QueueEmpty")
     })
     .await;
 

@@ -148,6 +148,9 @@ pub struct DistributedLockStatus {
     /// Leader election: the pods that could lead now (running, ready, not terminating), in election order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub candidates: Vec<String>,
+    /// Job fencing: the Jobs waiting for the lock, in the order they get it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queue: Vec<String>,
     /// Who holds the key when this lock cannot get it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocked_by: Option<String>,

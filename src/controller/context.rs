@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::Resource;
@@ -50,6 +51,8 @@ pub struct Context {
     pub quorums: Store<RedisQuorum>,
     /// Pods, for leader election.
     pub pods: Store<Pod>,
+    /// Jobs labelled `redlock.io/lock`, for Job fencing.
+    pub jobs: Store<Job>,
     /// Consecutive failures per object, for the error backoff.
     pub(super) failures: Mutex<HashMap<String, u32>>,
 }

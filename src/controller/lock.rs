@@ -19,8 +19,12 @@ use tokio::time::Instant;
 use super::context::{Context, Error};
 use super::engines::{QuorumEngine, QuorumLookup};
 use super::holdings::LockRef;
+use super::job_queue::{JobStep, LOCK_LABEL};
+use super::jobs::JobQueue;
 use super::leader::Election;
-use super::lock_decide::{LockAction, Wanted, contended_retry, decide, resume_still_possible};
+use super::lock_decide::{
+    LockAction, Wanted, contended_retry, current_holder, decide, resume_still_possible,
+};
 use super::lock_settings::{HolderKind, LockSettings, lock_settings};
 use crate::api::conditions;
 use crate::api::lock::MasterOutcome;
@@ -73,6 +77,8 @@ struct Target<'a> {
     policy: KeepPolicy,
     /// Leader election: the pods, and the label and annotations to keep on the leader.
     election: Option<Election>,
+    /// Job fencing: the Jobs queued for the lock.
+    jobs: Option<JobQueue>,
 }
 
 async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
@@ -134,22 +140,13 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     };
     let status = lock.status.clone().unwrap_or_default();
     let held = ctx.holdings.view(&lref);
-    let (holder, election) = match &settings.holder {
-        HolderKind::Identity(holder) => (holder.clone(), None),
+    let (holder, election, jobs) = match &settings.holder {
+        HolderKind::Identity(holder) => (holder.clone(), None, None),
         HolderKind::LeaderElection => {
             let Some(policy) = &lock.spec.holder.leader_election else {
                 return Ok(Action::await_change());
             };
-            let current = held
-                .as_ref()
-                .filter(|held| held.lost.is_none())
-                .map(|held| held.lease.holder().to_owned())
-                .or_else(|| {
-                    status
-                        .holder
-                        .clone()
-                        .filter(|_| status.phase == Some(LockPhase::Held))
-                });
+            let current = current_holder(held.as_ref(), &status);
             let election = match Election::observe(ctx, lock, policy, current.as_deref()) {
                 Ok(election) => election,
                 Err(message) => {
@@ -165,13 +162,48 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
                 .filter(|holder| election.chosen.as_deref() == Some(holder.as_str()));
             election.unlabel_all_but(ctx, keep.as_deref()).await?;
             match election.chosen.clone() {
-                Some(chosen) => (chosen, Some(election)),
+                Some(chosen) => (chosen, Some(election), None),
                 None => return no_candidates(lock, ctx, &election).await,
             }
         }
         HolderKind::Jobs => {
-            let message = "holder.jobs is accepted but not supported yet by this operator version; use holder.identity or holder.leaderElection".to_owned();
-            return not_ready(lock, ctx, LockPhase::Pending, "PolicyNotSupported", message, None).await;
+            let current = current_holder(held.as_ref(), &status);
+            let latest = status
+                .fencing_token
+                .unwrap_or(0)
+                .max(ctx.holdings.highest_token(&lref));
+            let jobs = JobQueue::observe(ctx, lock, current.as_deref(), latest);
+            jobs.suspend_strays(ctx, current.as_deref()).await?;
+            match jobs.step.clone() {
+                JobStep::Hold(job) | JobStep::Grant(job) => (job, None, Some(jobs)),
+                JobStep::ResumeFenced { job, .. } => (job, None, Some(jobs)),
+                JobStep::ReleaseFinished(job) => {
+                    if release_held(ctx, &lref, held.map(|held| held.quorum))
+                        .await
+                        .is_none()
+                    {
+                        release_from_status(lock, ctx).await?;
+                    }
+                    let note = format!("released: Job {job} finished or is gone");
+                    ctx.publish(lock, EventType::Normal, "Released", note.clone())
+                        .await;
+                    show_released(ctx, lock, &note).await?;
+                    return Ok(Action::requeue(Duration::from_millis(10)));
+                }
+                JobStep::WaitForFenced(job) => {
+                    let message =
+                        format!("waiting for the pods of fenced Job {job} to stop before the next Job runs");
+                    return waiting_for_jobs(lock, ctx, &jobs, "WaitingForFencedJob", message).await;
+                }
+                JobStep::MarkStale { job, token } => {
+                    jobs.mark_stale(ctx, &job, token).await?;
+                    return Ok(Action::requeue(Duration::from_millis(10)));
+                }
+                JobStep::Idle => {
+                    let message = format!("no Job labelled {LOCK_LABEL}={} is waiting", lock.name_any());
+                    return waiting_for_jobs(lock, ctx, &jobs, "QueueEmpty", message).await;
+                }
+            }
         }
     };
     let mut policy = KeepPolicy::for_ttl(settings.ttl, engine.engine.config().node_timeout);
@@ -186,7 +218,11 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
         engine,
         policy,
         election,
+        jobs,
     };
+    if let Some(JobStep::ResumeFenced { job, token }) = target.jobs.as_ref().map(|jobs| jobs.step.clone()) {
+        return resume_fenced(&target, ctx, &job, token).await;
+    }
     let wanted = Wanted {
         holder: &target.holder,
         key: &target.settings.key,
@@ -260,14 +296,7 @@ async fn acquire(target: &Target<'_>, ctx: &Context, token: i64) -> Result<Actio
     match result {
         Ok(lease) => {
             // Kept from this moment: the status write below takes an API round trip of the validity.
-            ctx.holdings.insert(
-                target.lref.clone(),
-                lease.clone(),
-                &target.settings.quorum,
-                &target.settings.key,
-                token,
-                target.policy,
-            );
+            keep(target, ctx, &lease, token);
             match write_held(target, ctx, &lease, token, true).await {
                 Ok(true) => {
                     let note = format!(
@@ -360,6 +389,10 @@ async fn waiting(
         if let Some(election) = &target.election {
             next.candidates = election.candidates.clone();
         }
+        if let Some(jobs) = &target.jobs {
+            next.queue = jobs.queue.clone();
+            show_slow_jobs(&mut next, jobs, target.policy.fence_margin, generation);
+        }
         not_held(&mut next, reason, &message, generation);
         Some(next)
     })
@@ -382,25 +415,8 @@ async fn resume(
     status: &DistributedLockStatus,
 ) -> Result<Action, Error> {
     ctx.ensure_leader()?;
-    let uid = target.lock.uid().unwrap_or_default();
-    let value = ctx
-        .secret
-        .lock_value(&target.settings.key, &uid, token, &target.holder)?;
-    match target
-        .engine
-        .engine
-        .reclaim(&target.settings.key, target.settings.ttl, value)
-        .await
-    {
+    match take_back(target, ctx, token, &target.holder).await? {
         Ok(lease) => {
-            ctx.holdings.insert(
-                target.lref.clone(),
-                lease.clone(),
-                &target.settings.quorum,
-                &target.settings.key,
-                token,
-                target.policy,
-            );
             tracing::info!(lock = %target.lref, token, "resumed a lock held by a previous replica");
             write_held(target, ctx, &lease, token, false).await?;
             Ok(Action::requeue(RESYNC))
@@ -441,7 +457,18 @@ async fn report_lost(target: &Target<'_>, ctx: &Context, reason: &str) -> Result
             .unlabel(ctx, holder.as_deref().unwrap_or(&target.holder))
             .await?;
     }
-    release_held(ctx, &target.lref, Some(target.settings.quorum.clone())).await;
+    match &target.jobs {
+        Some(jobs) => {
+            // Suspended first. The keys are left to expire rather than released: if the masters come back
+            // before they do, the Job resumes with its own token instead of going stale.
+            let token = ctx.holdings.view(&target.lref).map_or(0, |held| held.token);
+            jobs.fence(ctx, &target.holder, token, reason).await?;
+            ctx.holdings.remove(&target.lref).await;
+        }
+        None => {
+            release_held(ctx, &target.lref, Some(target.settings.quorum.clone())).await;
+        }
+    }
     let generation = target.lock.meta().generation;
     let message = format!("lock lost: {reason}; re-acquiring");
     let written = write_status(ctx, target.lock, |current| {
@@ -588,6 +615,129 @@ async fn release_held(ctx: &Context, lref: &LockRef, quorum: Option<String>) -> 
     }
 }
 
+/// Hands `lease` to the keeper, which extends it from now on.
+fn keep(target: &Target<'_>, ctx: &Context, lease: &Lease, token: i64) {
+    let settings = &target.settings;
+    ctx.holdings.insert(
+        target.lref.clone(),
+        lease.clone(),
+        &settings.quorum,
+        &settings.key,
+        token,
+        target.policy,
+    );
+}
+
+/// Takes over the acquisition with `token` for `holder` (its value rebuilt from the installation secret) and
+/// keeps it from now on; the inner error says why it could not be taken back.
+async fn take_back(
+    target: &Target<'_>,
+    ctx: &Context,
+    token: i64,
+    holder: &str,
+) -> Result<Result<Lease, ExtendError>, Error> {
+    let uid = target.lock.uid().unwrap_or_default();
+    let value = ctx.secret.lock_value(&target.settings.key, &uid, token, holder)?;
+    let result = target
+        .engine
+        .engine
+        .reclaim(&target.settings.key, target.settings.ttl, value)
+        .await;
+    if let Ok(lease) = &result {
+        keep(target, ctx, lease, token);
+    }
+    Ok(result)
+}
+
+/// Job fencing: the Job whose lock was lost had its pods stopped and its token is still the latest — take the
+/// lock back with that same token and let the Job run again. If the keys are gone, it is marked stale.
+async fn resume_fenced(target: &Target<'_>, ctx: &Context, job: &str, token: i64) -> Result<Action, Error> {
+    ctx.ensure_leader()?;
+    let Some(jobs) = &target.jobs else {
+        return Ok(Action::await_change());
+    };
+    match take_back(target, ctx, token, job).await? {
+        Ok(lease) => {
+            if !write_held(target, ctx, &lease, token, false).await? {
+                release_held(ctx, &target.lref, Some(target.settings.quorum.clone())).await;
+                return Ok(Action::requeue(Duration::from_millis(10)));
+            }
+            jobs.resume(ctx, job, token).await?;
+            Ok(Action::requeue(RESYNC))
+        }
+        Err(err) => {
+            tracing::info!(lock = %target.lref, job, token, error = %err, "the fenced Job's lock cannot be taken back");
+            jobs.mark_stale(ctx, job, token).await?;
+            Ok(Action::requeue(Duration::from_millis(10)))
+        }
+    }
+}
+
+/// Job fencing with no Job to grant now: status says why; a Job change wakes the lock.
+async fn waiting_for_jobs(
+    lock: &DistributedLock,
+    ctx: &Context,
+    jobs: &JobQueue,
+    reason: &str,
+    message: String,
+) -> Result<Action, Error> {
+    let generation = lock.meta().generation;
+    write_status(ctx, lock, |current| {
+        let mut next = current.clone();
+        if next.phase != Some(LockPhase::Lost) {
+            next.phase = Some(LockPhase::Pending);
+        }
+        next.holder = None;
+        next.queue = jobs.queue.clone();
+        next.observed_generation = generation;
+        not_held(&mut next, reason, &message, generation);
+        Some(next)
+    })
+    .await?;
+    Ok(Action::requeue(Duration::from_secs(5)))
+}
+
+/// A Job whose pods may take longer to stop than the fence margin leaves: its fencing may come too late.
+fn show_slow_jobs(
+    status: &mut DistributedLockStatus,
+    jobs: &JobQueue,
+    margin: Duration,
+    generation: Option<i64>,
+) {
+    let slow = jobs.slow(margin);
+    let now = Timestamp::now();
+    if slow.is_empty() {
+        conditions::set(
+            &mut status.conditions,
+            "FencingMayBeLate",
+            false,
+            "GracePeriodsFit",
+            "every queued Job's pods stop within the fence margin",
+            generation,
+            now,
+        );
+    } else {
+        let names: Vec<String> = slow
+            .iter()
+            .map(|(job, grace)| format!("{job} ({}s)", grace.as_secs()))
+            .collect();
+        let message = format!(
+            "the termination grace period of {} exceeds the fence margin ({}): their pods may outlive the lock's validity; lower terminationGracePeriodSeconds or raise spec.holder.jobs.fenceMargin",
+            names.join(", "),
+            humantime::format_duration(margin)
+        );
+        conditions::set(
+            &mut status.conditions,
+            "FencingMayBeLate",
+            true,
+            "GracePeriodTooLong",
+            message,
+            generation,
+            now,
+        );
+    }
+}
+
 /// Leader election with no pod able to lead: nothing is held, and status says why. A pod becoming ready wakes
 /// the lock.
 async fn no_candidates(lock: &DistributedLock, ctx: &Context, election: &Election) -> Result<Action, Error> {
@@ -710,6 +860,10 @@ async fn write_held(
         if let Some(election) = &target.election {
             next.candidates = election.candidates.clone();
         }
+        if let Some(jobs) = &target.jobs {
+            next.queue = jobs.queue.iter().filter(|job| **job != holder).cloned().collect();
+            show_slow_jobs(&mut next, jobs, target.policy.fence_margin, generation);
+        }
         conditions::set(
             &mut next.conditions,
             "Ready",
@@ -739,6 +893,17 @@ async fn write_held(
             election
                 .label(ctx, &holder_name, token, &MicroTime(valid_until))
                 .await?;
+        }
+        if let Some(jobs) = &target.jobs {
+            // Granted only once status shows the token the Job is given.
+            jobs.grant(
+                ctx,
+                &holder_name,
+                token,
+                &target.lock.name_any(),
+                target.policy.fence_margin,
+            )
+            .await?;
         }
     }
     Ok(written)

@@ -74,6 +74,19 @@ pub fn decide(
     }
 }
 
+/// Who holds the lock as far as this replica can tell: the holder of a lease it keeps (and has not lost), else
+/// the holder status shows for a `Held` lock (a predecessor's, right after a restart or failover).
+pub fn current_holder(held: Option<&HeldView>, status: &DistributedLockStatus) -> Option<String> {
+    held.filter(|held| held.lost.is_none())
+        .map(|held| held.lease.holder().to_owned())
+        .or_else(|| {
+            status
+                .holder
+                .clone()
+                .filter(|_| status.phase == Some(LockPhase::Held))
+        })
+}
+
 /// After a resume attempt could not reach a majority: keep trying while the validity status shows leaves
 /// room for the fence margin; after that the lock counts as lost (reported before `validUntil`).
 pub fn resume_still_possible(status: &DistributedLockStatus, fence_margin: Duration, now: Timestamp) -> bool {
@@ -203,6 +216,26 @@ mod tests {
             decide(WANTED, None, &held_status("batch", 4), 0),
             LockAction::Resume { token: 4 }
         );
+    }
+
+    #[tokio::test]
+    async fn the_current_holder_is_the_kept_lease_then_status() {
+        let kept = view("web-1", 2).await;
+        assert_eq!(
+            current_holder(Some(&kept), &held_status("web-0", 1)).as_deref(),
+            Some("web-1")
+        );
+        let lost = HeldView {
+            lost: Some(LossReason::Expired),
+            ..kept
+        };
+        assert_eq!(
+            current_holder(Some(&lost), &held_status("web-0", 1)).as_deref(),
+            Some("web-0")
+        );
+        let mut not_held = held_status("web-0", 1);
+        not_held.phase = Some(LockPhase::Lost);
+        assert_eq!(current_holder(None, &not_held), None);
     }
 
     #[test]

@@ -5,6 +5,8 @@ pub mod context;
 pub mod election;
 pub mod engines;
 pub mod holdings;
+pub mod job_queue;
+pub mod jobs;
 pub mod leader;
 pub mod leadership;
 pub mod lock;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::core::{Selector, SelectorExt};
@@ -21,6 +22,8 @@ use super::context::Context;
 use super::election::PodView;
 use super::engines::Engines;
 use super::holdings::{Holdings, LockRef};
+use super::job_queue::LOCK_LABEL;
+use super::jobs::lock_of;
 use super::leadership::{Elector, Leadership, LeaseTiming};
 use super::lock_value::InstallationSecret;
 use super::{lock, quorum};
@@ -75,7 +78,7 @@ pub async fn start(
     shutdown: CancellationToken,
 ) -> Result<Running, RunError> {
     let metrics = Arc::new(Metrics::default());
-    let health = Arc::new(Health::new(&["distributedlocks", "redisquorums", "pods"]));
+    let health = Arc::new(Health::new(&["distributedlocks", "redisquorums", "pods", "jobs"]));
     let server_stop = CancellationToken::new();
     let (metrics_addr, server_task) = server::bind(
         options.metrics_addr,
@@ -114,6 +117,7 @@ pub async fn start(
     let (lock_store, lock_writer) = reflector::store::<DistributedLock>();
     let (quorum_store, quorum_writer) = reflector::store::<RedisQuorum>();
     let (pod_store, pod_writer) = reflector::store::<Pod>();
+    let (job_store, job_writer) = reflector::store::<Job>();
 
     let recorder = Recorder::new(
         client.clone(),
@@ -134,6 +138,7 @@ pub async fn start(
         locks: lock_store.clone(),
         quorums: quorum_store.clone(),
         pods: pod_store.clone(),
+        jobs: job_store.clone(),
         failures: Default::default(),
     });
 
@@ -209,11 +214,23 @@ pub async fn start(
             .collect::<Vec<_>>()
     };
 
+    // Only Jobs that queue for a lock are watched.
+    let job_health = health.clone();
+    let job_events = watcher(
+        Api::<Job>::all(client.clone()),
+        watcher::Config::default().labels(LOCK_LABEL),
+    )
+    .default_backoff()
+    .reflect(job_writer)
+    .inspect(move |event| record_watch(&job_health, "jobs", event.is_ok()))
+    .touched_objects();
+
     let became_leader = leader_edges(&leadership);
     let lock_controller = Controller::for_stream(lock_events, lock_store)
         .with_config(ControllerConfig::default().concurrency(CONCURRENCY))
         .reconcile_on(receiver_stream(wakes))
         .watches_stream(pod_events, locks_of_pod)
+        .watches_stream(job_events, |job: Job| lock_of(&job))
         .reconcile_all_on(became_leader)
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(lock::reconcile, lock::error_policy, ctx.clone())

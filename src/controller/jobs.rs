@@ -1,0 +1,200 @@
+//! Job fencing's API side: Jobs from a watched cache, and the patches that grant, fence, resume and mark them.
+//! Every change to a Job is one merge patch, and every one is told to the Job's owner with an Event on it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+
+use super::context::{Context, Error};
+use super::election::TOKEN_ANNOTATION;
+use super::job_queue::{
+    FENCED_ANNOTATION, JobStep, JobView, LOCK_LABEL, STALE_ANNOTATION, next_step, queue, strays,
+};
+use crate::api::DistributedLock;
+
+/// One look at the Jobs queued for a lock.
+pub struct JobQueue {
+    api: Api<Job>,
+    jobs: Vec<Arc<Job>>,
+    views: Vec<JobView>,
+    /// Waiting Jobs in the order they get the lock, for status.
+    pub queue: Vec<String>,
+    pub step: JobStep,
+}
+
+impl JobQueue {
+    pub fn observe(ctx: &Context, lock: &DistributedLock, current: Option<&str>, latest_token: i64) -> Self {
+        let namespace = lock.namespace().unwrap_or_default();
+        let name = lock.name_any();
+        let jobs: Vec<Arc<Job>> = ctx
+            .jobs
+            .state()
+            .into_iter()
+            .filter(|job| job.namespace().as_deref() == Some(namespace.as_str()))
+            .filter(|job| job.labels().get(LOCK_LABEL) == Some(&name))
+            .filter(|job| job.metadata.deletion_timestamp.is_none())
+            .collect();
+        let views: Vec<JobView> = jobs.iter().map(|job| JobView::of(job)).collect();
+        let queue = queue(&views).iter().map(|job| job.name.clone()).collect();
+        let step = next_step(&views, current, latest_token);
+        Self {
+            api: Api::namespaced(ctx.client.clone(), &namespace),
+            jobs,
+            views,
+            queue,
+            step,
+        }
+    }
+
+    fn job(&self, name: &str) -> Option<&Arc<Job>> {
+        self.jobs
+            .iter()
+            .find(|job| job.metadata.name.as_deref() == Some(name))
+    }
+
+    /// Jobs whose pods may take longer to stop than the fence margin leaves: fencing them may come late.
+    pub fn slow(&self, margin: Duration) -> Vec<(String, Duration)> {
+        self.views
+            .iter()
+            .filter(|job| !job.finished && job.grace > margin)
+            .map(|job| (job.name.clone(), job.grace))
+            .collect()
+    }
+
+    /// Suspends every Job that runs without holding the lock.
+    pub async fn suspend_strays(&self, ctx: &Context, current: Option<&str>) -> Result<(), Error> {
+        for stray in strays(&self.views, current) {
+            self.patch(
+                ctx,
+                &stray.name,
+                serde_json::json!({ "spec": { "suspend": true } }),
+            )
+            .await?;
+            let note = "created (or left) unsuspended without holding the lock: suspended until it holds it; create Jobs of this lock with spec.suspend: true".to_owned();
+            self.event(ctx, &stray.name, EventType::Warning, "Suspended", note)
+                .await;
+        }
+        Ok(())
+    }
+
+    /// Grants the lock: the token and lock name into the pod template, and unsuspend — one patch, allowed
+    /// because the Job never started. Nothing is written when it already runs with this token.
+    pub async fn grant(
+        &self,
+        ctx: &Context,
+        job: &str,
+        token: i64,
+        lock: &str,
+        margin: Duration,
+    ) -> Result<(), Error> {
+        let view = self.views.iter().find(|view| view.name == job);
+        if view.is_some_and(|view| view.granted_token == Some(token) && !view.suspended) {
+            return Ok(());
+        }
+        self.patch(
+            ctx,
+            job,
+            serde_json::json!({ "spec": {
+                "suspend": false,
+                "template": { "metadata": { "annotations": {
+                    TOKEN_ANNOTATION: token.to_string(), "redlock.io/lock": lock,
+                } } }
+            } }),
+        )
+        .await?;
+        let note = format!("holds lock {lock} with fencing token {token}: unsuspended");
+        self.event(ctx, job, EventType::Normal, "Granted", note).await;
+        if let Some(view) = view.filter(|view| view.grace > margin) {
+            let note = format!(
+                "its pods may take {}s to stop, longer than the fence margin ({}): if the lock is lost they may outlive its validity; lower terminationGracePeriodSeconds or raise the lock's spec.holder.jobs.fenceMargin",
+                view.grace.as_secs(),
+                humantime::format_duration(margin)
+            );
+            self.event(ctx, job, EventType::Warning, "GracePeriodTooLong", note)
+                .await;
+        }
+        Ok(())
+    }
+
+    /// The lock was lost: suspend the holder (its pods are stopped by the Job controller) and remember the
+    /// token it ran with.
+    pub async fn fence(&self, ctx: &Context, job: &str, token: i64, reason: &str) -> Result<(), Error> {
+        self.patch(
+            ctx,
+            job,
+            serde_json::json!({
+                "metadata": { "annotations": { FENCED_ANNOTATION: token.to_string() } },
+                "spec": { "suspend": true }
+            }),
+        )
+        .await?;
+        let note = format!(
+            "suspended: the lock was lost ({reason}); it resumes if it gets the lock back with token {token}"
+        );
+        self.event(ctx, job, EventType::Warning, "Fenced", note).await;
+        Ok(())
+    }
+
+    /// The lock is back with the fenced Job's own token: let it run again.
+    pub async fn resume(&self, ctx: &Context, job: &str, token: i64) -> Result<(), Error> {
+        self.patch(
+            ctx,
+            job,
+            serde_json::json!({
+                "metadata": { "annotations": { FENCED_ANNOTATION: null } },
+                "spec": { "suspend": false }
+            }),
+        )
+        .await?;
+        let note = format!("resumed: the lock is held again with its fencing token {token}");
+        self.event(ctx, job, EventType::Normal, "Resumed", note).await;
+        Ok(())
+    }
+
+    /// The fenced Job's token is no longer the latest, and a started Job's pod template cannot be changed:
+    /// it stays suspended, so it never runs with a stale token.
+    pub async fn mark_stale(&self, ctx: &Context, job: &str, token: i64) -> Result<(), Error> {
+        self.patch(
+            ctx,
+            job,
+            serde_json::json!({ "metadata": { "annotations": { STALE_ANNOTATION: "true" } } }),
+        )
+        .await?;
+        let note = format!(
+            "stays suspended: it ran with fencing token {token}, which is no longer the lock's latest, and a started Job's pod template cannot be changed; delete it, or create it anew to queue again"
+        );
+        self.event(ctx, job, EventType::Warning, "StaleToken", note).await;
+        Ok(())
+    }
+
+    async fn patch(&self, ctx: &Context, job: &str, patch: serde_json::Value) -> Result<(), Error> {
+        ctx.ensure_leader()?;
+        match self
+            .api
+            .patch(job, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    async fn event(&self, ctx: &Context, job: &str, type_: EventType, reason: &str, note: String) {
+        match self.job(job) {
+            Some(job) => ctx.publish(&**job, type_, reason, note).await,
+            None => tracing::debug!(job, reason, "no cached Job to attach an event to"),
+        }
+    }
+}
+
+/// The lock a Job queues for, from its label.
+pub fn lock_of(job: &Job) -> Option<kube::runtime::reflector::ObjectRef<DistributedLock>> {
+    let name = job.labels().get(LOCK_LABEL)?;
+    let namespace = job.meta().namespace.as_deref()?;
+    Some(kube::runtime::reflector::ObjectRef::new(name).within(namespace))
+}
