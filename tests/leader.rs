@@ -338,6 +338,8 @@ async fn elect_runs_the_command_only_on_the_leader_with_its_token() {
             ])
             .env("KUBECONFIG", &env.kubeconfig)
             .env("OUT", &out)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
             .kill_on_drop(true)
             .spawn()
             .expect("elect");
@@ -356,9 +358,16 @@ async fn elect_runs_the_command_only_on_the_leader_with_its_token() {
         (read(&helpers[0].1) == "start 1\nstop\n" && read(&helpers[1].1) == "start 2\n").then_some(())
     })
     .await;
-    for (mut child, _) in helpers {
-        let _ = child.start_kill();
-        let _ = child.wait().await;
+    // SIGTERM, as Kubernetes stops a pod: the helper stops its command and exits.
+    for (mut child, out) in helpers {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id().expect("pid")).expect("pid"));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        let status = tokio::time::timeout(PATIENCE, child.wait())
+            .await
+            .expect("elect exits")
+            .expect("status");
+        assert!(status.code().is_some(), "elect exited by itself: {status}");
+        let _ = out;
     }
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;

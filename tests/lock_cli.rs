@@ -233,3 +233,40 @@ fn read_first(path: &Path) -> String {
         .unwrap_or_default()
         .to_owned()
 }
+
+#[test]
+fn the_command_dies_with_a_killed_lock_process() {
+    let cluster = start_cluster();
+    let dir = tempfile::tempdir().expect("dir");
+    let pid_file = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pid_file.display());
+    let mut args = SHORT.to_vec();
+    args.push("killed");
+    let mut child = lock(&cluster, &args, &["sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("lock");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pid = loop {
+        if let Ok(text) = std::fs::read_to_string(&pid_file)
+            && let Ok(pid) = text.trim().parse::<i32>()
+        {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    // Nothing of ours is left to stop it: the kernel does (parent-death signal).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the command outlived the killed lock process"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -39,6 +39,21 @@ impl Child {
             // Its own group, so that SIGTERM/SIGKILL on loss reach every process it started.
             .process_group(0)
             .kill_on_drop(true);
+        let supervisor = nix::unistd::getpid();
+        // SAFETY: runs in the child between fork and exec, where only async-signal-safe calls are allowed:
+        // prctl(2) and getppid(2) are, and nothing is allocated.
+        unsafe {
+            cmd.pre_exec(move || {
+                // If we die, even of SIGKILL, the command dies too: it must never go on acting on a lock nobody
+                // watches. (Its own children are reached by the group signals on loss, not by this.)
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+                if nix::unistd::getppid() != supervisor {
+                    // We died before the line above took effect.
+                    return Err(std::io::Error::other("the supervisor exited"));
+                }
+                Ok(())
+            });
+        }
         let child = cmd.spawn().map_err(|err| {
             let name = program.to_string_lossy();
             match err.kind() {
