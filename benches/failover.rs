@@ -1,0 +1,179 @@
+//! Leader-election failover benchmark: how long from a leader becoming unready to the next pod carrying the
+//! leader label, repeated, against the operator in-process and the test API server. The baseline, measured in
+//! the same run, is the floor of any such move: one pod patch made and seen back through a watch. Run with
+//! `cargo bench --bench failover` (`FAILOVER_ROUNDS` to change the count); the last line is
+//! `SUMMARY failover_p50_ms=X failover_max_ms=X baseline_p50_ms=X ratio_p50=R` (target: p50 ≤ 1000 ms).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, CustomResourceExt};
+use redlock_operator::api::{DistributedLock, RedisQuorum};
+use redlock_operator::controller::lock_value::InstallationSecret;
+use redlock_operator::controller::run::{RunOptions, start};
+use support::apiserver::TestApiServer;
+use support::redis_server::RedisCluster;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+const NAMESPACE: &str = "bench";
+const LABEL: &str = "redlock.io/leader";
+
+fn main() -> Result<(), BoxError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(bench())
+}
+
+async fn create<K>(api: &Api<K>, value: serde_json::Value) -> Result<(), BoxError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let object: K = serde_json::from_value(value)?;
+    api.create(&PostParams::default(), &object).await?;
+    Ok(())
+}
+
+async fn set_ready(pods: &Api<Pod>, name: &str, ready: bool) -> Result<(), BoxError> {
+    let status = serde_json::json!({ "status": { "phase": "Running",
+        "conditions": [{ "type": "Ready", "status": if ready { "True" } else { "False" } }] } });
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    Ok(())
+}
+
+async fn leader(pods: &Api<Pod>) -> Result<Option<String>, BoxError> {
+    let labelled = pods.list(&ListParams::default().labels(LABEL)).await?.items;
+    Ok(match labelled.as_slice() {
+        [only] => only.metadata.name.clone(),
+        _ => None,
+    })
+}
+
+async fn wait_for(
+    what: &str,
+    mut check: impl AsyncFnMut() -> Result<bool, BoxError>,
+) -> Result<Instant, BoxError> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if check().await? {
+            return Ok(Instant::now());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("timed out waiting for {what}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn percentile(samples: &mut [f64], quantile: f64) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    let index = ((samples.len() as f64 - 1.0) * quantile).round() as usize;
+    samples.get(index).copied().unwrap_or(0.0)
+}
+
+async fn bench() -> Result<(), BoxError> {
+    let rounds: usize = std::env::var("FAILOVER_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let masters = RedisCluster::start(3)?;
+    let server = TestApiServer::start().await;
+    let client: Client = server.client();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in [RedisQuorum::crd(), DistributedLock::crd()] {
+        crds.create(&PostParams::default(), &crd).await?;
+    }
+    create(
+        &Api::<RedisQuorum>::all(client.clone()),
+        serde_json::json!({ "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": "default" },
+            "spec": { "endpoints": masters.urls(), "maxTtl": "10s", "assumeDurable": true } }),
+    )
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    for name in ["web-0", "web-1"] {
+        create(
+            &pods,
+            serde_json::json!({ "apiVersion": "v1", "kind": "Pod",
+                "metadata": { "name": name, "labels": { "app": "web" } },
+                "spec": { "nodeName": "bench-node", "containers": [{ "name": "app", "image": "app:1" }] } }),
+        )
+        .await?;
+        set_ready(&pods, name, true).await?;
+    }
+    let shutdown = CancellationToken::new();
+    let running = start(
+        client.clone(),
+        RunOptions {
+            metrics_addr: "127.0.0.1:0".parse()?,
+            election: None,
+            secret: InstallationSecret::from_bytes(&[b'k'; 48])?,
+            health_interval: Duration::from_secs(1),
+            instance: "bench".into(),
+        },
+        shutdown.clone(),
+    )
+    .await?;
+    create(
+        &Api::<DistributedLock>::namespaced(client.clone(), NAMESPACE),
+        serde_json::json!({ "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock", "metadata": { "name": "web" },
+            "spec": { "ttl": "10s", "holder": { "leaderElection": { "selector": { "matchLabels": { "app": "web" } } } } } }),
+    )
+    .await?;
+    wait_for("a first leader", async || Ok(leader(&pods).await?.is_some())).await?;
+
+    let mut failovers = Vec::with_capacity(rounds);
+    let mut baselines = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        // Baseline: one pod patch, seen back through the API.
+        let marker = format!("round-{round}");
+        let started = Instant::now();
+        let patch = serde_json::json!({ "metadata": { "annotations": { "bench/marker": marker } } });
+        pods.patch("web-0", &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        let seen = wait_for("the baseline patch", async || {
+            let pod = pods.get("web-0").await?;
+            Ok(pod
+                .metadata
+                .annotations
+                .and_then(|a| a.get("bench/marker").cloned())
+                .as_deref()
+                == Some(marker.as_str()))
+        })
+        .await?;
+        baselines.push((seen - started).as_secs_f64() * 1000.0);
+
+        // Failover: the leader becomes unready; the other pod must carry the label, alone.
+        let Some(current) = leader(&pods).await? else {
+            return Err("no leader before a round".into());
+        };
+        let next = if current == "web-0" { "web-1" } else { "web-0" };
+        let started = Instant::now();
+        set_ready(&pods, &current, false).await?;
+        let moved = wait_for("the label to move", async || {
+            Ok(leader(&pods).await?.as_deref() == Some(next))
+        })
+        .await?;
+        failovers.push((moved - started).as_secs_f64() * 1000.0);
+        set_ready(&pods, &current, true).await?;
+    }
+    shutdown.cancel();
+    let _ = running.task.await;
+    let failover_p50 = percentile(&mut failovers, 0.5);
+    let failover_max = percentile(&mut failovers, 1.0);
+    let baseline_p50 = percentile(&mut baselines, 0.5);
+    println!(
+        "{rounds} failovers: p50 {failover_p50:.1} ms, max {failover_max:.1} ms; one pod patch seen back: p50 {baseline_p50:.1} ms"
+    );
+    println!(
+        "SUMMARY failover_p50_ms={failover_p50:.1} failover_max_ms={failover_max:.1} baseline_p50_ms={baseline_p50:.1} ratio_p50={:.1}",
+        failover_p50 / baseline_p50.max(1e-3)
+    );
+    Ok(())
+}
