@@ -5,9 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Api, PostParams};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
@@ -19,15 +18,14 @@ use tokio::time::Instant;
 use super::context::{Context, Error};
 use super::engines::{QuorumEngine, QuorumLookup};
 use super::holdings::LockRef;
-use super::job_queue::{JobStep, LOCK_LABEL};
+use super::job_queue::JobStep;
 use super::jobs::JobQueue;
 use super::leader::Election;
-use super::lock_decide::{
-    LockAction, Wanted, contended_retry, current_holder, decide, resume_still_possible,
-};
-use super::lock_settings::{HolderKind, LockSettings, lock_settings};
+use super::lock_decide::{LockAction, Wanted, contended_retry, decide, resume_still_possible};
+use super::lock_holder::{Chosen, Holder, holder_for};
+use super::lock_settings::{LockSettings, lock_settings};
+use super::lock_status::{masters, not_held, show_released, show_slow_jobs, write_held, write_status};
 use crate::api::conditions;
-use crate::api::lock::MasterOutcome;
 use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
 use crate::redlock::{AcquireError, ExtendError, FailureKind, KeepPolicy, Lease, OperationReport};
 use crate::telemetry::metrics::OutcomeLabels;
@@ -36,7 +34,7 @@ use crate::telemetry::metrics::OutcomeLabels;
 pub const FINALIZER: &str = "redlock.io/release";
 
 /// A held lock is looked at again at least this often even when nothing wakes it.
-const RESYNC: Duration = Duration::from_secs(300);
+pub(super) const RESYNC: Duration = Duration::from_secs(300);
 
 pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<Action, Error> {
     let lref = ObjectRef::from_obj(&*lock);
@@ -68,17 +66,17 @@ pub fn error_policy(lock: Arc<DistributedLock>, error: &Error, ctx: Arc<Context>
 }
 
 /// What the reconciler works with once the spec and the quorum are known to be usable.
-struct Target<'a> {
-    lock: &'a DistributedLock,
-    lref: LockRef,
-    settings: LockSettings,
-    holder: String,
-    engine: Arc<QuorumEngine>,
-    policy: KeepPolicy,
+pub(super) struct Target<'a> {
+    pub(super) lock: &'a DistributedLock,
+    pub(super) lref: LockRef,
+    pub(super) settings: LockSettings,
+    pub(super) holder: String,
+    pub(super) engine: Arc<QuorumEngine>,
+    pub(super) policy: KeepPolicy,
     /// Leader election: the pods, and the label and annotations to keep on the leader.
-    election: Option<Election>,
+    pub(super) election: Option<Election>,
     /// Job fencing: the Jobs queued for the lock.
-    jobs: Option<JobQueue>,
+    pub(super) jobs: Option<JobQueue>,
 }
 
 async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
@@ -140,71 +138,13 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     };
     let status = lock.status.clone().unwrap_or_default();
     let held = ctx.holdings.view(&lref);
-    let (holder, election, jobs) = match &settings.holder {
-        HolderKind::Identity(holder) => (holder.clone(), None, None),
-        HolderKind::LeaderElection => {
-            let Some(policy) = &lock.spec.holder.leader_election else {
-                return Ok(Action::await_change());
-            };
-            let current = current_holder(held.as_ref(), &status);
-            let election = match Election::observe(ctx, lock, policy, current.as_deref()) {
-                Ok(election) => election,
-                Err(message) => {
-                    return not_ready(lock, ctx, LockPhase::Invalid, "InvalidSelector", message, None).await;
-                }
-            };
-            // The label stays only on a leader whose lock is held and who is still the one to lead; every
-            // other pod loses it before the lock moves.
-            let keep = held
-                .as_ref()
-                .filter(|held| held.lost.is_none())
-                .map(|held| held.lease.holder().to_owned())
-                .filter(|holder| election.chosen.as_deref() == Some(holder.as_str()));
-            election.unlabel_all_but(ctx, keep.as_deref()).await?;
-            match election.chosen.clone() {
-                Some(chosen) => (chosen, Some(election), None),
-                None => return no_candidates(lock, ctx, &election).await,
-            }
-        }
-        HolderKind::Jobs => {
-            let current = current_holder(held.as_ref(), &status);
-            let latest = status
-                .fencing_token
-                .unwrap_or(0)
-                .max(ctx.holdings.highest_token(&lref));
-            let jobs = JobQueue::observe(ctx, lock, current.as_deref(), latest);
-            jobs.suspend_strays(ctx, current.as_deref()).await?;
-            match jobs.step.clone() {
-                JobStep::Hold(job) | JobStep::Grant(job) => (job, None, Some(jobs)),
-                JobStep::ResumeFenced { job, .. } => (job, None, Some(jobs)),
-                JobStep::ReleaseFinished(job) => {
-                    if release_held(ctx, &lref, held.map(|held| held.quorum))
-                        .await
-                        .is_none()
-                    {
-                        release_from_status(lock, ctx).await?;
-                    }
-                    let note = format!("released: Job {job} finished or is gone");
-                    ctx.publish(lock, EventType::Normal, "Released", note.clone())
-                        .await;
-                    show_released(ctx, lock, &note).await?;
-                    return Ok(Action::requeue(Duration::from_millis(10)));
-                }
-                JobStep::WaitForFenced(job) => {
-                    let message =
-                        format!("waiting for the pods of fenced Job {job} to stop before the next Job runs");
-                    return waiting_for_jobs(lock, ctx, &jobs, "WaitingForFencedJob", message).await;
-                }
-                JobStep::MarkStale { job, token } => {
-                    jobs.mark_stale(ctx, &job, token).await?;
-                    return Ok(Action::requeue(Duration::from_millis(10)));
-                }
-                JobStep::Idle => {
-                    let message = format!("no Job labelled {LOCK_LABEL}={} is waiting", lock.name_any());
-                    return waiting_for_jobs(lock, ctx, &jobs, "QueueEmpty", message).await;
-                }
-            }
-        }
+    let Chosen {
+        holder,
+        election,
+        jobs,
+    } = match holder_for(lock, ctx, &settings, held.as_ref(), &status).await? {
+        Holder::Chosen(chosen) => *chosen,
+        Holder::Done(action) => return Ok(action),
     };
     let mut policy = KeepPolicy::for_ttl(settings.ttl, engine.engine.config().node_timeout);
     if let Some(margin) = settings.fence_margin {
@@ -540,7 +480,7 @@ async fn cleanup(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error>
 }
 
 /// A predecessor's acquisition named in status: rebuild its value and delete it.
-async fn release_from_status(
+pub(super) async fn release_from_status(
     lock: &DistributedLock,
     ctx: &Context,
 ) -> Result<Option<OperationReport>, Error> {
@@ -567,46 +507,12 @@ async fn release_from_status(
     Ok(Some(engine.engine.release_value(&key, value).await))
 }
 
-/// Status after a release for a holder the spec no longer wants: nobody holds it, the next reconcile acquires.
-async fn show_released(ctx: &Context, lock: &DistributedLock, message: &str) -> Result<bool, Error> {
-    let generation = lock.meta().generation;
-    write_status(ctx, lock, |current| {
-        let mut next = current.clone();
-        next.phase = Some(LockPhase::Pending);
-        next.holder = None;
-        next.observed_generation = generation;
-        conditions::set(
-            &mut next.conditions,
-            "Held",
-            false,
-            "HolderChanged",
-            message,
-            generation,
-            Timestamp::now(),
-        );
-        Some(next)
-    })
-    .await
-}
-
-/// The spec can be acted on, but the lock is not held, for `reason`.
-fn not_held(status: &mut DistributedLockStatus, reason: &str, message: &str, generation: Option<i64>) {
-    let now = Timestamp::now();
-    let conditions = &mut status.conditions;
-    conditions::set(
-        conditions,
-        "Ready",
-        true,
-        "Valid",
-        "spec is valid and the quorum exists",
-        generation,
-        now,
-    );
-    conditions::set(conditions, "Held", false, reason, message, generation, now);
-}
-
 /// Stops keeping the lock and deletes its key where it is still ours.
-async fn release_held(ctx: &Context, lref: &LockRef, quorum: Option<String>) -> Option<OperationReport> {
+pub(super) async fn release_held(
+    ctx: &Context,
+    lref: &LockRef,
+    quorum: Option<String>,
+) -> Option<OperationReport> {
     let lease = ctx.holdings.remove(lref).await?;
     let quorum = quorum?;
     match ctx.engines.lookup(&quorum) {
@@ -673,101 +579,8 @@ async fn resume_fenced(target: &Target<'_>, ctx: &Context, job: &str, token: i64
     }
 }
 
-/// Job fencing with no Job to grant now: status says why; a Job change wakes the lock.
-async fn waiting_for_jobs(
-    lock: &DistributedLock,
-    ctx: &Context,
-    jobs: &JobQueue,
-    reason: &str,
-    message: String,
-) -> Result<Action, Error> {
-    let generation = lock.meta().generation;
-    write_status(ctx, lock, |current| {
-        let mut next = current.clone();
-        if next.phase != Some(LockPhase::Lost) {
-            next.phase = Some(LockPhase::Pending);
-        }
-        next.holder = None;
-        next.queue = jobs.queue.clone();
-        next.observed_generation = generation;
-        not_held(&mut next, reason, &message, generation);
-        Some(next)
-    })
-    .await?;
-    Ok(Action::requeue(Duration::from_secs(5)))
-}
-
-/// A Job whose pods may take longer to stop than the fence margin leaves: its fencing may come too late.
-fn show_slow_jobs(
-    status: &mut DistributedLockStatus,
-    jobs: &JobQueue,
-    margin: Duration,
-    generation: Option<i64>,
-) {
-    let slow = jobs.slow(margin);
-    let now = Timestamp::now();
-    if slow.is_empty() {
-        conditions::set(
-            &mut status.conditions,
-            "FencingMayBeLate",
-            false,
-            "GracePeriodsFit",
-            "every queued Job's pods stop within the fence margin",
-            generation,
-            now,
-        );
-    } else {
-        let names: Vec<String> = slow
-            .iter()
-            .map(|(job, grace)| format!("{job} ({}s)", grace.as_secs()))
-            .collect();
-        let message = format!(
-            "the termination grace period of {} exceeds the fence margin ({}): their pods may outlive the lock's validity; lower terminationGracePeriodSeconds or raise spec.holder.jobs.fenceMargin",
-            names.join(", "),
-            humantime::format_duration(margin)
-        );
-        conditions::set(
-            &mut status.conditions,
-            "FencingMayBeLate",
-            true,
-            "GracePeriodTooLong",
-            message,
-            generation,
-            now,
-        );
-    }
-}
-
-/// Leader election with no pod able to lead: nothing is held, and status says why. A pod becoming ready wakes
-/// the lock.
-async fn no_candidates(lock: &DistributedLock, ctx: &Context, election: &Election) -> Result<Action, Error> {
-    let lref = ObjectRef::from_obj(lock);
-    let held_quorum = ctx.holdings.view(&lref).map(|held| held.quorum);
-    if held_quorum.is_some() {
-        release_held(ctx, &lref, held_quorum).await;
-    }
-    let generation = lock.meta().generation;
-    let message = "no pod matching spec.holder.leaderElection.selector is running and ready".to_owned();
-    let before = lock.status.as_ref().and_then(|status| status.phase);
-    let written = write_status(ctx, lock, |current| {
-        let mut next = current.clone();
-        next.phase = Some(LockPhase::Pending);
-        next.holder = None;
-        next.candidates = election.candidates.clone();
-        next.observed_generation = generation;
-        not_held(&mut next, "NoCandidates", &message, generation);
-        Some(next)
-    })
-    .await?;
-    if written && before == Some(LockPhase::Held) {
-        ctx.publish(lock, EventType::Warning, "NoCandidates", message)
-            .await;
-    }
-    Ok(Action::requeue(RESYNC))
-}
-
 /// The spec or the quorum cannot be acted on: release whatever is held and say why.
-async fn not_ready(
+pub(super) async fn not_ready(
     lock: &DistributedLock,
     ctx: &Context,
     phase: LockPhase,
@@ -814,157 +627,4 @@ async fn not_ready(
         ctx.publish(lock, EventType::Warning, reason, message).await;
     }
     Ok(retry.map_or_else(Action::await_change, Action::requeue))
-}
-
-/// Writes the Held status for `lease`. With `new_token`, only if status still shows an older token; without,
-/// only if it shows no newer one — the resourceVersion precondition makes check and write one atomic step.
-/// `Ok(false)`: a newer token is already there.
-async fn write_held(
-    target: &Target<'_>,
-    ctx: &Context,
-    lease: &Lease,
-    token: i64,
-    new_token: bool,
-) -> Result<bool, Error> {
-    let now = Instant::now();
-    let wall_now = Timestamp::now();
-    let valid_until = wall_at(lease.valid_until(), now, wall_now);
-    let renewed_at = wall_at(lease.granted_at(), now, wall_now);
-    let generation = target.lock.meta().generation;
-    let holder = target.holder.clone();
-    let holder_name = target.holder.clone();
-    let written = write_status(ctx, target.lock, |current| {
-        // The token in status never goes back: a new acquisition needs a higher one, a refresh the same.
-        let shown = current.fencing_token.unwrap_or(0);
-        if (new_token && shown >= token) || shown > token {
-            return None;
-        }
-        let mut next = current.clone();
-        if new_token {
-            next.transitions += 1;
-            next.acquired_at = Some(Time(wall_now));
-        }
-        next.phase = Some(LockPhase::Held);
-        next.holder = Some(holder.clone());
-        next.fencing_token = Some(token);
-        next.renewed_at = Some(MicroTime(renewed_at));
-        next.valid_until = Some(MicroTime(valid_until));
-        next.quorum = Some(format!(
-            "{}/{}",
-            lease.report().votes(),
-            lease.report().nodes.len()
-        ));
-        next.masters = masters(lease.report());
-        next.blocked_by = None;
-        next.observed_generation = generation;
-        if let Some(election) = &target.election {
-            next.candidates = election.candidates.clone();
-        }
-        if let Some(jobs) = &target.jobs {
-            next.queue = jobs.queue.iter().filter(|job| **job != holder).cloned().collect();
-            show_slow_jobs(&mut next, jobs, target.policy.fence_margin, generation);
-        }
-        conditions::set(
-            &mut next.conditions,
-            "Ready",
-            true,
-            "Valid",
-            "spec is valid and the quorum exists",
-            generation,
-            wall_now,
-        );
-        conditions::set(
-            &mut next.conditions,
-            "Held",
-            true,
-            "Held",
-            format!("held by {holder} with fencing token {token}"),
-            generation,
-            wall_now,
-        );
-        Some(next)
-    })
-    .await?;
-    if written {
-        ctx.holdings.note_token(&target.lref, token);
-        ctx.holdings.status_written(&target.lref, lease.valid_until());
-        if let Some(election) = &target.election {
-            // Labelled only once status shows the new token, so what the pod reads agrees with status.
-            election
-                .label(ctx, &holder_name, token, &MicroTime(valid_until))
-                .await?;
-        }
-        if let Some(jobs) = &target.jobs {
-            // Granted only once status shows the token the Job is given.
-            jobs.grant(
-                ctx,
-                &holder_name,
-                token,
-                &target.lock.name_any(),
-                target.policy.fence_margin,
-            )
-            .await?;
-        }
-    }
-    Ok(written)
-}
-
-/// Replaces the status with what `edit` makes of the current one, with the resourceVersion it was read at
-/// as a precondition; on a conflict it reads the object again and asks `edit` again. `edit` returning `None`
-/// means the write no longer applies: `Ok(false)`.
-async fn write_status(
-    ctx: &Context,
-    lock: &DistributedLock,
-    mut edit: impl FnMut(&DistributedLockStatus) -> Option<DistributedLockStatus>,
-) -> Result<bool, Error> {
-    let api: Api<DistributedLock> =
-        Api::namespaced(ctx.client.clone(), &lock.namespace().unwrap_or_default());
-    let mut current = lock.clone();
-    for _ in 0..4 {
-        let before = current.status.clone().unwrap_or_default();
-        let Some(next) = edit(&before) else {
-            return Ok(false);
-        };
-        if next == before {
-            return Ok(true);
-        }
-        ctx.ensure_leader()?;
-        current.status = Some(next);
-        match api
-            .replace_status(&lock.name_any(), &PostParams::default(), &current)
-            .await
-        {
-            Ok(_) => return Ok(true),
-            Err(kube::Error::Api(status)) if status.code == 409 => {
-                current = api.get(&lock.name_any()).await?;
-            }
-            Err(err) => return Err(err.into()),
-        }
-    }
-    Err(Error::Conflict)
-}
-
-fn masters(report: &OperationReport) -> Vec<MasterOutcome> {
-    report
-        .nodes
-        .iter()
-        .map(|node| MasterOutcome {
-            endpoint: node.endpoint.clone(),
-            outcome: node.outcome.label().to_owned(),
-            message: match node.outcome.to_string() {
-                text if text == node.outcome.label() => None,
-                text => Some(text),
-            },
-        })
-        .collect()
-}
-
-/// The wall-clock time of a monotonic instant, rounded to the millisecond towards `now` (conservative for ends).
-fn wall_at(at: Instant, now: Instant, wall_now: Timestamp) -> Timestamp {
-    let offset = if at >= now {
-        SignedDuration::from_millis(i64::try_from((at - now).as_millis()).unwrap_or(i64::MAX))
-    } else {
-        -SignedDuration::from_millis(i64::try_from((now - at).as_millis()).unwrap_or(i64::MAX))
-    };
-    wall_now + offset
 }
