@@ -348,12 +348,7 @@ async fn a_restarted_operator_keeps_the_grant_of_a_running_job() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let lock = env.locks().get("batch").await.expect("lock");
-    let status = lock.status.expect("status");
-    assert_eq!(
-        (status.phase, status.fencing_token, status.transitions),
-        (Some(LockPhase::Held), Some(1), 1)
-    );
+    assert_first_hold_kept(&env, "batch").await;
     assert!(!job_events(&env, "first").await.contains(&"Fenced".to_owned()));
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;

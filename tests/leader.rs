@@ -267,12 +267,7 @@ async fn a_restarted_operator_keeps_the_leader_without_a_transition() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let lock = env.locks().get("web").await.expect("lock");
-    let status = lock.status.expect("status");
-    assert_eq!(
-        (status.phase, status.fencing_token, status.transitions),
-        (Some(LockPhase::Held), Some(1), 1)
-    );
+    assert_first_hold_kept(&env, "web").await;
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }

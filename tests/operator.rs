@@ -366,12 +366,7 @@ async fn a_restarted_operator_resumes_a_held_lock_without_a_lapse_or_a_new_token
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let lock = env.locks().get("cron").await.expect("lock");
-    let status = lock.status.expect("status");
-    assert_eq!(
-        (status.phase, status.fencing_token, status.transitions),
-        (Some(LockPhase::Held), Some(1), 1)
-    );
+    assert_first_hold_kept(&env, "cron").await;
     assert!(!events_for(&env, "cron").await.contains(&"Lost".to_owned()));
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;

@@ -83,14 +83,9 @@ pub async fn run(args: ElectArgs) -> i32 {
             "--lock and --pod (or POD_NAME) must not be empty".into(),
         );
     }
-    let client = match kube::Client::try_default().await {
+    let client = match super::kube_client().await {
         Ok(client) => client,
-        Err(err) => {
-            return fail(
-                exit_code::UNAVAILABLE,
-                format!("no Kubernetes configuration: {err}"),
-            );
-        }
+        Err((code, message)) => return fail(code, message),
     };
     let namespace = args
         .namespace

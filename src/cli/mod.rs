@@ -67,3 +67,13 @@ pub fn parse() -> Result<Cli, i32> {
         }
     }
 }
+
+/// The Kubernetes client from the kubeconfig or the pod's service account, or the exit status and message.
+pub(crate) async fn kube_client() -> Result<kube::Client, (i32, String)> {
+    kube::Client::try_default().await.map_err(|err| {
+        (
+            exit_code::UNAVAILABLE,
+            format!("no Kubernetes configuration: {err}"),
+        )
+    })
+}

@@ -66,14 +66,9 @@ pub async fn run(args: RunArgs) -> i32 {
             }
         }
     };
-    let client = match kube::Client::try_default().await {
+    let client = match super::kube_client().await {
         Ok(client) => client,
-        Err(err) => {
-            return fail(
-                exit_code::UNAVAILABLE,
-                format!("no Kubernetes configuration: {err}"),
-            );
-        }
+        Err((code, message)) => return fail(code, message),
     };
     let identity = args.identity.clone().unwrap_or_else(|| {
         nix::unistd::gethostname()

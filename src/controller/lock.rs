@@ -95,30 +95,14 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
                 "RedisQuorum `{}` does not exist: create it, or set spec.quorum to an existing one",
                 lock.spec.quorum
             );
-            return not_ready(
-                lock,
-                ctx,
-                LockPhase::Pending,
-                "QuorumNotFound",
-                message,
-                Some(Duration::from_secs(30)),
-            )
-            .await;
+            return quorum_not_ready(lock, ctx, "QuorumNotFound", message).await;
         }
         QuorumLookup::Unusable { reason, message } => {
             let message = format!(
                 "RedisQuorum `{}` cannot be used ({reason}): {message}",
                 lock.spec.quorum
             );
-            return not_ready(
-                lock,
-                ctx,
-                LockPhase::Pending,
-                "QuorumNotReady",
-                message,
-                Some(Duration::from_secs(30)),
-            )
-            .await;
+            return quorum_not_ready(lock, ctx, "QuorumNotReady", message).await;
         }
     };
     let max_ttl = engine.engine.config().max_ttl;
@@ -505,6 +489,24 @@ pub(super) async fn release_from_status(
         .secret
         .lock_value(&key, &lock.uid().unwrap_or_default(), token, holder)?;
     Ok(Some(engine.engine.release_value(&key, value).await))
+}
+
+/// The lock's quorum cannot be used: waits (looked at again every 30 s, and at once when the quorum changes).
+async fn quorum_not_ready(
+    lock: &DistributedLock,
+    ctx: &Context,
+    reason: &str,
+    message: String,
+) -> Result<Action, Error> {
+    not_ready(
+        lock,
+        ctx,
+        LockPhase::Pending,
+        reason,
+        message,
+        Some(Duration::from_secs(30)),
+    )
+    .await
 }
 
 /// Stops keeping the lock and deletes its key where it is still ours.

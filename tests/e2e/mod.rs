@@ -310,6 +310,18 @@ pub async fn all_masters_voting(env: &Env, quorum: &str, masters: u32) {
     .await;
 }
 
+/// The lock is still held with its first token, and nothing happened to it in between (no loss, no
+/// re-acquisition): what a restart or failover must leave behind.
+pub async fn assert_first_hold_kept(env: &Env, name: &str) {
+    let lock = env.locks().get(name).await.expect("lock");
+    let status = lock.status.expect("status");
+    assert_eq!(
+        (status.phase, status.fencing_token, status.transitions),
+        (Some(redlock_operator::api::LockPhase::Held), Some(1), 1),
+        "the hold of {name} changed"
+    );
+}
+
 pub fn phase(lock: &DistributedLock) -> Option<redlock_operator::api::LockPhase> {
     lock.status.as_ref().and_then(|status| status.phase)
 }
