@@ -500,6 +500,47 @@ async fn pod_deletion_is_graceful_once_scheduled() {
 }
 
 #[tokio::test]
+async fn a_started_jobs_template_is_immutable() {
+    let (_server, client) = started().await;
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::default_namespaced(client);
+    let job = serde_json::from_value(json!({
+        "metadata": { "name": "work" },
+        "spec": { "suspend": true, "template": { "spec": {
+            "restartPolicy": "Never", "containers": [{ "name": "main", "image": "busybox:1.36" }]
+        } } }
+    }))
+    .unwrap();
+    jobs.create(&PostParams::default(), &job).await.unwrap();
+    let merge = |patch: serde_json::Value| Patch::Merge(patch);
+    let annotate = |value: &str| {
+        merge(json!({ "spec": { "template": { "metadata": { "annotations": { "a": value } } } } }))
+    };
+    let params = PatchParams::default();
+
+    // Suspended and never started: labels, annotations and scheduling directives may change, nothing else.
+    jobs.patch("work", &params, &annotate("1")).await.unwrap();
+    let image = merge(
+        json!({ "spec": { "template": { "spec": { "containers": [{ "name": "main", "image": "other" }] } } } }),
+    );
+    let refused = jobs.patch("work", &params, &image).await.unwrap_err();
+    assert!(matches!(refused, kube::Error::Api(status) if status.code == 422));
+
+    // Once started, nothing in the template may change, even while suspended again.
+    jobs.patch_status(
+        "work",
+        &params,
+        &merge(json!({ "status": { "startTime": "2026-01-01T00:00:00Z" } })),
+    )
+    .await
+    .unwrap();
+    let refused = jobs.patch("work", &params, &annotate("2")).await.unwrap_err();
+    assert!(matches!(refused, kube::Error::Api(status) if status.code == 422));
+    jobs.patch("work", &params, &merge(json!({ "spec": { "suspend": false } })))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
 async fn raw_watch_sends_events_in_order() {
     let (_server, client) = started().await;
     let maps: Api<ConfigMap> = Api::default_namespaced(client);

@@ -1,7 +1,9 @@
 //! End-to-end Job fencing: one Job at a time per lock, in queue order, granted with its fencing token,
 //! handed over on completion or deletion, suspended before the lock's validity ends when the lock is lost,
-//! and never run with a stale token. The tests play the Job controller by setting Job status, so they run on the
-//! in-process API server only: on a real cluster the Job controller would overwrite what they set.
+//! and never run with a stale token. On the in-process API server a simulated Job controller and kubelet run the
+//! Jobs (`support::job_controller`); with `REDLOCK_E2E_KUBECONFIG` the same tests run on a real cluster, whose
+//! Job controller and kubelets run them (their pods need the image `REDLOCK_E2E_JOB_IMAGE`, `busybox:1.36` by
+//! default). Throughout, the tests check on the pods themselves that no two grants ever run at once.
 
 mod e2e;
 mod support;
@@ -10,10 +12,13 @@ use std::time::Duration;
 
 use e2e::*;
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use redlock_operator::api::LockPhase;
 use redlock_operator::controller::run::Running;
+use support::job_controller::FakeJobRuntime;
 use support::redis_server::RedisCluster;
 use tokio_util::sync::CancellationToken;
 
@@ -21,19 +26,46 @@ fn jobs(env: &Env) -> Api<Job> {
     Api::namespaced(env.client.clone(), &env.namespace)
 }
 
-async fn create_job(env: &Env, name: &str, priority: Option<i64>, suspend: bool, grace: i64) {
+/// The image of the test Jobs' pods on a real cluster: it needs `sleep` and `false`.
+fn job_image() -> String {
+    std::env::var("REDLOCK_E2E_JOB_IMAGE").unwrap_or_else(|_| "busybox:1.36".to_owned())
+}
+
+/// The cluster's side of Jobs: simulated next to the test server, the real controllers on a real cluster.
+fn job_runtime(env: &Env) -> Option<FakeJobRuntime> {
+    env.is_test_server()
+        .then(|| FakeJobRuntime::start(env.client.clone(), &env.namespace))
+}
+
+/// What a test Job's one pod does.
+#[derive(Clone, Copy)]
+enum Work {
+    /// Runs for this many seconds, then succeeds.
+    Seconds(u32),
+    /// Fails at once.
+    Fails,
+}
+
+/// A Job of one pod that never retries. The command runs as PID 1 in its container, which ignores SIGTERM:
+/// a deleted pod takes its whole grace period to stop, the worst case fencing has to wait for.
+async fn create_job(env: &Env, name: &str, priority: Option<i64>, suspend: bool, grace: i64, work: Work) {
     let mut metadata = serde_json::json!({ "name": name, "labels": { "redlock.io/lock": "batch" } });
     if let Some(priority) = priority {
         metadata["annotations"] = serde_json::json!({ "redlock.io/priority": priority.to_string() });
     }
+    let command = match work {
+        Work::Seconds(seconds) => serde_json::json!(["sleep", seconds.to_string()]),
+        Work::Fails => serde_json::json!(["false"]),
+    };
     let job: Job = serde_json::from_value(serde_json::json!({
         "apiVersion": "batch/v1", "kind": "Job", "metadata": metadata,
         "spec": {
             "suspend": suspend,
+            "backoffLimit": 0,
             "template": { "spec": {
                 "restartPolicy": "Never",
                 "terminationGracePeriodSeconds": grace,
-                "containers": [{ "name": "main", "image": "registry.invalid/job:1" }]
+                "containers": [{ "name": "main", "image": job_image(), "command": command }]
             } }
         }
     }))
@@ -46,26 +78,15 @@ async fn create_job(env: &Env, name: &str, priority: Option<i64>, suspend: bool,
     tokio::time::sleep(Duration::from_millis(1_050)).await;
 }
 
-/// Plays the Job controller.
-async fn set_job_status(env: &Env, name: &str, status: serde_json::Value) {
-    jobs(env)
-        .patch_status(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({ "status": status })),
-        )
-        .await
-        .expect("job status");
-}
-
-async fn complete(env: &Env, name: &str) {
-    set_job_status(
-        env,
-        name,
-        serde_json::json!({ "active": 0, "succeeded": 1,
-            "conditions": [{ "type": "Complete", "status": "True" }] }),
-    )
-    .await;
+fn finished(job: &Job) -> bool {
+    job.status
+        .as_ref()
+        .and_then(|status| status.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+        })
 }
 
 /// Whether the Job may run (unsuspended), and the token in its pod template.
@@ -80,34 +101,83 @@ async fn job_state(env: &Env, name: &str) -> (bool, Option<String>) {
     (!spec.suspend.unwrap_or(false), token)
 }
 
-/// Jobs that may run now: unsuspended and not complete.
+/// Jobs that may run now: unsuspended and not finished.
 async fn running_jobs(env: &Env) -> Vec<String> {
     let mut names = Vec::new();
     for job in jobs(env).list(&ListParams::default()).await.expect("jobs").items {
-        let name = job.metadata.name.clone().unwrap_or_default();
-        let finished = job
-            .status
-            .as_ref()
-            .and_then(|status| status.conditions.as_ref())
-            .is_some_and(|conditions| {
-                conditions
-                    .iter()
-                    .any(|c| c.type_ == "Complete" && c.status == "True")
-            });
-        if !finished && !job.spec.and_then(|spec| spec.suspend).unwrap_or(false) {
-            names.push(name);
+        if !finished(&job) && !job.spec.as_ref().and_then(|spec| spec.suspend).unwrap_or(false) {
+            names.push(job.metadata.name.clone().unwrap_or_default());
         }
     }
     names
 }
 
+/// The pods that run (or are still stopping) with a fencing token, by the token they carry.
+async fn live_granted_pods(env: &Env) -> Vec<(String, String)> {
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    pods.list(&ListParams::default())
+        .await
+        .expect("pods")
+        .items
+        .into_iter()
+        .filter(|pod| {
+            let phase = pod.status.as_ref().and_then(|status| status.phase.as_deref());
+            !matches!(phase, Some("Succeeded" | "Failed"))
+        })
+        .filter_map(|pod| {
+            let token = pod.annotations().get("redlock.io/fencing-token")?.clone();
+            Some((pod.name_any(), token))
+        })
+        .collect()
+}
+
+/// The invariant Job fencing exists for, checked on the pods themselves: at no time do pods of two grants
+/// (two tokens) run or stop at once.
+async fn assert_one_grant_running(env: &Env) {
+    let pods = live_granted_pods(env).await;
+    let tokens: std::collections::BTreeSet<&str> = pods.iter().map(|(_, token)| token.as_str()).collect();
+    assert!(tokens.len() <= 1, "pods of two grants at once: {pods:?}");
+    let running = running_jobs(env).await;
+    assert!(running.len() <= 1, "two Jobs run at once: {running:?}");
+}
+
 /// Waits until `job` is the only running Job, granted with `token`.
 async fn wait_for_grant(env: &Env, job: &str, token: i64) {
     eventually(&format!("{job} granted with token {token}"), || async {
-        let now = running_jobs(env).await;
-        assert!(now.len() <= 1, "two Jobs run at once: {now:?}");
+        assert_one_grant_running(env).await;
         let (runs, shown) = job_state(env, job).await;
         (runs && shown == Some(token.to_string())).then_some(())
+    })
+    .await;
+}
+
+/// Waits until a pod of the running grant is up (its image pulled, on a real cluster).
+async fn wait_for_pod_running(env: &Env, token: i64) {
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    eventually(&format!("a running pod with token {token}"), || async {
+        assert_one_grant_running(env).await;
+        let list = pods.list(&ListParams::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|pod| {
+                pod.annotations().get("redlock.io/fencing-token") == Some(&token.to_string())
+                    && pod.status.as_ref().and_then(|status| status.phase.as_deref()) == Some("Running")
+            })
+            .then_some(())
+    })
+    .await;
+}
+
+/// Waits for the lock's `Held` condition to have `reason`, checking the invariant meanwhile.
+async fn wait_for_reason(env: &Env, reason: &str) {
+    eventually(&format!("the lock's Held condition to say {reason}"), || async {
+        assert_one_grant_running(env).await;
+        let lock = env.locks().get("batch").await.ok()?;
+        let held = lock
+            .status
+            .as_ref()
+            .and_then(|s| condition(&s.conditions, "Held"))?;
+        (held.reason == reason).then_some(())
     })
     .await;
 }
@@ -157,10 +227,12 @@ async fn setup(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_run_one_at_a_time_in_queue_order_and_hand_over() {
     let masters = RedisCluster::start(3).expect("masters");
-    let env = Env::test_server().await;
-    create_job(&env, "low", None, true, 30).await;
-    create_job(&env, "high", Some(10), true, 0).await;
-    create_job(&env, "mid", Some(5), true, 0).await;
+    let env = Env::new().await;
+    let _runtime = job_runtime(&env);
+    create_job(&env, "low", None, true, 30, Work::Seconds(3)).await;
+    create_job(&env, "high", Some(10), true, 0, Work::Seconds(3)).await;
+    create_job(&env, "mid", Some(5), true, 4, Work::Seconds(600)).await;
+    create_job(&env, "broken", Some(3), true, 0, Work::Fails).await;
     let (quorum, running, shutdown) = setup(&masters, &env, 31, "3s", None).await;
 
     wait_for_grant(&env, "high", 1).await;
@@ -170,11 +242,11 @@ async fn jobs_run_one_at_a_time_in_queue_order_and_hand_over() {
     })
     .await;
     let status = lock.status.expect("status");
-    assert_eq!(status.queue, ["mid", "low"]);
+    assert_eq!(status.queue, ["mid", "broken", "low"]);
     let late = condition(&status.conditions, "FencingMayBeLate").expect("FencingMayBeLate");
     assert_eq!(
         late.status, "True",
-        "`low` keeps the default 30 s grace period: {}",
+        "`low` has a 30 s grace period: {}",
         late.message
     );
     assert!(late.message.contains("low (30s)"), "{}", late.message);
@@ -185,13 +257,17 @@ async fn jobs_run_one_at_a_time_in_queue_order_and_hand_over() {
             .contains(&"GracePeriodTooLong".to_owned())
     );
 
-    complete(&env, "high").await;
+    // `high` completes by itself; `mid` is deleted while it runs, and its pods take 4 s to stop.
     wait_for_grant(&env, "mid", 2).await;
+    wait_for_pod_running(&env, 2).await;
     jobs(&env)
-        .delete("mid", &DeleteParams::default())
+        .delete("mid", &DeleteParams::background())
         .await
         .expect("delete");
-    wait_for_grant(&env, "low", 3).await;
+    wait_for_reason(&env, "WaitingForEarlierPods").await;
+    // `broken` fails at once, which hands over too.
+    wait_for_grant(&env, "broken", 3).await;
+    wait_for_grant(&env, "low", 4).await;
     eventually("a grace-period warning on `low`", || async {
         job_events(&env, "low")
             .await
@@ -199,14 +275,9 @@ async fn jobs_run_one_at_a_time_in_queue_order_and_hand_over() {
             .then_some(())
     })
     .await;
-    complete(&env, "low").await;
-    lock_where(&env, "batch", "an empty queue", |lock| {
-        lock.status
-            .as_ref()
-            .and_then(|s| condition(&s.conditions, "Held"))
-            .is_some_and(|c| c.reason == "QueueEmpty")
-    })
-    .await;
+    wait_for_reason(&env, "QueueEmpty").await;
+    let events = job_events(&env, "broken").await;
+    assert!(events.contains(&"Granted".to_owned()), "{events:?}");
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }
@@ -214,11 +285,12 @@ async fn jobs_run_one_at_a_time_in_queue_order_and_hand_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_created_unsuspended_is_suspended_with_a_warning() {
     let masters = RedisCluster::start(3).expect("masters");
-    let env = Env::test_server().await;
-    create_job(&env, "first", None, true, 0).await;
+    let env = Env::new().await;
+    let _runtime = job_runtime(&env);
+    create_job(&env, "first", None, true, 0, Work::Seconds(600)).await;
     let (quorum, running, shutdown) = setup(&masters, &env, 32, "3s", None).await;
     wait_for_grant(&env, "first", 1).await;
-    create_job(&env, "sneaky", None, false, 0).await;
+    create_job(&env, "sneaky", None, false, 0, Work::Seconds(600)).await;
     eventually("sneaky to be suspended", || async {
         (!job_state(&env, "sneaky").await.0).then_some(())
     })
@@ -232,12 +304,14 @@ async fn a_job_created_unsuspended_is_suspended_with_a_warning() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_lock_suspends_the_job_before_valid_until_and_a_stale_job_never_runs_again() {
     let masters = RedisCluster::start(3).expect("masters");
-    let env = Env::test_server().await;
-    create_job(&env, "first", None, true, 0).await;
-    create_job(&env, "second", None, true, 0).await;
+    let env = Env::new().await;
+    let _runtime = job_runtime(&env);
+    // `first`'s pod takes 12 s to stop once deleted: the queue must wait for it.
+    create_job(&env, "first", None, true, 12, Work::Seconds(600)).await;
+    create_job(&env, "second", None, true, 0, Work::Seconds(600)).await;
     let (quorum, running, shutdown) = setup(&masters, &env, 33, "3s", None).await;
     wait_for_grant(&env, "first", 1).await;
-    set_job_status(&env, "first", serde_json::json!({ "active": 1 })).await;
+    wait_for_pod_running(&env, 1).await;
 
     masters[0].stop();
     masters[1].stop();
@@ -265,24 +339,20 @@ async fn a_lost_lock_suspends_the_job_before_valid_until_and_a_stale_job_never_r
     tokio::time::sleep(Duration::from_secs(4)).await;
     masters[0].cont();
     masters[1].cont();
-    // Its pods are still there: nobody else runs.
+    // The fenced Job's pod is still stopping: nobody else runs.
+    wait_for_reason(&env, "WaitingForFencedJob").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
         running_jobs(&env).await.is_empty(),
         "a Job ran while the fenced Job still had pods"
     );
-    lock_where(&env, "batch", "waiting for the fenced Job", |lock| {
-        lock.status
-            .as_ref()
-            .and_then(|s| condition(&s.conditions, "Held"))
-            .is_some_and(|c| c.reason == "WaitingForFencedJob")
-    })
-    .await;
+    assert!(
+        !live_granted_pods(&env).await.is_empty(),
+        "the fenced pod should still be stopping"
+    );
 
     // Extensions queued on the stopped masters ran when they resumed and re-created the keys (as repair,
-    // never as votes); they expire a TTL later, and with them the chance to take the first Job's token back.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    set_job_status(&env, "first", serde_json::json!({ "active": 0 })).await;
+    // never as votes); they expired a TTL later, and with them the chance to take the first Job's token back.
     wait_for_grant(&env, "second", 2).await;
     assert!(job_events(&env, "first").await.contains(&"StaleToken".to_owned()));
     assert!(!job_state(&env, "first").await.0, "the stale Job stays suspended");
@@ -293,12 +363,14 @@ async fn a_lost_lock_suspends_the_job_before_valid_until_and_a_stale_job_never_r
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_job_resumes_with_its_own_token_when_the_lock_comes_back_in_time() {
     let masters = RedisCluster::start(3).expect("masters");
-    let env = Env::test_server().await;
-    create_job(&env, "first", None, true, 0).await;
-    create_job(&env, "second", None, true, 0).await;
+    let env = Env::new().await;
+    let _runtime = job_runtime(&env);
+    create_job(&env, "first", None, true, 0, Work::Seconds(600)).await;
+    create_job(&env, "second", None, true, 0, Work::Seconds(600)).await;
     // Fenced 4 s before the validity ends: the keys outlive the fencing by that much.
     let (quorum, running, shutdown) = setup(&masters, &env, 34, "6s", Some("4s")).await;
     wait_for_grant(&env, "first", 1).await;
+    wait_for_pod_running(&env, 1).await;
 
     masters[0].stop();
     masters[1].stop();
@@ -325,6 +397,8 @@ async fn a_fenced_job_resumes_with_its_own_token_when_the_lock_comes_back_in_tim
         Some(1),
         "resumed with its own token, still the latest"
     );
+    // The Job controller starts a new pod, with the same token.
+    wait_for_pod_running(&env, 1).await;
     assert_eq!(running_jobs(&env).await, ["first"]);
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
@@ -333,11 +407,14 @@ async fn a_fenced_job_resumes_with_its_own_token_when_the_lock_comes_back_in_tim
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_operator_keeps_the_grant_of_a_running_job() {
     let masters = RedisCluster::start(3).expect("masters");
-    let env = Env::test_server().await;
-    create_job(&env, "first", None, true, 0).await;
-    create_job(&env, "second", None, true, 0).await;
+    let env = Env::new().await;
+    let _runtime = job_runtime(&env);
+    create_job(&env, "first", None, true, 0, Work::Seconds(600)).await;
+    create_job(&env, "second", None, true, 0, Work::Seconds(600)).await;
     let (quorum, running, shutdown) = setup(&masters, &env, 35, "3s", None).await;
     wait_for_grant(&env, "first", 1).await;
+    wait_for_pod_running(&env, 1).await;
+    let pods_before = live_granted_pods(&env).await;
     stop(running, shutdown).await;
     let (running, shutdown) = operator(&env, &installation_secret(35), None).await;
     for _ in 0..60 {
@@ -350,6 +427,11 @@ async fn a_restarted_operator_keeps_the_grant_of_a_running_job() {
     }
     assert_first_hold_kept(&env, "batch").await;
     assert!(!job_events(&env, "first").await.contains(&"Fenced".to_owned()));
+    assert_eq!(
+        live_granted_pods(&env).await,
+        pods_before,
+        "the Job's pod ran on untouched"
+    );
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
 use super::election::TOKEN_ANNOTATION;
@@ -87,6 +88,55 @@ impl JobView {
     }
 }
 
+/// A pod started by a grant of the lock (the grant wrote the lock's name and the token into its template) that
+/// has not finished. Counted from the pods themselves, not only from Job status: the pods of a deleted Job, or
+/// of a Job whose status lags (or, before Kubernetes 1.29, does not count terminating pods), still run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrantedPod {
+    pub name: String,
+    /// The Job that owns it; none once orphaned.
+    pub job: Option<String>,
+    pub token: Option<i64>,
+}
+
+impl GrantedPod {
+    /// The pod, if a grant of `lock` started it and its containers may still run.
+    pub fn of(pod: &Pod, lock: &str) -> Option<Self> {
+        let annotations = pod.metadata.annotations.as_ref()?;
+        if annotations.get(LOCK_LABEL).map(String::as_str) != Some(lock) {
+            return None;
+        }
+        let token = annotations.get(TOKEN_ANNOTATION)?.parse().ok();
+        let phase = pod.status.as_ref().and_then(|status| status.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            return None;
+        }
+        let job = pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|owner| owner.kind == "Job")
+            .map(|owner| owner.name.clone());
+        Some(Self {
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            job,
+            token,
+        })
+    }
+
+    fn describe(&self) -> String {
+        let job = self
+            .job
+            .as_deref()
+            .map_or_else(|| "no Job".to_owned(), |job| format!("Job {job}"));
+        match self.token {
+            Some(token) => format!("{} ({job}, token {token})", self.name),
+            None => format!("{} ({job})", self.name),
+        }
+    }
+}
+
 /// Jobs waiting for the lock, in the order they get it: priority (highest first), creation time, name.
 pub fn queue(jobs: &[JobView]) -> Vec<&JobView> {
     let mut waiting: Vec<&JobView> = jobs.iter().filter(|job| job.waiting()).collect();
@@ -115,6 +165,8 @@ pub enum JobStep {
     ReleaseFinished(String),
     /// A fenced Job still has pods: no one else may run until they are gone.
     WaitForFenced(String),
+    /// Pods of an earlier grant still run (a deleted Job's, say): no one else may run until they are gone.
+    WaitForPods(Vec<String>),
     /// A fenced Job's pods are gone and its token is still the latest: take the lock back with that token and
     /// resume it.
     ResumeFenced { job: String, token: i64 },
@@ -126,8 +178,9 @@ pub enum JobStep {
     Idle,
 }
 
-/// `current`: the Job holding (or, per status, last holding) the lock; `latest_token`: the token in status.
-pub fn next_step(jobs: &[JobView], current: Option<&str>, latest_token: i64) -> JobStep {
+/// `current`: the Job holding (or, per status, last holding) the lock; `pods`: the unfinished pods of its
+/// grants; `latest_token`: the token in status.
+pub fn next_step(jobs: &[JobView], pods: &[GrantedPod], current: Option<&str>, latest_token: i64) -> JobStep {
     if let Some(current) = current {
         return match jobs.iter().find(|job| job.name == current) {
             Some(job) if !job.finished && job.fenced_token.is_none() => JobStep::Hold(current.to_owned()),
@@ -141,8 +194,13 @@ pub fn next_step(jobs: &[JobView], current: Option<&str>, latest_token: i64) -> 
     });
     if let Some(job) = fenced {
         let token = job.fenced_token.or(job.granted_token).unwrap_or(0);
-        return if job.pods > 0 {
+        let own_pods = pods
+            .iter()
+            .any(|pod| pod.job.as_deref() == Some(job.name.as_str()));
+        return if job.pods > 0 || own_pods {
             JobStep::WaitForFenced(job.name.clone())
+        } else if !pods.is_empty() {
+            wait_for_pods(pods)
         } else if token == latest_token {
             JobStep::ResumeFenced {
                 job: job.name.clone(),
@@ -159,9 +217,15 @@ pub fn next_step(jobs: &[JobView], current: Option<&str>, latest_token: i64) -> 
         // Stale or finished, but its pods still run: they must be gone before anyone else runs.
         return JobStep::WaitForFenced(job.name.clone());
     }
-    queue(jobs)
-        .first()
-        .map_or(JobStep::Idle, |job| JobStep::Grant(job.name.clone()))
+    match queue(jobs).first() {
+        None => JobStep::Idle,
+        Some(_) if !pods.is_empty() => wait_for_pods(pods),
+        Some(job) => JobStep::Grant(job.name.clone()),
+    }
+}
+
+fn wait_for_pods(pods: &[GrantedPod]) -> JobStep {
+    JobStep::WaitForPods(pods.iter().map(GrantedPod::describe).collect())
 }
 
 #[cfg(test)]
@@ -193,7 +257,7 @@ mod tests {
         ];
         let order: Vec<&str> = queue(&jobs).iter().map(|job| job.name.as_str()).collect();
         assert_eq!(order, ["new-high", "a-mid", "b-mid", "old-low"]);
-        assert_eq!(next_step(&jobs, None, 0), JobStep::Grant("new-high".into()));
+        assert_eq!(next_step(&jobs, &[], None, 0), JobStep::Grant("new-high".into()));
     }
 
     #[test]
@@ -202,14 +266,14 @@ mod tests {
         running.suspended = false;
         running.granted_token = Some(1);
         let jobs = [running.clone(), job("b", 2, 0)];
-        assert_eq!(next_step(&jobs, Some("a"), 1), JobStep::Hold("a".into()));
+        assert_eq!(next_step(&jobs, &[], Some("a"), 1), JobStep::Hold("a".into()));
         running.finished = true;
         assert_eq!(
-            next_step(&[running, job("b", 2, 0)], Some("a"), 1),
+            next_step(&[running, job("b", 2, 0)], &[], Some("a"), 1),
             JobStep::ReleaseFinished("a".into())
         );
         assert_eq!(
-            next_step(&[job("b", 2, 0)], Some("a"), 1),
+            next_step(&[job("b", 2, 0)], &[], Some("a"), 1),
             JobStep::ReleaseFinished("a".into()),
             "deleted"
         );
@@ -222,17 +286,17 @@ mod tests {
         fenced.fenced_token = Some(4);
         fenced.pods = 2;
         let jobs = [fenced.clone(), job("b", 2, 0)];
-        assert_eq!(next_step(&jobs, None, 4), JobStep::WaitForFenced("a".into()));
+        assert_eq!(next_step(&jobs, &[], None, 4), JobStep::WaitForFenced("a".into()));
         fenced.pods = 0;
         assert_eq!(
-            next_step(&[fenced.clone(), job("b", 2, 0)], None, 4),
+            next_step(&[fenced.clone(), job("b", 2, 0)], &[], None, 4),
             JobStep::ResumeFenced {
                 job: "a".into(),
                 token: 4
             }
         );
         assert_eq!(
-            next_step(&[fenced.clone(), job("b", 2, 0)], None, 5),
+            next_step(&[fenced.clone(), job("b", 2, 0)], &[], None, 5),
             JobStep::MarkStale {
                 job: "a".into(),
                 token: 4
@@ -241,7 +305,7 @@ mod tests {
         );
         fenced.stale = true;
         assert_eq!(
-            next_step(&[fenced, job("b", 2, 0)], None, 5),
+            next_step(&[fenced, job("b", 2, 0)], &[], None, 5),
             JobStep::Grant("b".into())
         );
     }
@@ -252,9 +316,77 @@ mod tests {
         granted.granted_token = Some(2);
         granted.pods = 1;
         assert_eq!(
-            next_step(&[granted, job("b", 2, 0)], None, 2),
+            next_step(&[granted, job("b", 2, 0)], &[], None, 2),
             JobStep::WaitForFenced("a".into())
         );
+    }
+
+    fn pod_of(name: &str, job: Option<&str>, token: i64) -> GrantedPod {
+        GrantedPod {
+            name: name.into(),
+            job: job.map(Into::into),
+            token: Some(token),
+        }
+    }
+
+    #[test]
+    fn pods_of_an_earlier_grant_block_the_next_grant_until_they_are_gone() {
+        let waiting = [job("b", 2, 0)];
+        let orphan = pod_of("a-x7k2p", None, 3);
+        assert_eq!(
+            next_step(&waiting, std::slice::from_ref(&orphan), None, 3),
+            JobStep::WaitForPods(vec!["a-x7k2p (no Job, token 3)".into()]),
+            "a deleted Job's pods still run"
+        );
+        assert_eq!(next_step(&waiting, &[], None, 3), JobStep::Grant("b".into()));
+        assert_eq!(next_step(&[], &[orphan], None, 3), JobStep::Idle);
+    }
+
+    #[test]
+    fn a_fenced_job_waits_for_the_pods_its_status_does_not_count_yet() {
+        let mut fenced = job("a", 1, 0);
+        fenced.granted_token = Some(4);
+        fenced.fenced_token = Some(4);
+        let jobs = [fenced, job("b", 2, 0)];
+        assert_eq!(
+            next_step(&jobs, &[pod_of("a-1", Some("a"), 4)], None, 4),
+            JobStep::WaitForFenced("a".into())
+        );
+        assert_eq!(
+            next_step(&jobs, &[pod_of("gone-1", Some("gone"), 3)], None, 4),
+            JobStep::WaitForPods(vec!["gone-1 (Job gone, token 3)".into()]),
+            "not resumed while another grant's pods run"
+        );
+    }
+
+    #[test]
+    fn only_unfinished_pods_of_this_locks_grants_count() {
+        let pod = |lock: &str, phase: &str, owner: bool| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {
+                    "name": "p",
+                    "annotations": { LOCK_LABEL: lock, TOKEN_ANNOTATION: "7" },
+                    "ownerReferences": if owner {
+                        serde_json::json!([{ "apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "u" }])
+                    } else {
+                        serde_json::json!([])
+                    }
+                },
+                "status": { "phase": phase }
+            }))
+            .expect("pod")
+        };
+        assert_eq!(
+            GrantedPod::of(&pod("batch", "Running", true), "batch"),
+            Some(pod_of("p", Some("j"), 7))
+        );
+        assert_eq!(
+            GrantedPod::of(&pod("batch", "Pending", false), "batch"),
+            Some(pod_of("p", None, 7))
+        );
+        assert_eq!(GrantedPod::of(&pod("batch", "Succeeded", true), "batch"), None);
+        assert_eq!(GrantedPod::of(&pod("batch", "Failed", true), "batch"), None);
+        assert_eq!(GrantedPod::of(&pod("other", "Running", true), "batch"), None);
     }
 
     #[test]
@@ -269,6 +401,6 @@ mod tests {
             .map(|job| job.name.as_str())
             .collect();
         assert_eq!(names, ["sneaky"]);
-        assert_eq!(next_step(&[], None, 0), JobStep::Idle);
+        assert_eq!(next_step(&[], &[], None, 0), JobStep::Idle);
     }
 }

@@ -12,7 +12,7 @@ use kube::{Resource, ResourceExt};
 use super::context::{Context, Error};
 use super::election::TOKEN_ANNOTATION;
 use super::job_queue::{
-    FENCED_ANNOTATION, JobStep, JobView, LOCK_LABEL, STALE_ANNOTATION, next_step, queue, strays,
+    FENCED_ANNOTATION, GrantedPod, JobStep, JobView, LOCK_LABEL, STALE_ANNOTATION, next_step, queue, strays,
 };
 use crate::api::DistributedLock;
 
@@ -39,8 +39,15 @@ impl JobQueue {
             .filter(|job| job.metadata.deletion_timestamp.is_none())
             .collect();
         let views: Vec<JobView> = jobs.iter().map(|job| JobView::of(job)).collect();
+        let pods: Vec<GrantedPod> = ctx
+            .pods
+            .state()
+            .iter()
+            .filter(|pod| pod.namespace().as_deref() == Some(namespace.as_str()))
+            .filter_map(|pod| GrantedPod::of(pod, &name))
+            .collect();
         let queue = queue(&views).iter().map(|job| job.name.clone()).collect();
-        let step = next_step(&views, current, latest_token);
+        let step = next_step(&views, &pods, current, latest_token);
         Self {
             api: Api::namespaced(ctx.client.clone(), &namespace),
             jobs,

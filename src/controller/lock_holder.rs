@@ -114,6 +114,15 @@ pub(super) async fn holder_for(
                         waiting_for_jobs(lock, ctx, &jobs, "WaitingForFencedJob", message).await?,
                     ));
                 }
+                JobStep::WaitForPods(pods) => {
+                    let message = format!(
+                        "waiting for pods of an earlier grant to stop before the next Job runs: {}; a Job deleted with propagationPolicy Orphan leaves its pods running",
+                        pods.join(", ")
+                    );
+                    return Ok(Holder::Done(
+                        waiting_for_jobs(lock, ctx, &jobs, "WaitingForEarlierPods", message).await?,
+                    ));
+                }
                 JobStep::MarkStale { job, token } => {
                     jobs.mark_stale(ctx, &job, token).await?;
                     return Ok(Holder::Done(Action::requeue(Duration::from_millis(10))));

@@ -176,13 +176,18 @@ pub async fn start(
         .touched_objects()
         .predicate_filter(kube::runtime::predicates::generation, Default::default());
 
-    // Pods matter to leader-election locks only when what makes a candidate changes.
+    // Pods matter to leader-election locks only when what makes a candidate changes, and to Job locks when
+    // a granted pod starts, stops or goes.
     let pod_changes = |pod: &Pod| {
         use std::hash::{Hash, Hasher};
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         let view = PodView::of(pod, "");
         (view.candidate, pod.metadata.deletion_timestamp.is_some()).hash(&mut hasher);
         pod.metadata.labels.hash(&mut hasher);
+        pod.status
+            .as_ref()
+            .and_then(|status| status.phase.as_deref())
+            .hash(&mut hasher);
         Some(hasher.finish())
     };
     let pod_health = health.clone();
@@ -197,11 +202,15 @@ pub async fn start(
         let namespace = pod.namespace();
         let name = pod.name_any();
         let labels = pod.metadata.labels.clone().unwrap_or_default();
+        let granted_by = pod.annotations().get(LOCK_LABEL).cloned();
         pod_locks
             .state()
             .iter()
             .filter(|lock| lock.namespace() == namespace)
             .filter(|lock| {
+                if lock.spec.holder.jobs.is_some() {
+                    return granted_by.as_deref() == Some(lock.name_any().as_str());
+                }
                 let Some(policy) = &lock.spec.holder.leader_election else {
                     return false;
                 };

@@ -42,8 +42,10 @@
 //! - Authentication, authorization, admission (no webhooks and no built-in admission plugins such as
 //!   ServiceAccount or LimitRanger), API priority and fairness, TLS, protobuf and CBOR, `as=Table`, aggregated
 //!   discovery, `dryRun` (rejected with 400 so a test cannot silently depend on it), `fieldValidation`.
-//! - Validation: no OpenAPI schema or CEL validation of custom resources, no validation of built-in kinds, no
-//!   name format checks, no pruning of unknown fields (they are stored as sent).
+//! - Validation: no OpenAPI schema or CEL validation of custom resources, no validation of built-in kinds (but
+//!   one rule: a Job's pod template is immutable, except its labels, annotations and scheduling directives
+//!   while the Job is suspended and never started), no name format checks, no pruning of unknown fields (they
+//!   are stored as sent).
 //! - Defaulting: none from CRD schemas or for built-in kinds, except what the strategies do at creation:
 //!   pod status (Pending and qosClass), job selector and template labels, namespace finalizer and name label,
 //!   CRD status (NamesAccepted and Established at once), Secret type Opaque; a Secret's `stringData` is
@@ -1983,6 +1985,9 @@ fn update(
 ) -> ApiResult<Arc<Value>> {
     isolate_status(kind, status, old, &mut new);
     keep_system_fields(kind, old, &mut new)?;
+    if kind.special == Special::Job && !status {
+        check_job_template_update(kind, old, &new)?;
+    }
     if is_deleting(old) {
         let before = finalizers(old);
         let added: Vec<&str> = finalizers(&new)
@@ -2055,6 +2060,40 @@ fn isolate_status(kind: &Kind, status: bool, old: &Value, new: &mut Value) {
         Some(written) => new_map.insert("status".into(), written),
         None => new_map.remove("status"),
     };
+}
+
+/// A Job's pod template is immutable, except (ValidateJobUpdate) its scheduling directives and its labels and
+/// annotations while the Job is suspended and has never started: the exception Job fencing's grant relies on.
+fn check_job_template_update(kind: &Kind, old: &Value, new: &Value) -> ApiResult<()> {
+    let template = |job: &Value| job.pointer("/spec/template").cloned().unwrap_or(Value::Null);
+    let (before, after) = (template(old), template(new));
+    if before == after {
+        return Ok(());
+    }
+    let never_started = old.pointer("/spec/suspend") == Some(&Value::Bool(true))
+        && old.pointer("/status/startTime").is_none_or(Value::is_null);
+    let without_mutable = |mut template: Value| {
+        if let Some(meta) = template.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("labels");
+            meta.remove("annotations");
+        }
+        if let Some(spec) = template.get_mut("spec").and_then(Value::as_object_mut) {
+            for field in ["nodeSelector", "tolerations", "affinity", "schedulingGates"] {
+                spec.remove(field);
+            }
+        }
+        template
+    };
+    if never_started && without_mutable(before) == without_mutable(after) {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        kind,
+        name_of(old),
+        "spec.template",
+        "FieldValueInvalid",
+        "Invalid value: field is immutable",
+    ))
 }
 
 /// Fields only the server sets (rest.BeforeUpdate and ValidateObjectMetaUpdate).

@@ -1,0 +1,302 @@
+//! The cluster side of Job fencing for the in-process test API server: the Job controller, the scheduler,
+//! the kubelet and the garbage collector, each reduced to what a Job of one pod does. On a real cluster
+//! (`REDLOCK_E2E_KUBECONFIG`) the real ones do this, and the same tests run unchanged.
+//!
+//! What it follows (kube-controller-manager 1.33, `parallelism` and `completions` of 1):
+//! - An unsuspended, unfinished Job with no active pod gets one, made from its template and owned by it;
+//!   `status.startTime` is set when it first runs and reset when it is resumed.
+//! - A suspended Job's active pods are deleted (gracefully: their termination grace period applies), and
+//!   `status` counts them as `terminating` until they are gone (JobPodReplacementPolicy, on by default).
+//! - A Succeeded pod completes the Job (`Complete`); Failed pods past `backoffLimit` fail it (`Failed`).
+//! - Pods are bound to a node at once; the kubelet runs `sleep N` for N seconds and `false` fails at once.
+//!   Deleted pods go when their grace period ends (the test server's own sweep), whatever they run: the
+//!   command is PID 1 in its container and ignores SIGTERM, as a real `sleep` there does.
+//! - Pods whose owner Job is gone are deleted (background propagation).
+//!
+//! Left out: parallelism, indexed Jobs, pod failure policies, backoff delays, `activeDeadlineSeconds`,
+//! readiness, the `job-tracking` finalizer and finished-pod counting beyond one pod.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+/// The node every pod is bound to.
+pub const NODE: &str = "e2e-node";
+const SYNC_PERIOD: Duration = Duration::from_millis(50);
+
+/// Runs until dropped.
+pub struct FakeJobRuntime {
+    task: JoinHandle<()>,
+}
+
+impl FakeJobRuntime {
+    pub fn start(client: Client, namespace: &str) -> Self {
+        let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
+        let pods: Api<Pod> = Api::namespaced(client, namespace);
+        let task = tokio::spawn(async move {
+            loop {
+                // The API may be down on purpose in a test: try again on the next round.
+                let _ = sync(&jobs, &pods).await;
+                tokio::time::sleep(SYNC_PERIOD).await;
+            }
+        });
+        Self { task }
+    }
+}
+
+impl Drop for FakeJobRuntime {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn sync(jobs: &Api<Job>, pods: &Api<Pod>) -> kube::Result<()> {
+    let all_pods = pods.list(&ListParams::default()).await?.items;
+    for pod in &all_pods {
+        run_pod(pods, pod).await?;
+    }
+    let all_jobs = jobs.list(&ListParams::default()).await?.items;
+    let uids: HashSet<String> = all_jobs.iter().filter_map(|job| job.uid()).collect();
+    for pod in &all_pods {
+        if let Some(owner) = job_owner(pod)
+            && !uids.contains(&owner)
+            && pod.metadata.deletion_timestamp.is_none()
+        {
+            delete_pod(pods, pod).await?;
+        }
+    }
+    for job in all_jobs
+        .iter()
+        .filter(|job| job.metadata.deletion_timestamp.is_none())
+    {
+        sync_job(jobs, pods, job, &all_pods).await?;
+    }
+    Ok(())
+}
+
+fn job_owner(pod: &Pod) -> Option<String> {
+    pod.owner_references()
+        .iter()
+        .find(|owner| owner.kind == "Job")
+        .map(|owner| owner.uid.clone())
+}
+
+fn phase(pod: &Pod) -> Option<&str> {
+    pod.status.as_ref().and_then(|status| status.phase.as_deref())
+}
+
+fn finished(pod: &Pod) -> bool {
+    matches!(phase(pod), Some("Succeeded" | "Failed"))
+}
+
+/// The kubelet: start a pod, and end it when its command ends.
+async fn run_pod(pods: &Api<Pod>, pod: &Pod) -> kube::Result<()> {
+    if pod.metadata.deletion_timestamp.is_some() || finished(pod) {
+        return Ok(());
+    }
+    let now = Timestamp::now();
+    let status = match phase(pod) {
+        Some("Running") => {
+            let started = pod
+                .status
+                .as_ref()
+                .and_then(|status| status.start_time.as_ref())
+                .map_or(now, |time| time.0);
+            match command(pod).as_slice() {
+                [false_] if false_ == "false" => json!({ "phase": "Failed", "reason": "Error" }),
+                [sleep, seconds] if sleep == "sleep" => {
+                    let seconds: f64 = seconds.parse().unwrap_or(f64::INFINITY);
+                    let ran = now.duration_since(started).as_secs_f64();
+                    if ran < seconds {
+                        return Ok(());
+                    }
+                    json!({ "phase": "Succeeded" })
+                }
+                _ => return Ok(()),
+            }
+        }
+        _ => json!({ "phase": "Running", "startTime": now.to_string() }),
+    };
+    let patched = pods
+        .patch_status(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": status })),
+        )
+        .await;
+    ignore_gone(patched.map(drop))
+}
+
+fn command(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .as_ref()
+        .and_then(|spec| spec.containers.first())
+        .map(|container| {
+            let mut words = container.command.clone().unwrap_or_default();
+            words.extend(container.args.clone().unwrap_or_default());
+            words
+        })
+        .unwrap_or_default()
+}
+
+async fn delete_pod(pods: &Api<Pod>, pod: &Pod) -> kube::Result<()> {
+    ignore_gone(
+        pods.delete(&pod.name_any(), &DeleteParams::default())
+            .await
+            .map(drop),
+    )
+}
+
+fn ignore_gone(result: kube::Result<()>) -> kube::Result<()> {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
+        other => other,
+    }
+}
+
+fn has_condition(job: &Job, type_: &str) -> bool {
+    job.status
+        .as_ref()
+        .and_then(|status| status.conditions.as_ref())
+        .is_some_and(|conditions| conditions.iter().any(|c| c.type_ == type_ && c.status == "True"))
+}
+
+fn condition(type_: &str, status: bool, reason: &str, now: Timestamp) -> Value {
+    json!({
+        "type": type_, "status": if status { "True" } else { "False" }, "reason": reason,
+        "message": "", "lastProbeTime": now.to_string(), "lastTransitionTime": now.to_string(),
+    })
+}
+
+/// The Job controller, for one Job.
+async fn sync_job(jobs: &Api<Job>, pods: &Api<Pod>, job: &Job, all_pods: &[Pod]) -> kube::Result<()> {
+    if has_condition(job, "Complete") || has_condition(job, "Failed") {
+        return Ok(());
+    }
+    let uid = job.uid().unwrap_or_default();
+    let owned: Vec<&Pod> = all_pods
+        .iter()
+        .filter(|pod| job_owner(pod).as_deref() == Some(uid.as_str()))
+        .collect();
+    let succeeded = owned.iter().filter(|pod| phase(pod) == Some("Succeeded")).count();
+    let failed = owned.iter().filter(|pod| phase(pod) == Some("Failed")).count();
+    let mut terminating = owned
+        .iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_some() && !finished(pod))
+        .count();
+    let active: Vec<&&Pod> = owned
+        .iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none() && !finished(pod))
+        .collect();
+    let spec = job.spec.clone().unwrap_or_default();
+    let suspended = spec.suspend.unwrap_or(false);
+    let backoff_limit = usize::try_from(spec.backoff_limit.unwrap_or(6)).unwrap_or(0);
+    let now = Timestamp::now();
+    let status = job.status.clone().unwrap_or_default();
+    let was_suspended = has_condition(job, "Suspended");
+    let mut start_time = status.start_time.as_ref().map(|time| time.0.to_string());
+    let mut conditions: Vec<Value> = status
+        .conditions
+        .iter()
+        .flatten()
+        .filter(|c| c.type_ != "Suspended")
+        .filter_map(|c| serde_json::to_value(c).ok())
+        .collect();
+    let mut active_count = active.len();
+
+    let finish = if succeeded > 0 {
+        Some(("Complete", "Completed"))
+    } else if failed > backoff_limit {
+        Some(("Failed", "BackoffLimitExceeded"))
+    } else {
+        None
+    };
+    if let Some((type_, reason)) = finish {
+        for pod in &active {
+            delete_pod(pods, pod).await?;
+        }
+        terminating += active_count;
+        active_count = 0;
+        conditions.push(condition(type_, true, reason, now));
+    } else if suspended {
+        for pod in &active {
+            delete_pod(pods, pod).await?;
+        }
+        terminating += active_count;
+        active_count = 0;
+        conditions.push(condition("Suspended", true, "JobSuspended", now));
+    } else {
+        if was_suspended {
+            conditions.push(condition("Suspended", false, "JobResumed", now));
+            start_time = Some(now.to_string());
+        }
+        start_time.get_or_insert_with(|| now.to_string());
+        if active.is_empty() {
+            create_pod(pods, job).await?;
+            active_count = 1;
+        }
+    }
+    let next = json!({ "status": {
+        "active": active_count, "terminating": terminating, "succeeded": succeeded, "failed": failed,
+        "startTime": start_time, "conditions": conditions,
+        "completionTime": (succeeded > 0).then(|| now.to_string()),
+    } });
+    let current = serde_json::to_value(&status).unwrap_or_default();
+    if same_counts(&current, &next["status"]) {
+        return Ok(());
+    }
+    let patched = jobs
+        .patch_status(&job.name_any(), &PatchParams::default(), &Patch::Merge(next))
+        .await;
+    ignore_gone(patched.map(drop))
+}
+
+/// Whether a status write would change nothing but times.
+fn same_counts(current: &Value, next: &Value) -> bool {
+    let count = |status: &Value, field: &str| status.get(field).and_then(Value::as_u64).unwrap_or(0);
+    let kinds = |status: &Value| -> Vec<(String, String)> {
+        status
+            .get("conditions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|c| (c["type"].to_string(), c["status"].to_string()))
+            .collect()
+    };
+    ["active", "terminating", "succeeded", "failed"]
+        .iter()
+        .all(|field| count(current, field) == count(next, field))
+        && kinds(current) == kinds(next)
+        && current.get("startTime").is_some() == next.get("startTime").is_some_and(|t| !t.is_null())
+}
+
+async fn create_pod(pods: &Api<Pod>, job: &Job) -> kube::Result<()> {
+    let template = job
+        .spec
+        .as_ref()
+        .map(|spec| spec.template.clone())
+        .unwrap_or_default();
+    let meta = template.metadata.unwrap_or_default();
+    let mut spec = serde_json::to_value(template.spec.unwrap_or_default()).unwrap_or_default();
+    spec["nodeName"] = json!(NODE);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {
+            "generateName": format!("{}-", job.name_any()),
+            "labels": meta.labels, "annotations": meta.annotations,
+            "ownerReferences": [{
+                "apiVersion": "batch/v1", "kind": "Job", "name": job.name_any(),
+                "uid": job.uid().unwrap_or_default(), "controller": true, "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": spec,
+    }))
+    .map_err(kube::Error::SerdeError)?;
+    pods.create(&PostParams::default(), &pod).await.map(drop)
+}
