@@ -30,6 +30,18 @@ echo "==> cargo test"
 mkdir -p target
 log=target/test-output.log
 cargo test --locked 2>&1 | tee "$log"
+# The end-to-end tests once more in their real-cluster mode (REDLOCK_E2E_KUBECONFIG), against a stand-in cluster:
+# the test API server and a simulated Job controller in a process of their own, shared by all the tests.
+echo "==> end-to-end tests in real-cluster mode, against a stand-in cluster"
+cargo build --locked --example stand-in-cluster
+kubeconfig="$PWD/target/stand-in-cluster.kubeconfig"
+rm -f "$kubeconfig"
+target/debug/examples/stand-in-cluster "$kubeconfig" 2>target/stand-in-cluster.log &
+stand_in=$!
+trap 'kill "$stand_in" 2>/dev/null || true' EXIT
+for _ in $(seq 100); do [ -f "$kubeconfig" ] && break; sleep 0.1; done
+REDLOCK_E2E_KUBECONFIG="$kubeconfig" cargo test --locked --test operator --test operator_faults --test leader --test jobs 2>&1 | tee -a "$log"
+kill "$stand_in"
 # The Helm chart: lint, render and validate (installs helm and a Python venv under target/tools when missing).
 echo "==> chart check"
 ./scripts/chart-check.sh

@@ -34,7 +34,7 @@ fn job_image() -> String {
 /// The cluster's side of Jobs: simulated next to the test server, the real controllers on a real cluster.
 fn job_runtime(env: &Env) -> Option<FakeJobRuntime> {
     env.is_test_server()
-        .then(|| FakeJobRuntime::start(env.client.clone(), &env.namespace))
+        .then(|| FakeJobRuntime::start(env.client.clone(), Some(&env.namespace)))
 }
 
 /// What a test Job's one pod does.

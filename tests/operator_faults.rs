@@ -213,8 +213,9 @@ async fn quorum_problems_are_reported_on_the_quorum_and_its_locks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_status_follows_quarantine_and_master_failures() {
-    let mut masters = RedisCluster::start(3).expect("masters");
+    // The masters must be fresh when the operator first sees them: on a real cluster, tests wait for their turn.
     let env = Env::new().await;
+    let mut masters = RedisCluster::start(3).expect("masters");
     let quorum = env.unique("q");
     env.create_quorum(&quorum, &masters.urls(), "3s").await;
     let (running, shutdown) = operator(&env, &installation_secret(13), None).await;

@@ -31,7 +31,13 @@ pub struct Env {
     /// A kubeconfig file for a subprocess (the binary) talking to the same API.
     pub kubeconfig: PathBuf,
     _dir: tempfile::TempDir,
+    /// On a real cluster, this test's turn: every operator watches every namespace, so the tests of one binary
+    /// take turns instead of reconciling each other's locks.
+    _turn: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
+
+static REAL_CLUSTER_TURN: std::sync::LazyLock<std::sync::Arc<tokio::sync::Mutex<()>>> =
+    std::sync::LazyLock::new(Default::default);
 
 fn suffix() -> String {
     let mut bytes = [0u8; 4];
@@ -60,6 +66,7 @@ impl Env {
             server: Some(server),
             kubeconfig,
             _dir: dir,
+            _turn: None,
         };
         env.apply_crds().await;
         env.create_namespace().await;
@@ -67,6 +74,7 @@ impl Env {
     }
 
     async fn real_cluster(path: &Path) -> Self {
+        let turn = REAL_CLUSTER_TURN.clone().lock_owned().await;
         let kubeconfig =
             Kubeconfig::read_from(path).expect("REDLOCK_E2E_KUBECONFIG must name a readable kubeconfig");
         let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
@@ -80,6 +88,7 @@ impl Env {
             server: None,
             kubeconfig: path.to_owned(),
             _dir: dir,
+            _turn: Some(turn),
         };
         env.apply_crds().await;
         env.create_namespace().await;
@@ -204,6 +213,24 @@ impl Env {
         if self.is_test_server() {
             return;
         }
+        // The operator is stopped: nobody else removes the locks' finalizers, and a namespace with a lock
+        // still holding one would stay Terminating.
+        if let Ok(locks) = self.locks().list(&Default::default()).await {
+            let unfinalize = Patch::Merge(serde_json::json!({ "metadata": { "finalizers": null } }));
+            for lock in locks.items {
+                let name = lock.name_any();
+                let _ = self
+                    .locks()
+                    .patch(&name, &PatchParams::default(), &unfinalize)
+                    .await;
+                let _ = self.locks().delete(&name, &DeleteParams::default()).await;
+            }
+        }
+        let jobs: Api<k8s_openapi::api::batch::v1::Job> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        let _ = jobs
+            .delete_collection(&DeleteParams::background(), &Default::default())
+            .await;
         for quorum in quorums {
             let _ = self.quorums().delete(quorum, &DeleteParams::default()).await;
         }

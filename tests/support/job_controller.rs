@@ -37,13 +37,13 @@ pub struct FakeJobRuntime {
 }
 
 impl FakeJobRuntime {
-    pub fn start(client: Client, namespace: &str) -> Self {
-        let jobs: Api<Job> = Api::namespaced(client.clone(), namespace);
-        let pods: Api<Pod> = Api::namespaced(client, namespace);
+    /// Runs the Jobs of one namespace, or of all (`None`).
+    pub fn start(client: Client, namespace: Option<&str>) -> Self {
+        let namespace = namespace.map(str::to_owned);
         let task = tokio::spawn(async move {
             loop {
                 // The API may be down on purpose in a test: try again on the next round.
-                let _ = sync(&jobs, &pods).await;
+                let _ = sync(&client, namespace.as_deref()).await;
                 tokio::time::sleep(SYNC_PERIOD).await;
             }
         });
@@ -57,26 +57,50 @@ impl Drop for FakeJobRuntime {
     }
 }
 
-async fn sync(jobs: &Api<Job>, pods: &Api<Pod>) -> kube::Result<()> {
-    let all_pods = pods.list(&ListParams::default()).await?.items;
-    for pod in &all_pods {
-        run_pod(pods, pod).await?;
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
     }
-    let all_jobs = jobs.list(&ListParams::default()).await?.items;
+}
+
+async fn sync(client: &Client, namespace: Option<&str>) -> kube::Result<()> {
+    // Only the pods of Jobs: other tests' pods have no kubelet, as on a node that does not exist.
+    let all_pods: Vec<Pod> = api::<Pod>(client, namespace)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|pod| job_owner(pod).is_some())
+        .collect();
+    for pod in &all_pods {
+        run_pod(&api(client, pod.namespace().as_deref()), pod).await?;
+    }
+    let all_jobs = api::<Job>(client, namespace)
+        .list(&ListParams::default())
+        .await?
+        .items;
     let uids: HashSet<String> = all_jobs.iter().filter_map(|job| job.uid()).collect();
     for pod in &all_pods {
         if let Some(owner) = job_owner(pod)
             && !uids.contains(&owner)
             && pod.metadata.deletion_timestamp.is_none()
         {
-            delete_pod(pods, pod).await?;
+            delete_pod(&api(client, pod.namespace().as_deref()), pod).await?;
         }
     }
     for job in all_jobs
         .iter()
         .filter(|job| job.metadata.deletion_timestamp.is_none())
     {
-        sync_job(jobs, pods, job, &all_pods).await?;
+        let namespace = job.namespace();
+        let jobs = api(client, namespace.as_deref());
+        let pods = api(client, namespace.as_deref());
+        sync_job(&jobs, &pods, job, &all_pods).await?;
     }
     Ok(())
 }
@@ -98,7 +122,8 @@ fn finished(pod: &Pod) -> bool {
 
 /// The kubelet: start a pod, and end it when its command ends.
 async fn run_pod(pods: &Api<Pod>, pod: &Pod) -> kube::Result<()> {
-    if pod.metadata.deletion_timestamp.is_some() || finished(pod) {
+    let bound_here = pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref()) == Some(NODE);
+    if !bound_here || pod.metadata.deletion_timestamp.is_some() || finished(pod) {
         return Ok(());
     }
     let now = Timestamp::now();
@@ -183,6 +208,7 @@ async fn sync_job(jobs: &Api<Job>, pods: &Api<Pod>, job: &Job, all_pods: &[Pod])
     let uid = job.uid().unwrap_or_default();
     let owned: Vec<&Pod> = all_pods
         .iter()
+        .filter(|pod| pod.namespace() == job.namespace())
         .filter(|pod| job_owner(pod).as_deref() == Some(uid.as_str()))
         .collect();
     let succeeded = owned.iter().filter(|pod| phase(pod) == Some("Succeeded")).count();

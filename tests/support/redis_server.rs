@@ -345,8 +345,9 @@ fn fastclock_library() -> io::Result<PathBuf> {
     BUILT
         .get_or_init(|| {
             let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/support/fastclock.c");
-            let output = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-                .join(format!("libfastclock-{}.so", std::process::id()));
+            // Integration tests and benchmarks have Cargo's scratch directory; the stand-in cluster does not.
+            let scratch = option_env!("CARGO_TARGET_TMPDIR").map_or_else(std::env::temp_dir, PathBuf::from);
+            let output = scratch.join(format!("libfastclock-{}.so", std::process::id()));
             let result = Command::new("cc")
                 .args(["-shared", "-fPIC", "-O2", "-o"])
                 .arg(&output)
