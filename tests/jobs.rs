@@ -224,6 +224,30 @@ async fn setup(
     (quorum, running, shutdown)
 }
 
+/// Two Jobs queued, `first` and `second`; `first` granted with token 1 and its pod running.
+async fn first_running(
+    masters: &RedisCluster,
+    env: &Env,
+    seed: u8,
+    first_grace: i64,
+    ttl: &str,
+    margin: Option<&str>,
+) -> (String, Running, CancellationToken) {
+    create_job(env, "first", None, true, first_grace, Work::Seconds(600)).await;
+    create_job(env, "second", None, true, 0, Work::Seconds(600)).await;
+    let started = setup(masters, env, seed, ttl, margin).await;
+    wait_for_grant(env, "first", 1).await;
+    wait_for_pod_running(env, 1).await;
+    started
+}
+
+async fn wait_for_suspension(env: &Env, job: &str) {
+    eventually(&format!("{job} to be suspended"), || async {
+        (!job_state(env, job).await.0).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_run_one_at_a_time_in_queue_order_and_hand_over() {
     let masters = RedisCluster::start(3).expect("masters");
@@ -291,10 +315,7 @@ async fn a_job_created_unsuspended_is_suspended_with_a_warning() {
     let (quorum, running, shutdown) = setup(&masters, &env, 32, "3s", None).await;
     wait_for_grant(&env, "first", 1).await;
     create_job(&env, "sneaky", None, false, 0, Work::Seconds(600)).await;
-    eventually("sneaky to be suspended", || async {
-        (!job_state(&env, "sneaky").await.0).then_some(())
-    })
-    .await;
+    wait_for_suspension(&env, "sneaky").await;
     assert!(job_events(&env, "sneaky").await.contains(&"Suspended".to_owned()));
     assert_eq!(running_jobs(&env).await, ["first"]);
     stop(running, shutdown).await;
@@ -302,16 +323,12 @@ async fn a_job_created_unsuspended_is_suspended_with_a_warning() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_lock_suspends_the_job_before_valid_until_and_a_stale_job_never_runs_again() {
+async fn a_lost_lock_suspends_the_job_before_valid_until_and_it_runs_again_with_a_new_token() {
     let masters = RedisCluster::start(3).expect("masters");
     let env = Env::new().await;
     let _runtime = job_runtime(&env);
     // `first`'s pod takes 12 s to stop once deleted: the queue must wait for it.
-    create_job(&env, "first", None, true, 12, Work::Seconds(600)).await;
-    create_job(&env, "second", None, true, 0, Work::Seconds(600)).await;
-    let (quorum, running, shutdown) = setup(&masters, &env, 33, "3s", None).await;
-    wait_for_grant(&env, "first", 1).await;
-    wait_for_pod_running(&env, 1).await;
+    let (quorum, running, shutdown) = first_running(&masters, &env, 33, 12, "3s", None).await;
 
     masters[0].stop();
     masters[1].stop();
@@ -353,8 +370,43 @@ async fn a_lost_lock_suspends_the_job_before_valid_until_and_a_stale_job_never_r
 
     // Extensions queued on the stopped masters ran when they resumed and re-created the keys (as repair,
     // never as votes); they expired a TTL later, and with them the chance to take the first Job's token back.
+    // Once its pod is gone, it is queued again and, first in the queue, runs again with a new token.
+    wait_for_grant(&env, "first", 2).await;
+    assert!(job_events(&env, "first").await.contains(&"Requeued".to_owned()));
+    wait_for_pod_running(&env, 2).await;
+    let lock = lock_where(&env, "batch", "held by first again", |lock| {
+        phase(lock) == Some(LockPhase::Held)
+            && lock.status.as_ref().and_then(|s| s.holder.as_deref()) == Some("first")
+    })
+    .await;
+    assert_eq!(token(&lock), Some(2));
+    assert_eq!(lock.status.expect("status").queue, ["second"]);
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_job_that_cannot_take_a_new_token_stays_suspended_as_stale() {
+    let masters = RedisCluster::start(3).expect("masters");
+    // Fault injection needs the in-process server.
+    let env = Env::test_server().await;
+    // The operator may not clear a Job's status.startTime, as with a role without patch on jobs/status.
+    if let Some(server) = &env.server {
+        server.fail_next("patch", "jobs/status", 403, 1_000);
+    }
+    let _runtime = job_runtime(&env);
+    let (quorum, running, shutdown) = first_running(&masters, &env, 36, 0, "3s", None).await;
+
+    masters[0].stop();
+    masters[1].stop();
+    wait_for_suspension(&env, "first").await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    masters[0].cont();
+    masters[1].cont();
     wait_for_grant(&env, "second", 2).await;
-    assert!(job_events(&env, "first").await.contains(&"StaleToken".to_owned()));
+    let events = job_events(&env, "first").await;
+    assert!(events.contains(&"StaleToken".to_owned()), "{events:?}");
+    assert!(!events.contains(&"Requeued".to_owned()), "{events:?}");
     assert!(!job_state(&env, "first").await.0, "the stale Job stays suspended");
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
@@ -365,19 +417,12 @@ async fn a_fenced_job_resumes_with_its_own_token_when_the_lock_comes_back_in_tim
     let masters = RedisCluster::start(3).expect("masters");
     let env = Env::new().await;
     let _runtime = job_runtime(&env);
-    create_job(&env, "first", None, true, 0, Work::Seconds(600)).await;
-    create_job(&env, "second", None, true, 0, Work::Seconds(600)).await;
     // Fenced 4 s before the validity ends: the keys outlive the fencing by that much.
-    let (quorum, running, shutdown) = setup(&masters, &env, 34, "6s", Some("4s")).await;
-    wait_for_grant(&env, "first", 1).await;
-    wait_for_pod_running(&env, 1).await;
+    let (quorum, running, shutdown) = first_running(&masters, &env, 34, 0, "6s", Some("4s")).await;
 
     masters[0].stop();
     masters[1].stop();
-    eventually("first to be fenced", || async {
-        (!job_state(&env, "first").await.0).then_some(())
-    })
-    .await;
+    wait_for_suspension(&env, "first").await;
     masters[0].cont();
     masters[1].cont();
     wait_for_grant(&env, "first", 1).await;
@@ -409,11 +454,7 @@ async fn a_restarted_operator_keeps_the_grant_of_a_running_job() {
     let masters = RedisCluster::start(3).expect("masters");
     let env = Env::new().await;
     let _runtime = job_runtime(&env);
-    create_job(&env, "first", None, true, 0, Work::Seconds(600)).await;
-    create_job(&env, "second", None, true, 0, Work::Seconds(600)).await;
-    let (quorum, running, shutdown) = setup(&masters, &env, 35, "3s", None).await;
-    wait_for_grant(&env, "first", 1).await;
-    wait_for_pod_running(&env, 1).await;
+    let (quorum, running, shutdown) = first_running(&masters, &env, 35, 0, "3s", None).await;
     let pods_before = live_granted_pods(&env).await;
     stop(running, shutdown).await;
     let (running, shutdown) = operator(&env, &installation_secret(35), None).await;

@@ -15,8 +15,12 @@ pub const LOCK_LABEL: &str = "redlock.io/lock";
 pub const PRIORITY_ANNOTATION: &str = "redlock.io/priority";
 /// On a Job the operator suspended because the lock was lost: the token it ran with.
 pub const FENCED_ANNOTATION: &str = "redlock.io/fenced-token";
-/// On a fenced Job whose token is no longer the latest: it stays suspended.
+/// On a fenced Job whose token can no longer be used and whose pod template could not take a new one: it stays
+/// suspended.
 pub const STALE_ANNOTATION: &str = "redlock.io/stale";
+/// On a fenced Job whose token can no longer be used, once its `status.startTime` was cleared so that its pod
+/// template can take a new token: it waits in the queue again.
+pub const REQUEUED_ANNOTATION: &str = "redlock.io/requeued";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobView {
@@ -30,6 +34,7 @@ pub struct JobView {
     pub granted_token: Option<i64>,
     pub fenced_token: Option<i64>,
     pub stale: bool,
+    pub requeued: bool,
     /// Active plus terminating pods.
     pub pods: i32,
     /// How long its pods may take to stop (the pod template's termination grace period, 30 s by default).
@@ -78,13 +83,18 @@ impl JobView {
             stale: annotations
                 .get(STALE_ANNOTATION)
                 .is_some_and(|value| value == "true"),
+            requeued: annotations
+                .get(REQUEUED_ANNOTATION)
+                .is_some_and(|value| value == "true"),
             pods,
             grace: Duration::from_secs(u64::try_from(grace).unwrap_or(0)),
         }
     }
 
     fn waiting(&self) -> bool {
-        !self.finished && !self.stale && self.granted_token.is_none() && self.fenced_token.is_none()
+        !self.finished
+            && !self.stale
+            && (self.requeued || (self.granted_token.is_none() && self.fenced_token.is_none()))
     }
 }
 
@@ -170,8 +180,9 @@ pub enum JobStep {
     /// A fenced Job's pods are gone and its token is still the latest: take the lock back with that token and
     /// resume it.
     ResumeFenced { job: String, token: i64 },
-    /// A fenced Job's token is no longer the latest: it stays suspended, marked stale.
-    MarkStale { job: String, token: i64 },
+    /// A fenced Job's pods are gone but its token can no longer be used (someone holds a newer one): queue it
+    /// again to run with a new token, or where its template cannot take one, leave it suspended as stale.
+    Requeue { job: String, token: i64 },
     /// Give the lock to this Job.
     Grant(String),
     /// Nothing to run.
@@ -190,7 +201,10 @@ pub fn next_step(jobs: &[JobView], pods: &[GrantedPod], current: Option<&str>, l
     // A Job that was granted the lock and is not the holder was fenced, whether or not the cache shows the
     // annotation yet.
     let fenced = jobs.iter().find(|job| {
-        !job.stale && !job.finished && (job.fenced_token.is_some() || job.granted_token.is_some())
+        !job.stale
+            && !job.finished
+            && !job.requeued
+            && (job.fenced_token.is_some() || job.granted_token.is_some())
     });
     if let Some(job) = fenced {
         let token = job.fenced_token.or(job.granted_token).unwrap_or(0);
@@ -207,7 +221,7 @@ pub fn next_step(jobs: &[JobView], pods: &[GrantedPod], current: Option<&str>, l
                 token,
             }
         } else {
-            JobStep::MarkStale {
+            JobStep::Requeue {
                 job: job.name.clone(),
                 token,
             }
@@ -242,6 +256,7 @@ mod tests {
             granted_token: None,
             fenced_token: None,
             stale: false,
+            requeued: false,
             pods: 0,
             grace: Duration::from_secs(30),
         }
@@ -297,17 +312,33 @@ mod tests {
         );
         assert_eq!(
             next_step(&[fenced.clone(), job("b", 2, 0)], &[], None, 5),
-            JobStep::MarkStale {
+            JobStep::Requeue {
                 job: "a".into(),
                 token: 4
             },
             "someone got a newer token: the fenced Job may not run with its old one"
         );
-        fenced.stale = true;
+        let mut stale = fenced.clone();
+        stale.stale = true;
         assert_eq!(
-            next_step(&[fenced, job("b", 2, 0)], &[], None, 5),
+            next_step(&[stale, job("b", 2, 0)], &[], None, 5),
             JobStep::Grant("b".into())
         );
+        // Requeued (its start cleared, so its template can take a new token): it queues in its own place again.
+        let mut requeued = fenced;
+        requeued.fenced_token = None;
+        requeued.requeued = true;
+        assert_eq!(
+            next_step(&[requeued.clone(), job("b", 2, 0)], &[], None, 5),
+            JobStep::Grant("a".into())
+        );
+        let mut waiting_b = job("b", 2, 0);
+        waiting_b.priority = 1;
+        let order: Vec<String> = queue(&[requeued, waiting_b])
+            .iter()
+            .map(|job| job.name.clone())
+            .collect();
+        assert_eq!(order, ["b", "a"], "still by priority");
     }
 
     #[test]

@@ -12,7 +12,8 @@ use kube::{Resource, ResourceExt};
 use super::context::{Context, Error};
 use super::election::TOKEN_ANNOTATION;
 use super::job_queue::{
-    FENCED_ANNOTATION, GrantedPod, JobStep, JobView, LOCK_LABEL, STALE_ANNOTATION, next_step, queue, strays,
+    FENCED_ANNOTATION, GrantedPod, JobStep, JobView, LOCK_LABEL, REQUEUED_ANNOTATION, STALE_ANNOTATION,
+    next_step, queue, strays,
 };
 use crate::api::DistributedLock;
 
@@ -105,12 +106,15 @@ impl JobQueue {
         self.patch(
             ctx,
             job,
-            serde_json::json!({ "spec": {
-                "suspend": false,
-                "template": { "metadata": { "annotations": {
-                    TOKEN_ANNOTATION: token.to_string(), "redlock.io/lock": lock,
-                } } }
-            } }),
+            serde_json::json!({
+                "metadata": { "annotations": { REQUEUED_ANNOTATION: null } },
+                "spec": {
+                    "suspend": false,
+                    "template": { "metadata": { "annotations": {
+                        TOKEN_ANNOTATION: token.to_string(), "redlock.io/lock": lock,
+                    } } }
+                }
+            }),
         )
         .await?;
         let note = format!("holds lock {lock} with fencing token {token}: unsuspended");
@@ -162,9 +166,45 @@ impl JobQueue {
         Ok(())
     }
 
-    /// The fenced Job's token is no longer the latest, and a started Job's pod template cannot be changed:
-    /// it stays suspended, so it never runs with a stale token.
-    pub async fn mark_stale(&self, ctx: &Context, job: &str, token: i64) -> Result<(), Error> {
+    /// The fenced Job's pods are gone and its token can no longer be used: give it a new one. A started Job's
+    /// pod template is immutable, but the API server allows changing its annotations again once the Job is
+    /// suspended and `status.startTime` is cleared (as Kueue and JobSet do to re-admit Jobs); the Job controller
+    /// sets it again when the Job runs. Where that is refused (no permission on `jobs/status`, say), the Job
+    /// stays suspended, marked stale: it never runs with a token that can no longer be used.
+    pub async fn requeue_or_mark_stale(&self, ctx: &Context, job: &str, token: i64) -> Result<(), Error> {
+        ctx.ensure_leader()?;
+        let cleared = self
+            .api
+            .patch_status(
+                job,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({ "status": { "startTime": null } })),
+            )
+            .await;
+        match cleared {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => {
+                return self.mark_stale(ctx, job, token, &status.message).await;
+            }
+            Err(err) => return Err(err.into()),
+        }
+        self.patch(
+            ctx,
+            job,
+            serde_json::json!({ "metadata": { "annotations": {
+                FENCED_ANNOTATION: null, REQUEUED_ANNOTATION: "true",
+            } } }),
+        )
+        .await?;
+        let note = format!(
+            "its fencing token {token} can no longer be used (the lock could not be taken back with it) and its pods are gone: queued again, to run with a new token"
+        );
+        self.event(ctx, job, EventType::Normal, "Requeued", note).await;
+        Ok(())
+    }
+
+    async fn mark_stale(&self, ctx: &Context, job: &str, token: i64, refusal: &str) -> Result<(), Error> {
         self.patch(
             ctx,
             job,
@@ -172,7 +212,7 @@ impl JobQueue {
         )
         .await?;
         let note = format!(
-            "stays suspended: it ran with fencing token {token}, which is no longer the lock's latest, and a started Job's pod template cannot be changed; delete it, or create it anew to queue again"
+            "stays suspended: it ran with fencing token {token}, which can no longer be used, and its pod template could not be given a new one (clearing status.startTime was refused: {refusal}); grant the operator patch on jobs/status, or delete the Job or create it anew to queue again"
         );
         self.event(ctx, job, EventType::Warning, "StaleToken", note).await;
         Ok(())

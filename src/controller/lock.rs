@@ -558,7 +558,8 @@ async fn take_back(
 }
 
 /// Job fencing: the Job whose lock was lost had its pods stopped and its token is still the latest — take the
-/// lock back with that same token and let the Job run again. If the keys are gone, it is marked stale.
+/// lock back with that same token and let the Job run again. If the keys are gone, it is queued again to run
+/// with a new token (or marked stale where that is refused).
 async fn resume_fenced(target: &Target<'_>, ctx: &Context, job: &str, token: i64) -> Result<Action, Error> {
     ctx.ensure_leader()?;
     let Some(jobs) = &target.jobs else {
@@ -575,7 +576,7 @@ async fn resume_fenced(target: &Target<'_>, ctx: &Context, job: &str, token: i64
         }
         Err(err) => {
             tracing::info!(lock = %target.lref, job, token, error = %err, "the fenced Job's lock cannot be taken back");
-            jobs.mark_stale(ctx, job, token).await?;
+            jobs.requeue_or_mark_stale(ctx, job, token).await?;
             Ok(Action::requeue(Duration::from_millis(10)))
         }
     }

@@ -123,8 +123,8 @@ pub(super) async fn holder_for(
                         waiting_for_jobs(lock, ctx, &jobs, "WaitingForEarlierPods", message).await?,
                     ));
                 }
-                JobStep::MarkStale { job, token } => {
-                    jobs.mark_stale(ctx, &job, token).await?;
+                JobStep::Requeue { job, token } => {
+                    jobs.requeue_or_mark_stale(ctx, &job, token).await?;
                     return Ok(Holder::Done(Action::requeue(Duration::from_millis(10))));
                 }
                 JobStep::Idle => {
