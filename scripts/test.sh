@@ -40,6 +40,11 @@ target/debug/examples/stand-in-cluster "$kubeconfig" 2>target/stand-in-cluster.l
 stand_in=$!
 trap 'kill "$stand_in" 2>/dev/null || true' EXIT
 for _ in $(seq 100); do [ -f "$kubeconfig" ] && break; sleep 0.1; done
+if [ ! -f "$kubeconfig" ]; then
+  echo "the stand-in cluster did not start:" >&2
+  cat target/stand-in-cluster.log >&2
+  exit 1
+fi
 REDLOCK_E2E_KUBECONFIG="$kubeconfig" cargo test --locked --test operator --test operator_faults --test leader --test jobs 2>&1 | tee -a "$log"
 kill "$stand_in"
 # The Helm chart: lint, render and validate (installs helm and a Python venv under target/tools when missing).

@@ -15,6 +15,8 @@ pub const LOCK_LABEL: &str = "redlock.io/lock";
 pub const PRIORITY_ANNOTATION: &str = "redlock.io/priority";
 /// On a Job the operator suspended because the lock was lost: the token it ran with.
 pub const FENCED_ANNOTATION: &str = "redlock.io/fenced-token";
+/// With it: when it was suspended (RFC 3339).
+pub const FENCED_AT_ANNOTATION: &str = "redlock.io/fenced-at";
 /// On a fenced Job whose token can no longer be used and whose pod template could not take a new one: it stays
 /// suspended.
 pub const STALE_ANNOTATION: &str = "redlock.io/stale";
@@ -33,6 +35,9 @@ pub struct JobView {
     /// The token written into its pod template when it was granted the lock.
     pub granted_token: Option<i64>,
     pub fenced_token: Option<i64>,
+    pub fenced_at: Option<Timestamp>,
+    /// Since when the Job controller has shown the Job suspended (its `Suspended=True` condition).
+    pub suspended_since: Option<Timestamp>,
     pub stale: bool,
     pub requeued: bool,
     /// Active plus terminating pods.
@@ -58,6 +63,18 @@ impl JobView {
                     .iter()
                     .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
             });
+        let suspended_since = status
+            .and_then(|status| status.conditions.as_ref())
+            .and_then(|conditions| {
+                conditions
+                    .iter()
+                    .find(|c| c.type_ == "Suspended" && c.status == "True")
+            })
+            .map(|c| {
+                c.last_transition_time
+                    .as_ref()
+                    .map_or(Timestamp::UNIX_EPOCH, |t| t.0)
+            });
         let pods = status.map_or(0, |status| {
             status.active.unwrap_or(0) + status.terminating.unwrap_or(0)
         });
@@ -80,6 +97,8 @@ impl JobView {
                 .get(TOKEN_ANNOTATION)
                 .and_then(|t| t.parse().ok()),
             fenced_token: annotations.get(FENCED_ANNOTATION).and_then(|t| t.parse().ok()),
+            fenced_at: annotations.get(FENCED_AT_ANNOTATION).and_then(|t| t.parse().ok()),
+            suspended_since,
             stale: annotations
                 .get(STALE_ANNOTATION)
                 .is_some_and(|value| value == "true"),
@@ -88,6 +107,22 @@ impl JobView {
                 .is_some_and(|value| value == "true"),
             pods,
             grace: Duration::from_secs(u64::try_from(grace).unwrap_or(0)),
+        }
+    }
+
+    /// Whether the Job controller has acted on the fencing: until it shows the Job suspended since the fencing,
+    /// it may still be creating a pod from the Job as it was, one its status and our pod cache do not count yet.
+    /// Conditions carry whole seconds, hence the comparison with the second of the fencing.
+    fn fencing_acknowledged(&self) -> bool {
+        if !self.suspended {
+            return false;
+        }
+        match (self.suspended_since, self.fenced_at) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(since), Some(at)) => {
+                Timestamp::from_second(at.as_second()).is_ok_and(|second| since >= second)
+            }
         }
     }
 
@@ -211,7 +246,7 @@ pub fn next_step(jobs: &[JobView], pods: &[GrantedPod], current: Option<&str>, l
         let own_pods = pods
             .iter()
             .any(|pod| pod.job.as_deref() == Some(job.name.as_str()));
-        return if job.pods > 0 || own_pods {
+        return if job.pods > 0 || own_pods || !job.fencing_acknowledged() {
             JobStep::WaitForFenced(job.name.clone())
         } else if !pods.is_empty() {
             wait_for_pods(pods)
@@ -255,6 +290,8 @@ mod tests {
             finished: false,
             granted_token: None,
             fenced_token: None,
+            fenced_at: None,
+            suspended_since: Some(Timestamp::UNIX_EPOCH),
             stale: false,
             requeued: false,
             pods: 0,
@@ -339,6 +376,37 @@ mod tests {
             .map(|job| job.name.clone())
             .collect();
         assert_eq!(order, ["b", "a"], "still by priority");
+    }
+
+    #[test]
+    fn a_fenced_job_waits_until_the_job_controller_shows_it_suspended_since_the_fencing() {
+        let at = |seconds: f64| Timestamp::from_millisecond((seconds * 1000.0) as i64).ok();
+        let mut fenced = job("a", 1, 0);
+        fenced.granted_token = Some(4);
+        fenced.fenced_token = Some(4);
+        fenced.fenced_at = at(10.5);
+        let resume = JobStep::ResumeFenced {
+            job: "a".into(),
+            token: 4,
+        };
+        let step = |fenced: &JobView| next_step(&[fenced.clone(), job("b", 2, 0)], &[], None, 4);
+
+        fenced.suspended_since = at(9.0);
+        assert_eq!(
+            step(&fenced),
+            JobStep::WaitForFenced("a".into()),
+            "suspended before the fencing: the controller has not acted on it yet"
+        );
+        fenced.suspended_since = None;
+        assert_eq!(step(&fenced), JobStep::WaitForFenced("a".into()));
+        fenced.suspended_since = at(10.0);
+        assert_eq!(step(&fenced), resume, "the same second counts");
+        fenced.suspended = false;
+        assert_eq!(
+            step(&fenced),
+            JobStep::WaitForFenced("a".into()),
+            "unsuspended again (by hand): not fenced any more"
+        );
     }
 
     #[test]

@@ -5,23 +5,29 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::context::{Context, Error};
 use super::election::TOKEN_ANNOTATION;
 use super::job_queue::{
-    FENCED_ANNOTATION, GrantedPod, JobStep, JobView, LOCK_LABEL, REQUEUED_ANNOTATION, STALE_ANNOTATION,
-    next_step, queue, strays,
+    FENCED_ANNOTATION, FENCED_AT_ANNOTATION, GrantedPod, JobStep, JobView, LOCK_LABEL, REQUEUED_ANNOTATION,
+    STALE_ANNOTATION, next_step, queue, strays,
 };
 use crate::api::DistributedLock;
 
 /// One look at the Jobs queued for a lock.
 pub struct JobQueue {
     api: Api<Job>,
+    pod_api: Api<Pod>,
+    lock: String,
+    current: Option<String>,
+    latest_token: i64,
     jobs: Vec<Arc<Job>>,
     views: Vec<JobView>,
+    pods: Vec<GrantedPod>,
     /// Waiting Jobs in the order they get the lock, for status.
     pub queue: Vec<String>,
     pub step: JobStep,
@@ -51,11 +57,47 @@ impl JobQueue {
         let step = next_step(&views, &pods, current, latest_token);
         Self {
             api: Api::namespaced(ctx.client.clone(), &namespace),
+            pod_api: Api::namespaced(ctx.client.clone(), &namespace),
+            lock: name,
+            current: current.map(str::to_owned),
+            latest_token,
             jobs,
             views,
+            pods,
             queue,
             step,
         }
+    }
+
+    /// Before a Job is let run (granted, resumed or requeued), the pods of earlier grants are counted again
+    /// from the API server itself, not the watch cache, which may not show a pod created a moment ago. Grants
+    /// label their pods `redlock.io/lock`; the cache still covers pods started before grants did.
+    pub async fn recheck_pods(&mut self, ctx: &Context) -> Result<(), Error> {
+        if !matches!(
+            self.step,
+            JobStep::Grant(_) | JobStep::ResumeFenced { .. } | JobStep::Requeue { .. }
+        ) {
+            return Ok(());
+        }
+        ctx.ensure_leader()?;
+        let selector = format!("{LOCK_LABEL}={}", self.lock);
+        let listed = self
+            .pod_api
+            .list(&ListParams::default().labels(&selector))
+            .await?;
+        let mut pods = self.pods.clone();
+        for pod in listed
+            .items
+            .iter()
+            .filter_map(|pod| GrantedPod::of(pod, &self.lock))
+        {
+            if !pods.iter().any(|known| known.name == pod.name) {
+                pods.push(pod);
+            }
+        }
+        self.step = next_step(&self.views, &pods, self.current.as_deref(), self.latest_token);
+        self.pods = pods;
+        Ok(())
     }
 
     fn job(&self, name: &str) -> Option<&Arc<Job>> {
@@ -110,9 +152,10 @@ impl JobQueue {
                 "metadata": { "annotations": { REQUEUED_ANNOTATION: null } },
                 "spec": {
                     "suspend": false,
-                    "template": { "metadata": { "annotations": {
-                        TOKEN_ANNOTATION: token.to_string(), "redlock.io/lock": lock,
-                    } } }
+                    "template": { "metadata": {
+                        "labels": { LOCK_LABEL: lock },
+                        "annotations": { TOKEN_ANNOTATION: token.to_string(), LOCK_LABEL: lock },
+                    } }
                 }
             }),
         )
@@ -138,7 +181,10 @@ impl JobQueue {
             ctx,
             job,
             serde_json::json!({
-                "metadata": { "annotations": { FENCED_ANNOTATION: token.to_string() } },
+                "metadata": { "annotations": {
+                    FENCED_ANNOTATION: token.to_string(),
+                    FENCED_AT_ANNOTATION: k8s_openapi::jiff::Timestamp::now().to_string(),
+                } },
                 "spec": { "suspend": true }
             }),
         )
@@ -156,7 +202,7 @@ impl JobQueue {
             ctx,
             job,
             serde_json::json!({
-                "metadata": { "annotations": { FENCED_ANNOTATION: null } },
+                "metadata": { "annotations": { FENCED_ANNOTATION: null, FENCED_AT_ANNOTATION: null } },
                 "spec": { "suspend": false }
             }),
         )
@@ -193,7 +239,7 @@ impl JobQueue {
             ctx,
             job,
             serde_json::json!({ "metadata": { "annotations": {
-                FENCED_ANNOTATION: null, REQUEUED_ANNOTATION: "true",
+                FENCED_ANNOTATION: null, FENCED_AT_ANNOTATION: null, REQUEUED_ANNOTATION: "true",
             } } }),
         )
         .await?;

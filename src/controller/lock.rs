@@ -574,6 +574,12 @@ async fn resume_fenced(target: &Target<'_>, ctx: &Context, job: &str, token: i64
             jobs.resume(ctx, job, token).await?;
             Ok(Action::requeue(RESYNC))
         }
+        // Too few masters answered to tell: the masters that hold the value or did not answer could still make
+        // a majority. Nobody else can take the lock meanwhile either, so try again rather than give the token up.
+        Err(ExtendError::NoQuorum { report }) if report.votes() + report.unreachable() >= report.quorum => {
+            tracing::info!(lock = %target.lref, job, token, %report, "the fenced Job's lock cannot be taken back yet");
+            Ok(Action::requeue(Duration::from_secs(1)))
+        }
         Err(err) => {
             tracing::info!(lock = %target.lref, job, token, error = %err, "the fenced Job's lock cannot be taken back");
             jobs.requeue_or_mark_stale(ctx, job, token).await?;

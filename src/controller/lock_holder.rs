@@ -84,8 +84,9 @@ pub(super) async fn holder_for(
                 .fencing_token
                 .unwrap_or(0)
                 .max(ctx.holdings.highest_token(&lref));
-            let jobs = JobQueue::observe(ctx, lock, current.as_deref(), latest);
+            let mut jobs = JobQueue::observe(ctx, lock, current.as_deref(), latest);
             jobs.suspend_strays(ctx, current.as_deref()).await?;
+            jobs.recheck_pods(ctx).await?;
             match jobs.step.clone() {
                 JobStep::Hold(job) | JobStep::Grant(job) | JobStep::ResumeFenced { job, .. } => {
                     Holder::Chosen(Box::new(Chosen {

@@ -19,3 +19,4 @@ pub mod quorum;
 pub mod quorum_config;
 pub mod quorum_status;
 pub mod run;
+pub mod watch_filter;

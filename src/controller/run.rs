@@ -26,6 +26,7 @@ use super::job_queue::LOCK_LABEL;
 use super::jobs::lock_of;
 use super::leadership::{Elector, Leadership, LeaseTiming};
 use super::lock_value::InstallationSecret;
+use super::watch_filter::changed_or_deleted;
 use super::{lock, quorum};
 use crate::api::{DistributedLock, RedisQuorum};
 use crate::telemetry::health::Health;
@@ -188,15 +189,16 @@ pub async fn start(
             .as_ref()
             .and_then(|status| status.phase.as_deref())
             .hash(&mut hasher);
-        Some(hasher.finish())
+        hasher.finish()
     };
     let pod_health = health.clone();
-    let pod_events = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .reflect(pod_writer)
-        .inspect(move |event| record_watch(&pod_health, "pods", event.is_ok()))
-        .touched_objects()
-        .predicate_filter(pod_changes, Default::default());
+    let pod_events = changed_or_deleted(
+        watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .reflect(pod_writer)
+            .inspect(move |event| record_watch(&pod_health, "pods", event.is_ok())),
+        pod_changes,
+    );
     let pod_locks = lock_store.clone();
     let locks_of_pod = move |pod: Pod| {
         let namespace = pod.namespace();
