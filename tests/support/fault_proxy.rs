@@ -196,15 +196,23 @@ async fn pump(
                 continue;
             }
             let read = tokio::select! {
-                read = from.read(&mut buffer) => read,
+                // A hold that arrives with the bytes wins: they must not slip through it.
+                biased;
                 changed = faults.changed() => {
                     if changed.is_err() { return; }
                     continue;
                 }
+                read = from.read(&mut buffer) => read,
             };
             match read {
                 Ok(0) | Err(_) => return,
                 Ok(count) => {
+                    // Held while these bytes were read: they wait here, in order, until released.
+                    while faults.borrow_and_update().hold[direction] {
+                        if faults.changed().await.is_err() {
+                            return;
+                        }
+                    }
                     let latency = faults.borrow().latency[direction];
                     if queue
                         .send((Instant::now() + latency, buffer[..count].to_vec()))
