@@ -2078,8 +2078,12 @@ fn check_job_template_update(kind: &Kind, old: &Value, new: &Value) -> ApiResult
             meta.remove("annotations");
         }
         if let Some(spec) = template.get_mut("spec").and_then(Value::as_object_mut) {
-            for field in ["nodeSelector", "tolerations", "affinity", "schedulingGates"] {
+            for field in ["nodeSelector", "tolerations", "schedulingGates"] {
                 spec.remove(field);
+            }
+            // Of the affinity, only node affinity is a scheduling directive.
+            if let Some(affinity) = spec.get_mut("affinity").and_then(Value::as_object_mut) {
+                affinity.remove("nodeAffinity");
             }
         }
         template
