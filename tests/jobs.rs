@@ -13,7 +13,6 @@ use std::time::Duration;
 use e2e::*;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use redlock_operator::api::LockPhase;
@@ -184,21 +183,7 @@ async fn wait_for_reason(env: &Env, reason: &str) {
 }
 
 async fn job_events(env: &Env, name: &str) -> Vec<String> {
-    let api: Api<Event> = Api::namespaced(env.client.clone(), &env.namespace);
-    api.list(&ListParams::default())
-        .await
-        .map(|list| {
-            list.items
-                .into_iter()
-                .filter(|event| {
-                    let regarding = event.regarding.as_ref();
-                    regarding.and_then(|r| r.kind.as_deref()) == Some("Job")
-                        && regarding.and_then(|r| r.name.as_deref()) == Some(name)
-                })
-                .filter_map(|event| event.reason)
-                .collect()
-        })
-        .unwrap_or_default()
+    event_reasons(&env.events(), Some("Job"), name).await
 }
 
 async fn setup(

@@ -8,9 +8,8 @@ mod support;
 use std::time::Duration;
 
 use e2e::*;
-use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams};
 use redlock_operator::api::LockPhase;
 use support::redis_server::RedisCluster;
 use tokio::time::Instant;
@@ -18,20 +17,6 @@ use tokio::time::Instant;
 /// Lock and quorum settings of most tests: short, so that quarantine and expiry take seconds.
 const TTL: &str = "2s";
 const MAX_TTL: &str = "2s";
-
-async fn events_for(env: &Env, name: &str) -> Vec<String> {
-    let api: Api<Event> = Api::namespaced(env.client.clone(), &env.namespace);
-    api.list(&ListParams::default())
-        .await
-        .map(|list| {
-            list.items
-                .into_iter()
-                .filter(|event| event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-                .filter_map(|event| event.reason)
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_identity_lock_is_acquired_extended_and_shown_in_status() {
@@ -107,7 +92,7 @@ async fn an_identity_lock_is_acquired_extended_and_shown_in_status() {
             .unwrap_or(0.0)
             >= 3.0
     );
-    let reasons = events_for(&env, "nightly").await;
+    let reasons = event_reasons(&env.events(), None, "nightly").await;
     assert!(reasons.contains(&"Acquired".to_owned()), "{reasons:?}");
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
@@ -154,7 +139,11 @@ async fn losing_a_majority_marks_the_lock_lost_before_valid_until_and_it_recover
         .clone();
     assert_eq!(held.status, "False");
     assert_eq!(held.reason, "Lost");
-    assert!(events_for(&env, "report").await.contains(&"Lost".to_owned()));
+    assert!(
+        event_reasons(&env.events(), None, "report")
+            .await
+            .contains(&"Lost".to_owned())
+    );
 
     masters[0].cont();
     masters[1].cont();
@@ -367,7 +356,11 @@ async fn a_restarted_operator_resumes_a_held_lock_without_a_lapse_or_a_new_token
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_first_hold_kept(&env, "cron").await;
-    assert!(!events_for(&env, "cron").await.contains(&"Lost".to_owned()));
+    assert!(
+        !event_reasons(&env.events(), None, "cron")
+            .await
+            .contains(&"Lost".to_owned())
+    );
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }
@@ -561,7 +554,7 @@ async fn changing_the_holder_releases_and_acquires_with_a_new_token() {
         count >= 2 && values.iter().all(|value| value.starts_with("team-b|")),
         "{values:?}"
     );
-    let reasons = events_for(&env, "owner").await;
+    let reasons = event_reasons(&env.events(), None, "owner").await;
     assert!(reasons.contains(&"Released".to_owned()), "{reasons:?}");
     // A repeated reason is one Event with a series count (kube's recorder aggregates like client-go's).
     assert!(reasons.contains(&"Acquired".to_owned()), "{reasons:?}");

@@ -257,16 +257,8 @@ async fn quorum_status_follows_quarantine_and_master_failures() {
     })
     .await;
     if env.is_test_server() {
-        let events: kube::Api<k8s_openapi::api::events::v1::Event> = kube::Api::all(env.client.clone());
-        let reasons: Vec<String> = events
-            .list(&Default::default())
-            .await
-            .expect("events")
-            .items
-            .into_iter()
-            .filter(|event| event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(quorum.as_str()))
-            .filter_map(|event| event.reason)
-            .collect();
+        // The quorum is cluster-scoped: its Events may be in any namespace.
+        let reasons = event_reasons(&kube::Api::all(env.client.clone()), None, &quorum).await;
         assert!(reasons.contains(&"MasterDown".to_owned()), "{reasons:?}");
         assert!(reasons.contains(&"MasterQuarantined".to_owned()), "{reasons:?}");
     }

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, CustomResourceExt, ResourceExt};
 use redlock_operator::api::{DistributedLock, RedisQuorum};
@@ -140,6 +141,11 @@ impl Env {
         api.create(&PostParams::default(), &namespace)
             .await
             .expect("namespace");
+    }
+
+    /// Events in the test's namespace.
+    pub fn events(&self) -> Api<Event> {
+        Api::namespaced(self.client.clone(), &self.namespace)
     }
 
     pub fn locks(&self) -> Api<DistributedLock> {
@@ -275,6 +281,25 @@ pub async fn stop(running: Running, shutdown: CancellationToken) {
         .await
         .expect("operator stops in time")
         .expect("operator task");
+}
+
+/// The reasons of the Events that `events` lists about the object named `name` (and of `kind`, when given).
+pub async fn event_reasons(events: &Api<Event>, kind: Option<&str>, name: &str) -> Vec<String> {
+    events
+        .list(&ListParams::default())
+        .await
+        .map(|list| {
+            list.items
+                .into_iter()
+                .filter(|event| {
+                    let regarding = event.regarding.as_ref();
+                    kind.is_none_or(|kind| regarding.and_then(|r| r.kind.as_deref()) == Some(kind))
+                        && regarding.and_then(|r| r.name.as_deref()) == Some(name)
+                })
+                .filter_map(|event| event.reason)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Polls `probe` every 20 ms until it yields a value, failing the test after [`PATIENCE`].
