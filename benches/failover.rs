@@ -14,7 +14,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, CustomResourceExt};
 use redlock_operator::api::{DistributedLock, RedisQuorum};
-use redlock_operator::controller::lock_value::InstallationSecret;
+use redlock_operator::controller::installation_secret::InstallationSecret;
 use redlock_operator::controller::run::{RunOptions, start};
 use support::apiserver::TestApiServer;
 use support::redis_server::RedisCluster;

@@ -4,5 +4,6 @@
 pub mod api;
 pub mod cli;
 pub mod controller;
+pub mod duration;
 pub mod redlock;
 pub mod telemetry;

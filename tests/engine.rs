@@ -651,7 +651,7 @@ async fn a_master_started_just_before_a_second_boundary_is_still_quarantined() {
 /// Passwords from a RedisQuorum's Secret go into the URL percent-encoded; the master must see them decoded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_secrets_with_url_metacharacters_authenticate() {
-    use redlock_operator::controller::quorum_config::{QuorumSecrets, engine_config};
+    use redlock_operator::controller::quorum::config::{QuorumSecrets, engine_config};
     use support::redis_server::Options;
     let password = "p@ss:w/rd%?#";
     let cluster = RedisCluster::start_with(1, |_| Options {

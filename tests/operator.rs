@@ -409,7 +409,7 @@ async fn a_standby_takes_over_from_a_killed_active_replica_without_a_new_token()
     })
     .await;
     assert!(!standby.leadership.is_leader());
-    assert!(standby.holdings.is_empty(), "a standby holds nothing");
+    assert!(standby.keeper.is_empty(), "a standby holds nothing");
 
     active.kill().expect("SIGKILL");
     let _ = active.wait();
@@ -419,7 +419,7 @@ async fn a_standby_takes_over_from_a_killed_active_replica_without_a_new_token()
     })
     .await;
     eventually("the standby to resume the lock", || async {
-        (!standby.holdings.is_empty()).then_some(())
+        (!standby.keeper.is_empty()).then_some(())
     })
     .await;
     let took = killed_at.elapsed();

@@ -336,7 +336,7 @@ async fn a_replica_that_cannot_renew_its_lease_stops_writing_and_another_resumes
     all_masters_voting(&env, &quorum, 3).await;
     env.create_lock("ha", &quorum, "app", "8s").await;
     lock_where(&env, "ha", "held", |lock| phase(lock) == Some(LockPhase::Held)).await;
-    assert!(!first.holdings.is_empty());
+    assert!(!first.keeper.is_empty());
 
     server.set_down(true);
     let down_at = tokio::time::Instant::now();
@@ -350,7 +350,7 @@ async fn a_replica_that_cannot_renew_its_lease_stops_writing_and_another_resumes
         down_at.elapsed()
     );
     eventually("held locks forgotten", || async {
-        first.holdings.is_empty().then_some(())
+        first.keeper.is_empty().then_some(())
     })
     .await;
     server.set_down(false);
@@ -358,7 +358,7 @@ async fn a_replica_that_cannot_renew_its_lease_stops_writing_and_another_resumes
     // Either replica may win the Lease now; whichever does resumes the same acquisition.
     let (second, second_stop) = operator(&env, &secret, Some("second")).await;
     eventually("someone resumes the lock", || async {
-        (!first.holdings.is_empty() || !second.holdings.is_empty()).then_some(())
+        (!first.keeper.is_empty() || !second.keeper.is_empty()).then_some(())
     })
     .await;
     let lock = env.locks().get("ha").await.expect("lock");

@@ -1,40 +1,58 @@
-//! `metav1.Condition` helpers that keep `lastTransitionTime` when a condition's status does not change.
+//! `metav1.Condition` updates that keep `lastTransitionTime` when a condition's status does not change.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-/// Sets `condition_type` in `conditions`: the transition time moves only when the status changes.
-pub fn set(
-    conditions: &mut Vec<Condition>,
-    condition_type: &str,
-    status: bool,
-    reason: &str,
-    message: impl Into<String>,
-    observed_generation: Option<i64>,
-    now: Timestamp,
-) {
-    let status = if status { "True" } else { "False" }.to_owned();
-    let message = message.into();
+/// The generation a status edit observed and the time it is made: what every condition it sets carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    pub generation: Option<i64>,
+    pub now: Timestamp,
+}
+
+/// One condition's new state. Resource modules build these with a named constructor per condition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Update {
+    pub type_: &'static str,
+    pub status: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Update {
+    pub fn new(type_: &'static str, status: bool, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            type_,
+            status,
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// Sets one condition in `conditions`: the transition time moves only when the status changes.
+pub fn set(conditions: &mut Vec<Condition>, update: Update, stamp: Stamp) {
+    let status = if update.status { "True" } else { "False" }.to_owned();
     match conditions
         .iter_mut()
-        .find(|condition| condition.type_ == condition_type)
+        .find(|condition| condition.type_ == update.type_)
     {
         Some(existing) => {
             if existing.status != status {
-                existing.last_transition_time = Time(now);
+                existing.last_transition_time = Time(stamp.now);
             }
             existing.status = status;
-            existing.reason = reason.to_owned();
-            existing.message = message;
-            existing.observed_generation = observed_generation;
+            existing.reason = update.reason.to_owned();
+            existing.message = update.message;
+            existing.observed_generation = stamp.generation;
         }
         None => conditions.push(Condition {
-            type_: condition_type.to_owned(),
+            type_: update.type_.to_owned(),
             status,
-            reason: reason.to_owned(),
-            message,
-            observed_generation,
-            last_transition_time: Time(now),
+            reason: update.reason.to_owned(),
+            message: update.message,
+            observed_generation: stamp.generation,
+            last_transition_time: Time(stamp.now),
         }),
     }
 }
@@ -51,24 +69,29 @@ mod tests {
 
     #[test]
     fn transition_time_moves_only_on_status_change() {
-        let t0 = Timestamp::from_second(1_000).unwrap();
-        let t1 = Timestamp::from_second(2_000).unwrap();
-        let t2 = Timestamp::from_second(3_000).unwrap();
+        let at = |second| Stamp {
+            generation: Some(1),
+            now: Timestamp::from_second(second).unwrap(),
+        };
         let mut conditions = Vec::new();
-        set(&mut conditions, "Held", true, "Acquired", "held", Some(1), t0);
         set(
             &mut conditions,
-            "Held",
-            true,
-            "Extended",
-            "still held",
-            Some(1),
-            t1,
+            Update::new("Held", true, "Acquired", "held"),
+            at(1_000),
         );
-        assert_eq!(conditions[0].last_transition_time, Time(t0));
+        set(
+            &mut conditions,
+            Update::new("Held", true, "Extended", "still held"),
+            at(2_000),
+        );
+        assert_eq!(conditions[0].last_transition_time, Time(at(1_000).now));
         assert_eq!(conditions[0].reason, "Extended");
-        set(&mut conditions, "Held", false, "Lost", "lost", Some(1), t2);
-        assert_eq!(conditions[0].last_transition_time, Time(t2));
+        set(
+            &mut conditions,
+            Update::new("Held", false, "Lost", "lost"),
+            at(3_000),
+        );
+        assert_eq!(conditions[0].last_transition_time, Time(at(3_000).now));
         assert!(!is_true(&conditions, "Held"));
     }
 }

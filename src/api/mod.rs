@@ -1,7 +1,6 @@
 //! The custom resources (group `redlock.io`, version `v1alpha1`) and what they share.
 
 pub mod conditions;
-pub mod duration;
 pub mod lock;
 pub mod quorum;
 

@@ -39,7 +39,7 @@ pub struct ElectArgs {
     #[arg(long, env = "POD_NAME")]
     pub pod: String,
     /// Stop the command this long before the validity shown in status ends.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = crate::duration::parse)]
     pub fence_margin: Duration,
     /// The command to run while leading, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]

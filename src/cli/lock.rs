@@ -32,19 +32,19 @@ pub struct LockArgs {
     )]
     pub redis: Vec<String>,
     /// Lock time to live; the lock is extended while the command runs.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::duration::parse)]
     pub ttl: Duration,
     /// How long to keep trying to acquire; 0 = a single attempt.
-    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "0s", value_parser = crate::duration::parse)]
     pub wait: Duration,
     /// The longest TTL any client of these masters uses; a master restarted less than this ago does not vote.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = crate::duration::parse)]
     pub max_ttl: Duration,
     /// How long one master may take to answer.
-    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "50ms", value_parser = crate::duration::parse)]
     pub node_timeout: Duration,
     /// Tell the command the lock is lost this long before its validity ends (default: ttl/5, at most 5s).
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = crate::duration::parse)]
     pub fence_margin: Option<Duration>,
     /// Holder name stored with the lock and shown to contenders (default: HOSTNAME/PID).
     #[arg(long)]

@@ -9,8 +9,8 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use super::exit_code;
-use crate::controller::leadership::LeaseTiming;
-use crate::controller::lock_value::InstallationSecret;
+use crate::controller::installation_secret::InstallationSecret;
+use crate::controller::replica_lease::LeaseTiming;
 use crate::controller::run::{ElectionOptions, RunOptions, start};
 
 #[derive(Debug, Args)]
@@ -29,7 +29,7 @@ pub struct RunArgs {
     pub identity: Option<String>,
     /// A standby takes over after the Lease has not been renewed for this long. Keep it well below the
     /// shortest lock TTL, or locks lapse (and get a new token) on failover.
-    #[arg(long, env = "REDLOCK_LEASE_DURATION", default_value = "4s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "REDLOCK_LEASE_DURATION", default_value = "4s", value_parser = crate::duration::parse)]
     pub lease_duration: Duration,
     /// Run as the only replica, without a Lease.
     #[arg(long)]
@@ -39,7 +39,7 @@ pub struct RunArgs {
     #[arg(long, env = "REDLOCK_INSTALLATION_SECRET_FILE", value_name = "PATH")]
     pub installation_secret_file: Option<PathBuf>,
     /// How often each RedisQuorum's masters are checked and its status written.
-    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = crate::duration::parse)]
     pub health_interval: Duration,
 }
 

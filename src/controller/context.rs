@@ -1,4 +1,4 @@
-//! What every reconciler shares, and the one error type they return.
+//! What every reconciler shares: the API client, the caches, the engines, the keeper and the leadership gate.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -13,34 +13,17 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::engines::Engines;
-use super::holdings::Holdings;
-use super::leadership::Leadership;
-use super::lock_value::InstallationSecret;
+use super::error::Error;
+use super::installation_secret::InstallationSecret;
+use super::keeper::Keeper;
+use super::replica_lease::Leadership;
 use crate::api::{DistributedLock, RedisQuorum};
-use crate::redlock::ValueError;
 use crate::telemetry::metrics::Metrics;
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    /// Not an error of the object: this replica may not write. Handled without backoff.
-    #[error("not the active replica")]
-    NotLeader,
-    #[error("status kept changing under us; retrying")]
-    Conflict,
-    #[error("finalizer: {0}")]
-    Finalizer(String),
-    #[error("lock value: {0}")]
-    Value(#[from] ValueError),
-    #[error("cannot encode: {0}")]
-    Encode(#[from] serde_json::Error),
-}
 
 pub struct Context {
     pub client: Client,
     pub engines: Arc<Engines>,
-    pub holdings: Arc<Holdings>,
+    pub keeper: Arc<Keeper>,
     pub leadership: Arc<Leadership>,
     pub metrics: Arc<Metrics>,
     pub recorder: Recorder,
@@ -66,7 +49,7 @@ impl Context {
             .iter()
             .filter(|lock| lock.spec.quorum == quorum)
         {
-            self.holdings.wake(ObjectRef::from_obj(&**lock));
+            self.keeper.wake(ObjectRef::from_obj(&**lock));
         }
     }
 
@@ -119,7 +102,7 @@ impl Context {
         if matches!(error, Error::NotLeader) {
             return Action::await_change();
         }
-        self.metrics.reconcile_error(resource);
+        self.metrics.reconcile_error(resource, error.metric_label());
         let mut failures = self
             .failures
             .lock()

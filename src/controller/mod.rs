@@ -1,22 +1,15 @@
-//! Reconcilers for the custom resources. Each is split into pure steps (validate, decide) that are tested
-//! with a fake clock, and a thin layer that talks to the API server and Redis.
+//! The controllers, one folder each: `lock` (the `DistributedLock` reconciler and its holder policies), `quorum`
+//! (the `RedisQuorum` reconciler), `keeper` (extends held locks), `replica_lease` (which replica is active), and
+//! `run` (the wiring). Files named for a rule, a decision, settings, config, status or routing are pure and tested
+//! with a fake clock; `reconcile`, `actions`, `*_writes`, `*_reads`, `status_write`, `elector` and the keeper's
+//! task talk to the API server or Redis.
 
 pub mod context;
-pub mod election;
 pub mod engines;
-pub mod holdings;
-pub mod job_queue;
-pub mod jobs;
-pub mod leader;
-pub mod leadership;
+pub mod error;
+pub mod installation_secret;
+pub mod keeper;
 pub mod lock;
-pub mod lock_decide;
-pub mod lock_holder;
-pub mod lock_settings;
-pub mod lock_status;
-pub mod lock_value;
 pub mod quorum;
-pub mod quorum_config;
-pub mod quorum_status;
+pub mod replica_lease;
 pub mod run;
-pub mod watch_filter;

@@ -22,9 +22,11 @@ pub struct MasterLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResourceLabels {
+pub struct ReconcileErrorLabels {
     /// `distributedlock` or `redisquorum`.
     pub resource: String,
+    /// What failed: `kube_api`, `conflict`, `finalizer`, `lock_value` or `encode`.
+    pub error: String,
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -38,7 +40,7 @@ pub struct Metrics {
     pub locks_held: Gauge,
     pub locks_lost: Counter,
     pub master_state: Family<MasterLabels, Gauge>,
-    pub reconcile_errors: Family<ResourceLabels, Counter>,
+    pub reconcile_errors: Family<ReconcileErrorLabels, Counter>,
     pub leader: Gauge,
 }
 
@@ -57,7 +59,7 @@ impl Default for Metrics {
         let locks_held = Gauge::default();
         let locks_lost = Counter::default();
         let master_state = Family::<MasterLabels, Gauge>::default();
-        let reconcile_errors = Family::<ResourceLabels, Counter>::default();
+        let reconcile_errors = Family::<ReconcileErrorLabels, Counter>::default();
         let leader = Gauge::default();
         registry.register(
             "acquire_duration_seconds",
@@ -99,8 +101,9 @@ impl Default for Metrics {
         // Present at zero from the start, so that alerts on their rate work before the first error.
         for resource in ["distributedlock", "redisquorum"] {
             reconcile_errors
-                .get_or_create(&ResourceLabels {
+                .get_or_create(&ReconcileErrorLabels {
                     resource: resource.to_owned(),
+                    error: "kube_api".to_owned(),
                 })
                 .inc_by(0);
         }
@@ -141,10 +144,11 @@ impl Metrics {
         }
     }
 
-    pub fn reconcile_error(&self, resource: &str) {
+    pub fn reconcile_error(&self, resource: &str, error: &str) {
         self.reconcile_errors
-            .get_or_create(&ResourceLabels {
+            .get_or_create(&ReconcileErrorLabels {
                 resource: resource.to_owned(),
+                error: error.to_owned(),
             })
             .inc();
     }

@@ -12,8 +12,8 @@ use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, P
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, CustomResourceExt, ResourceExt};
 use redlock_operator::api::{DistributedLock, RedisQuorum};
-use redlock_operator::controller::leadership::LeaseTiming;
-use redlock_operator::controller::lock_value::InstallationSecret;
+use redlock_operator::controller::installation_secret::InstallationSecret;
+use redlock_operator::controller::replica_lease::LeaseTiming;
 use redlock_operator::controller::run::{ElectionOptions, RunOptions, Running, start};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;

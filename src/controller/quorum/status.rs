@@ -2,11 +2,12 @@
 //! clock.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::SignedDuration;
 use tokio::time::Instant;
 
-use crate::api::conditions;
+use crate::api::conditions::{self, Stamp, Update};
 use crate::api::quorum::{MasterStatus, RedisQuorumStatus};
+use crate::controller::engines::problem::QuorumProblem;
 use crate::redlock::{NodeHealth, NodeStatus};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,10 +22,10 @@ pub fn healthy_status(
     previous: &RedisQuorumStatus,
     nodes: &[NodeStatus],
     required: usize,
-    generation: Option<i64>,
     now: Instant,
-    wall_now: Timestamp,
+    stamp: Stamp,
 ) -> (RedisQuorumStatus, Vec<QuorumEvent>) {
+    let wall_now = stamp.now;
     let mut events = Vec::new();
     let masters: Vec<MasterStatus> = nodes
         .iter()
@@ -84,95 +85,76 @@ pub fn healthy_status(
         eligible: u32::try_from(eligible).ok(),
         required: u32::try_from(required).ok(),
         masters,
-        observed_generation: generation,
+        observed_generation: stamp.generation,
         conditions: previous.conditions.clone(),
     };
     let not_voting = describe_not_voting(nodes);
-    if eligible >= required {
-        conditions::set(
-            &mut status.conditions,
-            "Available",
-            true,
-            "QuorumReachable",
-            format!(
-                "{eligible} of {} masters can vote; {required} are needed",
-                nodes.len()
-            ),
-            generation,
-            wall_now,
-        );
+    let total = nodes.len();
+    let availability = if eligible >= required {
+        available(format!(
+            "{eligible} of {total} masters can vote; {required} are needed"
+        ))
     } else {
-        conditions::set(
-            &mut status.conditions,
-            "Available",
-            false,
+        unavailable(
             "TooFewMasters",
-            format!(
-                "only {eligible} of {} masters can vote, {required} are needed: {not_voting}",
-                nodes.len()
-            ),
-            generation,
-            wall_now,
-        );
-    }
-    if eligible < nodes.len() {
-        conditions::set(
-            &mut status.conditions,
-            "Degraded",
-            true,
-            "MastersNotVoting",
-            not_voting,
-            generation,
-            wall_now,
-        );
+            format!("only {eligible} of {total} masters can vote, {required} are needed: {not_voting}"),
+        )
+    };
+    conditions::set(&mut status.conditions, availability, stamp);
+    let degradation = if eligible < total {
+        degraded("MastersNotVoting", not_voting)
     } else {
-        conditions::set(
-            &mut status.conditions,
-            "Degraded",
-            false,
-            "AllMastersVoting",
-            "every master is up and voting",
-            generation,
-            wall_now,
-        );
-    }
+        not_degraded()
+    };
+    conditions::set(&mut status.conditions, degradation, stamp);
     (status, events)
 }
 
 /// The status for a quorum that cannot be used at all (bad spec, missing Secret).
 pub fn unusable_status(
     previous: &RedisQuorumStatus,
-    reason: &str,
-    message: &str,
-    generation: Option<i64>,
-    wall_now: Timestamp,
+    problem: &QuorumProblem,
+    stamp: Stamp,
 ) -> RedisQuorumStatus {
     let mut status = RedisQuorumStatus {
         eligible: Some(0),
         required: previous.required,
         masters: Vec::new(),
-        observed_generation: generation,
+        observed_generation: stamp.generation,
         conditions: previous.conditions.clone(),
     };
+    let message = problem.to_string();
     conditions::set(
         &mut status.conditions,
-        "Available",
-        false,
-        reason,
-        message,
-        generation,
-        wall_now,
+        unavailable(problem.reason(), message.clone()),
+        stamp,
     );
-    conditions::set(
-        &mut status.conditions,
-        "Degraded",
-        true,
-        reason,
-        message,
-        generation,
-        wall_now,
-    );
+    conditions::set(&mut status.conditions, degraded(problem.reason(), message), stamp);
     status
+}
+
+/// `Available=True`: enough masters can vote.
+fn available(message: String) -> Update {
+    Update::new("Available", true, "QuorumReachable", message)
+}
+
+/// `Available=False`: locks on the quorum cannot be acquired or extended.
+fn unavailable(reason: &'static str, message: String) -> Update {
+    Update::new("Available", false, reason, message)
+}
+
+/// `Degraded=True`: some masters cannot vote; one more failure may make the quorum unavailable.
+fn degraded(reason: &'static str, message: String) -> Update {
+    Update::new("Degraded", true, reason, message)
+}
+
+fn not_degraded() -> Update {
+    Update::new(
+        "Degraded",
+        false,
+        "AllMastersVoting",
+        "every master is up and voting",
+    )
 }
 
 fn describe_not_voting(nodes: &[NodeStatus]) -> String {
@@ -195,6 +177,8 @@ fn describe_not_voting(nodes: &[NodeStatus]) -> String {
 mod tests {
     use std::time::Duration;
 
+    use k8s_openapi::jiff::Timestamp;
+
     use super::*;
 
     fn node(endpoint: &str, health: NodeHealth) -> NodeStatus {
@@ -213,12 +197,16 @@ mod tests {
     fn availability_follows_the_voting_masters_and_events_follow_transitions() {
         let now = Instant::now();
         let wall = Timestamp::from_second(1_000_000).unwrap();
+        let stamp = |now| Stamp {
+            generation: Some(1),
+            now,
+        };
         let mut nodes = vec![
             node("redis://a", NodeHealth::Up),
             node("redis://b", NodeHealth::Up),
             node("redis://c", NodeHealth::Up),
         ];
-        let (status, events) = healthy_status(&RedisQuorumStatus::default(), &nodes, 2, Some(1), now, wall);
+        let (status, events) = healthy_status(&RedisQuorumStatus::default(), &nodes, 2, now, stamp(wall));
         assert!(events.is_empty(), "first sight of healthy masters is no news");
         assert!(conditions::is_true(&status.conditions, "Available"));
         assert!(!conditions::is_true(&status.conditions, "Degraded"));
@@ -229,7 +217,7 @@ mod tests {
         nodes[1].health = NodeHealth::Down;
         nodes[1].last_error = Some("connection refused".into());
         let later = Timestamp::from_second(1_000_010).unwrap();
-        let (next, events) = healthy_status(&status, &nodes, 2, Some(1), now, later);
+        let (next, events) = healthy_status(&status, &nodes, 2, now, stamp(later));
         assert_eq!(events.len(), 2);
         assert!(matches!(&events[0], QuorumEvent::Quarantined { seconds: 60, .. }));
         let available = next.conditions.iter().find(|c| c.type_ == "Available").unwrap();
@@ -254,9 +242,8 @@ mod tests {
                 node("redis://c", NodeHealth::Up),
             ],
             2,
-            Some(1),
             now,
-            later,
+            stamp(later),
         );
         assert_eq!(events.len(), 2, "{events:?}");
         assert!(
@@ -270,8 +257,13 @@ mod tests {
     fn unusable_keeps_the_transition_time_while_nothing_changes() {
         let t0 = Timestamp::from_second(1_000).unwrap();
         let t1 = Timestamp::from_second(2_000).unwrap();
-        let first = unusable_status(&RedisQuorumStatus::default(), "SecretNotFound", "x", Some(1), t0);
-        let second = unusable_status(&first, "SecretNotFound", "x", Some(1), t1);
+        let problem = QuorumProblem::InvalidSpec("x".into());
+        let stamp = |now| Stamp {
+            generation: Some(1),
+            now,
+        };
+        let first = unusable_status(&RedisQuorumStatus::default(), &problem, stamp(t0));
+        let second = unusable_status(&first, &problem, stamp(t1));
         assert_eq!(second.conditions[0].last_transition_time, Time(t0));
     }
 }

@@ -3,8 +3,7 @@
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
-/// Annotations the leader pod carries next to the leader label.
-pub const TOKEN_ANNOTATION: &str = "redlock.io/fencing-token";
+/// The annotation the leader pod carries next to the leader label and the token.
 pub const VALID_UNTIL_ANNOTATION: &str = "redlock.io/valid-until";
 
 /// What the election needs to know of a pod.

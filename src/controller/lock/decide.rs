@@ -1,12 +1,12 @@
-//! What to do with a `DistributedLock` whose holder is fixed (`holder.identity`): a pure function of what
-//! this replica holds, what status says and the time, so every branch is tested without a cluster.
+//! What to do with a lock once its policy named the holder: a pure function of what this replica keeps, what
+//! status says and the highest token known, so every branch is tested without a cluster.
 
 use std::time::Duration;
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use super::holdings::HeldView;
 use crate::api::{DistributedLockStatus, LockPhase};
+use crate::controller::keeper::HeldView;
 use crate::redlock::LossReason;
 
 /// Who should hold the lock, where.

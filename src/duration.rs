@@ -1,4 +1,5 @@
-//! Durations in resources are strings such as `10s`, `1m30s` or `250ms`, like Kubernetes' own.
+//! The one duration grammar of the project, in resources and on the command line: `10s`, `1m30s`, `250ms`, like
+//! Kubernetes' own (whole numbers of ms, s, m and h). The CRD schemas check the same pattern.
 
 use std::time::Duration;
 
@@ -76,5 +77,27 @@ mod tests {
         }
         assert_eq!(format(Duration::from_millis(1500)), "1500ms");
         assert_eq!(format(Duration::from_secs(10)), "10s");
+    }
+
+    #[test]
+    fn every_duration_field_of_the_crds_has_this_grammar() {
+        use kube::CustomResourceExt;
+        let crds =
+            serde_json::to_string(&[crate::api::DistributedLock::crd(), crate::api::RedisQuorum::crd()])
+                .unwrap();
+        let patterns: Vec<&str> = crds
+            .split("\"pattern\":\"")
+            .skip(1)
+            .filter_map(|rest| rest.split("\",").next())
+            .filter(|pattern| pattern.contains("ms|s|m|h"))
+            .collect();
+        assert_eq!(
+            patterns.len(),
+            7,
+            "ttl, two fence margins, nodeTimeout, maxTtl, delayMin, delayMax"
+        );
+        for pattern in patterns {
+            assert_eq!(pattern.replace("\\\\", "\\"), PATTERN);
+        }
     }
 }

@@ -11,12 +11,12 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::reflector::Store;
 
-use super::context::{Context, Error};
-use super::election::{
-    PodView, TOKEN_ANNOTATION, VALID_UNTIL_ANNOTATION, candidates, choose_leader, labels_to_remove,
-};
+use super::rule::{PodView, VALID_UNTIL_ANNOTATION, candidates, choose_leader, labels_to_remove};
 use crate::api::DistributedLock;
 use crate::api::lock::LeaderElectionPolicy;
+use crate::controller::context::Context;
+use crate::controller::error::{Error, is_not_found};
+use crate::controller::lock::policy::TOKEN_ANNOTATION;
 
 /// One look at the pods of a leader-election lock.
 pub struct Election {
@@ -83,7 +83,7 @@ impl Election {
                 Ok(())
             }
             // A pod that is gone carries no label.
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(err) if is_not_found(&err) => Ok(()),
             Err(err) => Err(err.into()),
         }
     }

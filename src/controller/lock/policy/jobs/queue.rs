@@ -7,7 +7,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
-use super::election::TOKEN_ANNOTATION;
+use crate::controller::lock::policy::TOKEN_ANNOTATION;
 
 /// Jobs carrying `redlock.io/lock: <lock name>` queue for that lock.
 pub const LOCK_LABEL: &str = "redlock.io/lock";

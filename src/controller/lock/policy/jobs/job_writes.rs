@@ -6,17 +6,18 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
-use kube::{Resource, ResourceExt};
 
-use super::context::{Context, Error};
-use super::election::TOKEN_ANNOTATION;
-use super::job_queue::{
+use super::queue::{
     FENCED_ANNOTATION, FENCED_AT_ANNOTATION, GrantedPod, JobStep, JobView, LOCK_LABEL, REQUEUED_ANNOTATION,
     STALE_ANNOTATION, next_step, queue, strays,
 };
 use crate::api::DistributedLock;
+use crate::controller::context::Context;
+use crate::controller::error::{Error, is_not_found};
+use crate::controller::lock::policy::TOKEN_ANNOTATION;
 
 /// One look at the Jobs queued for a lock.
 pub struct JobQueue {
@@ -166,7 +167,7 @@ impl JobQueue {
             let note = format!(
                 "its pods may take {}s to stop, longer than the fence margin ({}): if the lock is lost they may outlive its validity; lower terminationGracePeriodSeconds or raise the lock's spec.holder.jobs.fenceMargin",
                 view.grace.as_secs(),
-                humantime::format_duration(margin)
+                crate::duration::format(margin)
             );
             self.event(ctx, job, EventType::Warning, "GracePeriodTooLong", note)
                 .await;
@@ -229,8 +230,8 @@ impl JobQueue {
             .await;
         match cleared {
             Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => {
+            Err(err) if is_not_found(&err) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.is_forbidden() || status.is_invalid() => {
                 return self.mark_stale(ctx, job, token, &status.message).await;
             }
             Err(err) => return Err(err.into()),
@@ -272,7 +273,7 @@ impl JobQueue {
             .await
         {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(err) if is_not_found(&err) => Ok(()),
             Err(err) => Err(err.into()),
         }
     }
@@ -283,11 +284,4 @@ impl JobQueue {
             None => tracing::debug!(job, reason, "no cached Job to attach an event to"),
         }
     }
-}
-
-/// The lock a Job queues for, from its label.
-pub fn lock_of(job: &Job) -> Option<kube::runtime::reflector::ObjectRef<DistributedLock>> {
-    let name = job.labels().get(LOCK_LABEL)?;
-    let namespace = job.meta().namespace.as_deref()?;
-    Some(kube::runtime::reflector::ObjectRef::new(name).within(namespace))
 }

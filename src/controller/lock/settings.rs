@@ -2,17 +2,19 @@
 
 use std::time::Duration;
 
-use crate::api::{DistributedLockSpec, HolderPolicy, duration};
+use crate::api::lock::LeaderElectionPolicy;
+use crate::api::{DistributedLockSpec, HolderPolicy};
+use crate::duration;
 
 /// Who the lock is for, once validated.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum HolderKind {
     Identity(String),
-    LeaderElection,
+    LeaderElection(LeaderElectionPolicy),
     Jobs,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct LockSettings {
     /// The Redis key.
     pub key: String,
@@ -57,7 +59,7 @@ pub fn lock_settings(
     let policies = &spec.holder;
     let holder = match (&policies.identity, &policies.leader_election, &policies.jobs) {
         (Some(identity), None, None) if !identity.is_empty() => HolderKind::Identity(identity.clone()),
-        (None, Some(_), None) => HolderKind::LeaderElection,
+        (None, Some(election), None) => HolderKind::LeaderElection(election.clone()),
         (None, None, Some(_)) => HolderKind::Jobs,
         _ => {
             return Err(invalid(

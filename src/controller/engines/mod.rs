@@ -1,9 +1,12 @@
 //! One Redlock engine per `RedisQuorum`, shared by every lock on it; rebuilt when the quorum's spec or
 //! Secrets change.
 
+pub mod problem;
+
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
+use self::problem::QuorumProblem;
 use crate::redlock::Redlock;
 
 /// A connected engine and what it was built from.
@@ -18,11 +21,8 @@ pub struct QuorumEngine {
 pub enum QuorumLookup {
     /// No `RedisQuorum` of that name (yet).
     Missing,
-    /// It exists but cannot be used; the message says what to fix.
-    Unusable {
-        reason: &'static str,
-        message: String,
-    },
+    /// It exists but cannot be used; the problem says what to fix.
+    Unusable(QuorumProblem),
     Ready(Arc<QuorumEngine>),
 }
 

@@ -2,7 +2,7 @@
 //! `Available` condition saying what to fix.
 
 use crate::api::RedisQuorumSpec;
-use crate::api::duration;
+use crate::duration;
 use crate::redlock::{Endpoint, RedlockConfig};
 
 /// What the quorum's Secrets hold, already read.

@@ -1,6 +1,9 @@
 //! `redlock-operator run`, as a library function: the metrics/health server, the Lease election, the keeper
 //! of held locks and the two controllers, stopped together by one token. Tests run exactly this in-process.
 
+pub mod routing;
+pub mod watch_filter;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,24 +12,22 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-use kube::core::{Selector, SelectorExt};
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use self::routing::{lock_of_job, lock_trigger, locks_of_pod, pod_trigger};
+use self::watch_filter::changed_or_deleted;
 use super::context::Context;
-use super::election::PodView;
 use super::engines::Engines;
-use super::holdings::{Holdings, LockRef};
-use super::job_queue::LOCK_LABEL;
-use super::jobs::lock_of;
-use super::leadership::{Elector, Leadership, LeaseTiming};
-use super::lock_value::InstallationSecret;
-use super::watch_filter::changed_or_deleted;
+use super::installation_secret::InstallationSecret;
+use super::keeper::{Keeper, LockRef};
+use super::lock::policy::jobs::LOCK_LABEL;
+use super::replica_lease::{Elector, Leadership, LeaseTiming};
 use super::{lock, quorum};
 use crate::api::{DistributedLock, RedisQuorum};
 use crate::telemetry::health::Health;
@@ -58,7 +59,7 @@ pub struct RunOptions {
 pub struct Running {
     pub metrics_addr: SocketAddr,
     pub leadership: Arc<Leadership>,
-    pub holdings: Arc<Holdings>,
+    pub keeper: Arc<Keeper>,
     pub task: JoinHandle<()>,
 }
 
@@ -105,9 +106,9 @@ pub async fn start(
     };
 
     let engines = Arc::new(Engines::default());
-    let (holdings, wakes) = Holdings::new(metrics.clone());
+    let (keeper, wakes) = Keeper::new(metrics.clone());
     let keeper_stop = CancellationToken::new();
-    let keeper_task = tokio::spawn(holdings.clone().keep(
+    let keeper_task = tokio::spawn(keeper.clone().keep(
         engines.clone(),
         leadership.clone(),
         keeper_stop.clone(),
@@ -130,7 +131,7 @@ pub async fn start(
     let ctx = Arc::new(Context {
         client: client.clone(),
         engines: engines.clone(),
-        holdings: holdings.clone(),
+        keeper: keeper.clone(),
         leadership: leadership.clone(),
         metrics: metrics.clone(),
         recorder,
@@ -143,23 +144,13 @@ pub async fn start(
         failures: Default::default(),
     });
 
-    // Status writes must not wake the reconcilers: only spec, deletion and finalizer changes do. Extension and
-    // status refreshes are driven by the keeper, quorum health by the requeue interval.
-    let lock_changes = |lock: &DistributedLock| {
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        lock.metadata.generation.hash(&mut hasher);
-        lock.metadata.deletion_timestamp.is_some().hash(&mut hasher);
-        lock.finalizers().hash(&mut hasher);
-        Some(hasher.finish())
-    };
     let lock_health = health.clone();
     let lock_events = watcher(locks_api, watcher::Config::default())
         .default_backoff()
         .reflect(lock_writer)
         .inspect(move |event| record_watch(&lock_health, "distributedlocks", event.is_ok()))
         .touched_objects()
-        .predicate_filter(lock_changes, Default::default());
+        .predicate_filter(lock_trigger, Default::default());
     let quorum_health = health.clone();
     let quorum_engines = engines.clone();
     let deleted_ctx = ctx.clone();
@@ -177,53 +168,16 @@ pub async fn start(
         .touched_objects()
         .predicate_filter(kube::runtime::predicates::generation, Default::default());
 
-    // Pods matter to leader-election locks only when what makes a candidate changes, and to Job locks when
-    // a granted pod starts, stops or goes.
-    let pod_changes = |pod: &Pod| {
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        let view = PodView::of(pod, "");
-        (view.candidate, pod.metadata.deletion_timestamp.is_some()).hash(&mut hasher);
-        pod.metadata.labels.hash(&mut hasher);
-        pod.status
-            .as_ref()
-            .and_then(|status| status.phase.as_deref())
-            .hash(&mut hasher);
-        hasher.finish()
-    };
     let pod_health = health.clone();
     let pod_events = changed_or_deleted(
         watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
             .default_backoff()
             .reflect(pod_writer)
             .inspect(move |event| record_watch(&pod_health, "pods", event.is_ok())),
-        pod_changes,
+        pod_trigger,
     );
     let pod_locks = lock_store.clone();
-    let locks_of_pod = move |pod: Pod| {
-        let namespace = pod.namespace();
-        let name = pod.name_any();
-        let labels = pod.metadata.labels.clone().unwrap_or_default();
-        let granted_by = pod.annotations().get(LOCK_LABEL).cloned();
-        pod_locks
-            .state()
-            .iter()
-            .filter(|lock| lock.namespace() == namespace)
-            .filter(|lock| {
-                if lock.spec.holder.jobs.is_some() {
-                    return granted_by.as_deref() == Some(lock.name_any().as_str());
-                }
-                let Some(policy) = &lock.spec.holder.leader_election else {
-                    return false;
-                };
-                let holder = lock.status.as_ref().and_then(|status| status.holder.as_deref());
-                holder == Some(name.as_str())
-                    || Selector::try_from(policy.selector.clone())
-                        .is_ok_and(|selector| selector.matches(&labels))
-            })
-            .map(|lock| ObjectRef::from_obj(&**lock))
-            .collect::<Vec<_>>()
-    };
+    let locks_of_pod = move |pod: Pod| locks_of_pod(&pod_locks.state(), &pod);
 
     // Only Jobs that queue for a lock are watched.
     let job_health = health.clone();
@@ -241,16 +195,24 @@ pub async fn start(
         .with_config(ControllerConfig::default().concurrency(CONCURRENCY))
         .reconcile_on(receiver_stream(wakes))
         .watches_stream(pod_events, locks_of_pod)
-        .watches_stream(job_events, |job: Job| lock_of(&job))
+        .watches_stream(job_events, |job: Job| lock_of_job(&job))
         .reconcile_all_on(became_leader)
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-        .run(lock::reconcile, lock::error_policy, ctx.clone())
+        .run(
+            lock::reconcile::reconcile,
+            lock::reconcile::error_policy,
+            ctx.clone(),
+        )
         .for_each(|_| async {});
     let quorum_controller = Controller::for_stream(quorum_events, quorum_store)
         .with_config(ControllerConfig::default().concurrency(CONCURRENCY))
         .reconcile_all_on(leader_edges(&leadership))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-        .run(quorum::reconcile, quorum::error_policy, ctx.clone())
+        .run(
+            quorum::reconcile::reconcile,
+            quorum::reconcile::error_policy,
+            ctx.clone(),
+        )
         .for_each(|_| async {});
 
     let leader_gauge = metrics.clone();
@@ -272,7 +234,7 @@ pub async fn start(
         tokio::join!(lock_controller, quorum_controller);
         keeper_stop.cancel();
         let _ = keeper_task.await;
-        let held = ctx.holdings.len();
+        let held = ctx.keeper.len();
         if held > 0 {
             tracing::info!(
                 locks = held,
@@ -290,7 +252,7 @@ pub async fn start(
     Ok(Running {
         metrics_addr,
         leadership,
-        holdings,
+        keeper,
         task,
     })
 }

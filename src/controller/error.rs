@@ -1,0 +1,69 @@
+//! The one error type of the reconcilers: what failed, and the label it is counted under in
+//! `redlock_reconcile_errors_total`.
+
+use kube::runtime::finalizer;
+
+use crate::redlock::ValueError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// Not an error of the object: this replica may not write. Handled without backoff.
+    #[error("not the active replica")]
+    NotLeader,
+    #[error("status kept changing under us; retrying")]
+    Conflict,
+    /// Adding or removing the finalizer failed; kept whole so its cause (an API error) is not lost.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<finalizer::Error<Error>>),
+    #[error("lock value: {0}")]
+    Value(#[from] ValueError),
+    #[error("cannot encode: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+impl Error {
+    /// The `error` label of `redlock_reconcile_errors_total`.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Kube(_) => "kube_api",
+            Self::NotLeader => "not_leader",
+            Self::Conflict => "conflict",
+            Self::Finalizer(_) => "finalizer",
+            Self::Value(_) => "lock_value",
+            Self::Encode(_) => "encode",
+        }
+    }
+}
+
+/// Whether a call failed because the object is gone (HTTP 404): a write to something deleted is no error.
+pub fn is_not_found(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.is_not_found())
+}
+
+/// Whether a write failed its resourceVersion precondition (HTTP 409).
+pub fn is_conflict(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.is_conflict())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_has_a_distinct_metric_label() {
+        let errors = [
+            Error::Kube(kube::Error::LinesCodecMaxLineLengthExceeded),
+            Error::NotLeader,
+            Error::Conflict,
+            Error::Finalizer(Box::new(finalizer::Error::UnnamedObject)),
+            Error::Value(ValueError::Random("x".into())),
+            Error::Encode(serde_json::from_str::<u8>("x").unwrap_err()),
+        ];
+        let mut labels: Vec<&str> = errors.iter().map(Error::metric_label).collect();
+        labels.sort_unstable();
+        labels.dedup();
+        assert_eq!(labels.len(), errors.len());
+    }
+}

@@ -1,0 +1,291 @@
+//! Acquiring a lock, taking over a predecessor's acquisition, and keeping status fresh while it is held.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use rand::Rng;
+use tokio::time::Instant;
+
+use super::release::release_held;
+use super::wait::not_ready;
+use super::{Target, stamp_now};
+use crate::api::conditions::Stamp;
+use crate::api::{DistributedLockStatus, LockPhase};
+use crate::controller::context::Context;
+use crate::controller::error::Error;
+use crate::controller::keeper::{HeldView, Holding};
+use crate::controller::lock::RESYNC;
+use crate::controller::lock::decide::{contended_retry, resume_still_possible};
+use crate::controller::lock::status::{self, Blocked, HeldFacts, wall_at};
+use crate::controller::lock::status_write::write_status;
+use crate::redlock::{AcquireError, ExtendError, FailureKind, Lease, OperationReport};
+use crate::telemetry::metrics::OutcomeLabels;
+
+pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, token: i64) -> Result<Action, Error> {
+    ctx.ensure_leader()?;
+    let uid = target.lock.uid().unwrap_or_default();
+    let value = ctx.secret.lock_value(&target.settings.key, &uid, token, holder)?;
+    let started = Instant::now();
+    let result = target
+        .engine
+        .engine
+        .try_acquire(&target.settings.key, target.settings.ttl, value)
+        .await;
+    let outcome = match &result {
+        Ok(_) => "acquired",
+        Err(AcquireError::NotAcquired {
+            kind: FailureKind::Contended,
+            ..
+        }) => "contended",
+        Err(AcquireError::NotAcquired { .. }) => "unavailable",
+        Err(_) => "error",
+    };
+    ctx.metrics
+        .acquire_seconds
+        .get_or_create(&OutcomeLabels {
+            outcome: outcome.to_owned(),
+        })
+        .observe(started.elapsed().as_secs_f64());
+    match result {
+        Ok(lease) => {
+            // Kept from this moment: the status write below takes an API round trip of the validity.
+            keep(target, ctx, &lease, token);
+            match show_held(target, ctx, holder, &lease, token, true).await {
+                Ok(true) => {
+                    let note = format!(
+                        "{holder} holds the lock with fencing token {token} ({} of {} masters)",
+                        lease.report().votes(),
+                        lease.report().nodes.len()
+                    );
+                    tracing::info!(lock = %target.lref, token, %holder, "acquired");
+                    ctx.publish(target.lock, EventType::Normal, "Acquired", note)
+                        .await;
+                    Ok(Action::requeue(RESYNC))
+                }
+                Ok(false) => {
+                    // Another writer advanced the token first: this acquisition is not the lock's.
+                    release_held(ctx, &target.lref, Some(&target.settings.quorum)).await;
+                    Ok(Action::requeue(Duration::from_secs(1)))
+                }
+                Err(err) => {
+                    release_held(ctx, &target.lref, Some(&target.settings.quorum)).await;
+                    Err(err)
+                }
+            }
+        }
+        Err(AcquireError::NotAcquired { kind, report, .. }) => waiting(target, ctx, kind, &report).await,
+        Err(AcquireError::Config(err)) => {
+            not_ready(
+                target.lock,
+                ctx,
+                LockPhase::Invalid,
+                "InvalidTtl",
+                err.to_string(),
+                None,
+            )
+            .await
+        }
+        Err(AcquireError::Value(err)) => Err(Error::Value(err)),
+    }
+}
+
+/// Held and kept by this replica, and status is due (or out of date): show the current validity.
+pub async fn refresh_status(
+    target: &Target<'_>,
+    ctx: &Context,
+    holder: &str,
+    held: &HeldView,
+) -> Result<Action, Error> {
+    if show_held(target, ctx, holder, &held.lease, held.token, false).await? {
+        return Ok(Action::requeue(RESYNC));
+    }
+    // Status shows a newer token than ours: this acquisition is stale for everyone who fences on the token. Give
+    // it up and acquire above that token.
+    tracing::warn!(lock = %target.lref, token = held.token, "a newer fencing token is in status: re-acquiring above it");
+    release_held(ctx, &target.lref, Some(&held.quorum)).await;
+    Ok(Action::requeue(Duration::from_millis(10)))
+}
+
+/// Not acquired: say who or what blocks it, and try again after a pause.
+async fn waiting(
+    target: &Target<'_>,
+    ctx: &Context,
+    kind: FailureKind,
+    report: &OperationReport,
+) -> Result<Action, Error> {
+    let ttl = target.settings.ttl;
+    let (phase, reason, message, retry) = match kind {
+        FailureKind::Contended => {
+            let blocker = report
+                .blocking_holder()
+                .unwrap_or_else(|| "another holder".into());
+            (
+                LockPhase::Contended,
+                "Contended",
+                format!("key `{}` is held by {blocker}; retrying", target.settings.key),
+                contended_retry(ttl, rand::rng().random()),
+            )
+        }
+        FailureKind::TooFewMasters => (
+            LockPhase::Pending,
+            "QuorumUnavailable",
+            format!(
+                "too few masters of RedisQuorum `{}` can vote ({}); {} are needed; retrying",
+                target.settings.quorum,
+                report.unreachable_summary(),
+                report.quorum
+            ),
+            Duration::from_secs(2),
+        ),
+        FailureKind::ValidityExhausted => (
+            LockPhase::Pending,
+            "SlowMasters",
+            "a majority granted the lock too slowly to leave any validity; retrying".to_owned(),
+            Duration::from_millis(200),
+        ),
+    };
+    let blocked = Blocked {
+        phase,
+        reason,
+        message: &message,
+        report,
+    };
+    let decoration = target.policy.decoration(None, target.keep.fence_margin);
+    let before = target.lock.status.as_ref().and_then(|status| status.phase);
+    let stamp = stamp_now(target.lock);
+    let written = write_status(ctx, target.lock, |current| {
+        Some(status::waiting(
+            current,
+            &blocked,
+            &decoration,
+            target.keep.fence_margin,
+            stamp,
+        ))
+    })
+    .await?;
+    if written && before != Some(phase) {
+        let type_ = if phase == LockPhase::Contended {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        };
+        ctx.publish(target.lock, type_, reason, message).await;
+    }
+    Ok(Action::requeue(retry))
+}
+
+/// Status says `holder` has the lock with `token`, but this replica does not keep it: a predecessor (restarted or
+/// failed-over replica) did. Take it over without a new token.
+pub async fn resume(
+    target: &Target<'_>,
+    ctx: &Context,
+    holder: &str,
+    token: i64,
+    status: &DistributedLockStatus,
+) -> Result<Action, Error> {
+    ctx.ensure_leader()?;
+    match take_back(target, ctx, token, holder).await? {
+        Ok(lease) => {
+            tracing::info!(lock = %target.lref, token, "resumed a lock held by a previous replica");
+            show_held(target, ctx, holder, &lease, token, false).await?;
+            Ok(Action::requeue(RESYNC))
+        }
+        Err(ExtendError::NoQuorum { .. } | ExtendError::Expired { .. })
+            if resume_still_possible(status, target.keep.fence_margin, Timestamp::now()) =>
+        {
+            Ok(Action::requeue(target.keep.retry_interval))
+        }
+        Err(ExtendError::Lost { holder: by, .. }) => {
+            let by = by.unwrap_or_else(|| "another holder".into());
+            let reason = format!("taken over by {by} while no replica was extending it");
+            super::fence::report_lost(target, ctx, holder, &reason).await
+        }
+        Err(err) => {
+            let reason = format!("could not be resumed after a controller restart: {err}");
+            super::fence::report_lost(target, ctx, holder, &reason).await
+        }
+    }
+}
+
+/// Takes over the acquisition with `token` for `holder` (its value rebuilt from the installation secret) and
+/// keeps it from now on; the inner error says why it could not be taken back.
+pub async fn take_back(
+    target: &Target<'_>,
+    ctx: &Context,
+    token: i64,
+    holder: &str,
+) -> Result<Result<Lease, ExtendError>, Error> {
+    let uid = target.lock.uid().unwrap_or_default();
+    let value = ctx.secret.lock_value(&target.settings.key, &uid, token, holder)?;
+    let result = target
+        .engine
+        .engine
+        .reclaim(&target.settings.key, target.settings.ttl, value)
+        .await;
+    if let Ok(lease) = &result {
+        keep(target, ctx, lease, token);
+    }
+    Ok(result)
+}
+
+/// Writes the `Held` status for `lease`, then lets the policy act on the holder (label, grant). With
+/// `new_token`, only if status still shows an older token; without, only if it shows no newer one — the
+/// resourceVersion precondition makes check and write one atomic step. `Ok(false)`: a newer token is there.
+pub async fn show_held(
+    target: &Target<'_>,
+    ctx: &Context,
+    holder: &str,
+    lease: &Lease,
+    token: i64,
+    new_token: bool,
+) -> Result<bool, Error> {
+    let now = Instant::now();
+    let wall_now = Timestamp::now();
+    let facts = HeldFacts {
+        holder,
+        token,
+        new_token,
+        renewed_at: wall_at(lease.granted_at(), now, wall_now),
+        valid_until: wall_at(lease.valid_until(), now, wall_now),
+        report: lease.report(),
+    };
+    let margin = target.keep.fence_margin;
+    let decoration = target.policy.decoration(Some(holder), margin);
+    let stamp = Stamp {
+        now: wall_now,
+        ..stamp_now(target.lock)
+    };
+    let written = write_status(ctx, target.lock, |current| {
+        status::held(current, &facts, &decoration, margin, stamp)
+    })
+    .await?;
+    if written {
+        ctx.keeper.note_token(&target.lref, token);
+        ctx.keeper.status_written(&target.lref, lease.valid_until());
+        let valid_until = MicroTime(facts.valid_until);
+        target
+            .policy
+            .after_held(ctx, target.lock, holder, token, &valid_until, margin)
+            .await?;
+    }
+    Ok(written)
+}
+
+/// Hands `lease` to the keeper, which extends it from now on.
+fn keep(target: &Target<'_>, ctx: &Context, lease: &Lease, token: i64) {
+    let settings = &target.settings;
+    ctx.keeper.insert(
+        target.lref.clone(),
+        lease.clone(),
+        Holding {
+            quorum: settings.quorum.clone(),
+            key: settings.key.clone(),
+            token,
+            policy: target.keep,
+        },
+    );
+}

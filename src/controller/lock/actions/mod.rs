@@ -1,0 +1,39 @@
+//! What the lock reconciler does on Redis and the API once it has decided: acquire, resume and refresh
+//! (`acquire`), release (`release`), fence and take back (`fence`), and the statuses of a lock nobody may hold
+//! now (`wait`). Every status they write is one of the pure edits in `super::status`.
+
+pub mod acquire;
+pub mod fence;
+pub mod release;
+pub mod wait;
+
+use std::sync::Arc;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::Resource;
+
+use super::policy::Policy;
+use super::settings::LockSettings;
+use crate::api::DistributedLock;
+use crate::api::conditions::Stamp;
+use crate::controller::engines::QuorumEngine;
+use crate::controller::keeper::LockRef;
+use crate::redlock::KeepPolicy;
+
+/// A lock whose spec and quorum can be acted on, with its policy observed.
+pub struct Target<'a> {
+    pub lock: &'a DistributedLock,
+    pub lref: LockRef,
+    pub settings: LockSettings,
+    pub engine: Arc<QuorumEngine>,
+    pub keep: KeepPolicy,
+    pub policy: Policy,
+}
+
+/// The stamp of a status edit made now.
+pub fn stamp_now(lock: &DistributedLock) -> Stamp {
+    Stamp {
+        generation: lock.meta().generation,
+        now: Timestamp::now(),
+    }
+}

@@ -1,0 +1,148 @@
+//! Releasing a lock's key: when the spec wants another holder, when a Job finished, when the lock is deleted.
+
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+
+use super::{Target, stamp_now};
+use crate::api::{DistributedLock, LockPhase};
+use crate::controller::context::Context;
+use crate::controller::engines::QuorumLookup;
+use crate::controller::error::Error;
+use crate::controller::keeper::{HeldView, LockRef};
+use crate::controller::lock::status;
+use crate::controller::lock::status_write::write_status;
+use crate::redlock::OperationReport;
+
+/// Stops keeping the lock and deletes its key where it is still ours.
+pub async fn release_held(ctx: &Context, lref: &LockRef, quorum: Option<&str>) -> Option<OperationReport> {
+    let lease = ctx.keeper.remove(lref).await?;
+    match ctx.engines.lookup(quorum?) {
+        QuorumLookup::Ready(engine) => Some(engine.engine.release(&lease).await),
+        _ => None,
+    }
+}
+
+/// This replica holds a lock that no longer matches the spec (holder, key or quorum changed): release it first.
+pub async fn release_for_change(
+    target: &Target<'_>,
+    ctx: &Context,
+    held: Option<HeldView>,
+    wanted: &str,
+) -> Result<Action, Error> {
+    let previous = held
+        .as_ref()
+        .map(|held| held.lease.holder().to_owned())
+        .unwrap_or_default();
+    release_held(ctx, &target.lref, held.as_ref().map(|held| held.quorum.as_str())).await;
+    let note = format!(
+        "released for {previous}: the spec now wants {wanted} on `{}`",
+        target.settings.key
+    );
+    ctx.publish(target.lock, EventType::Normal, "Released", note.clone())
+        .await;
+    show_released(ctx, target.lock, &note).await?;
+    Ok(Action::requeue(Duration::from_millis(10)))
+}
+
+/// Status names a holder other than the wanted one, held by a predecessor of this replica: release that
+/// acquisition (its value is rebuilt from the token) before acquiring for the new holder.
+pub async fn release_previous(
+    target: &Target<'_>,
+    ctx: &Context,
+    wanted: &str,
+    token: i64,
+    previous: &str,
+) -> Result<Action, Error> {
+    ctx.ensure_leader()?;
+    let uid = target.lock.uid().unwrap_or_default();
+    let value = ctx
+        .secret
+        .lock_value(&target.settings.key, &uid, token, previous)?;
+    target
+        .engine
+        .engine
+        .release_value(&target.settings.key, value)
+        .await;
+    let message = format!("released for {previous}: the holder changed to {wanted}");
+    show_released(ctx, target.lock, &message).await?;
+    ctx.publish(target.lock, EventType::Normal, "Released", message)
+        .await;
+    Ok(Action::requeue(Duration::from_millis(10)))
+}
+
+/// Job fencing: the holding Job completed, failed or is gone.
+pub async fn release_finished(
+    target: &Target<'_>,
+    ctx: &Context,
+    held: Option<&HeldView>,
+    job: &str,
+) -> Result<Action, Error> {
+    let quorum = held.map(|held| held.quorum.as_str());
+    if release_held(ctx, &target.lref, quorum).await.is_none() {
+        release_from_status(target.lock, ctx).await?;
+    }
+    let note = format!("released: Job {job} finished or is gone");
+    ctx.publish(target.lock, EventType::Normal, "Released", note.clone())
+        .await;
+    show_released(ctx, target.lock, &note).await?;
+    Ok(Action::requeue(Duration::from_millis(10)))
+}
+
+/// The lock is being deleted: release its key before the finalizer goes.
+pub async fn cleanup(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
+    ctx.ensure_leader()?;
+    let lref = ObjectRef::from_obj(lock);
+    let released = match ctx.keeper.view(&lref) {
+        Some(held) => release_held(ctx, &lref, Some(&held.quorum)).await,
+        None => release_from_status(lock, ctx).await?,
+    };
+    if let Some(report) = released {
+        let note = format!(
+            "released on deletion ({} of {} masters deleted the key)",
+            report.votes(),
+            report.nodes.len()
+        );
+        ctx.publish(lock, EventType::Normal, "Released", note).await;
+    }
+    Ok(Action::await_change())
+}
+
+/// A predecessor's acquisition named in status: rebuild its value and delete it.
+pub async fn release_from_status(
+    lock: &DistributedLock,
+    ctx: &Context,
+) -> Result<Option<OperationReport>, Error> {
+    let Some(status) = &lock.status else {
+        return Ok(None);
+    };
+    let (Some(LockPhase::Held | LockPhase::Lost), Some(holder), Some(token)) =
+        (status.phase, &status.holder, status.fencing_token)
+    else {
+        return Ok(None);
+    };
+    let QuorumLookup::Ready(engine) = ctx.engines.lookup(&lock.spec.quorum) else {
+        return Ok(None);
+    };
+    let namespace = lock.namespace().unwrap_or_default();
+    let key = lock
+        .spec
+        .resource_key
+        .clone()
+        .unwrap_or_else(|| format!("{namespace}/{}", lock.name_any()));
+    let value = ctx
+        .secret
+        .lock_value(&key, &lock.uid().unwrap_or_default(), token, holder)?;
+    Ok(Some(engine.engine.release_value(&key, value).await))
+}
+
+async fn show_released(ctx: &Context, lock: &DistributedLock, message: &str) -> Result<bool, Error> {
+    let stamp = stamp_now(lock);
+    write_status(ctx, lock, |current| {
+        Some(status::released(current, message, stamp))
+    })
+    .await
+}

@@ -1,0 +1,85 @@
+//! A lock nobody may hold now: its spec or quorum cannot be acted on, or its policy lets nobody hold it yet.
+
+use std::time::Duration;
+
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+
+use super::release::release_held;
+use super::{Target, stamp_now};
+use crate::api::{DistributedLock, LockPhase};
+use crate::controller::context::Context;
+use crate::controller::error::Error;
+use crate::controller::lock::policy::Waiting;
+use crate::controller::lock::status;
+use crate::controller::lock::status_write::write_status;
+
+/// The spec or the quorum cannot be acted on: release whatever is held and say why.
+pub async fn not_ready(
+    lock: &DistributedLock,
+    ctx: &Context,
+    phase: LockPhase,
+    reason: &'static str,
+    message: String,
+    retry: Option<Duration>,
+) -> Result<Action, Error> {
+    let lref = ObjectRef::from_obj(lock);
+    if let Some(held) = ctx.keeper.view(&lref) {
+        release_held(ctx, &lref, Some(&held.quorum)).await;
+    }
+    let before = lock.status.as_ref().and_then(|status| status.phase);
+    let stamp = stamp_now(lock);
+    let written = write_status(ctx, lock, |current| {
+        Some(status::not_ready(current, phase, reason, &message, stamp))
+    })
+    .await?;
+    if written && before != Some(phase) {
+        ctx.publish(lock, EventType::Warning, reason, message).await;
+    }
+    Ok(retry.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// The lock's quorum cannot be used: waits (looked at again every 30 s, and at once when the quorum changes).
+pub async fn quorum_not_ready(
+    lock: &DistributedLock,
+    ctx: &Context,
+    reason: &'static str,
+    message: String,
+) -> Result<Action, Error> {
+    not_ready(
+        lock,
+        ctx,
+        LockPhase::Pending,
+        reason,
+        message,
+        Some(Duration::from_secs(30)),
+    )
+    .await
+}
+
+/// The policy lets nobody hold the lock now: say why. A change of the pods or Jobs wakes the lock.
+pub async fn wait_for_policy(target: &Target<'_>, ctx: &Context, waiting: &Waiting) -> Result<Action, Error> {
+    if waiting.release_kept
+        && let Some(held) = ctx.keeper.view(&target.lref)
+    {
+        release_held(ctx, &target.lref, Some(&held.quorum)).await;
+    }
+    let decoration = target.policy.decoration(None, target.keep.fence_margin);
+    let before = target.lock.status.as_ref().and_then(|status| status.phase);
+    let stamp = stamp_now(target.lock);
+    let written = write_status(ctx, target.lock, |current| {
+        Some(status::policy_waiting(current, waiting, &decoration, stamp))
+    })
+    .await?;
+    if written && waiting.warn_if_was_held && before == Some(LockPhase::Held) {
+        ctx.publish(
+            target.lock,
+            EventType::Warning,
+            waiting.reason,
+            waiting.message.clone(),
+        )
+        .await;
+    }
+    Ok(Action::requeue(waiting.retry))
+}

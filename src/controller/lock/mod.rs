@@ -1,0 +1,20 @@
+//! The `DistributedLock` controller: validate the spec (`settings`, pure) → observe the holder policy (`policy`)
+//! → decide (`decide`, pure) → act on Redis and the API (`actions`) → status (`status`: pure edits;
+//! `status_write`: the one write). `reconcile` is the entry point and the dispatch.
+//! Extension itself is the keeper's job; it wakes this reconciler when a lock is lost or its status is due.
+
+use std::time::Duration;
+
+pub mod actions;
+pub mod decide;
+pub mod policy;
+pub mod reconcile;
+pub mod settings;
+pub mod status;
+pub mod status_write;
+
+/// Present while the operator may still hold the lock's key: deletion waits for the release.
+pub const FINALIZER: &str = "redlock.io/release";
+
+/// A held lock is looked at again at least this often even when nothing wakes it.
+pub const RESYNC: Duration = Duration::from_secs(300);

@@ -1,0 +1,265 @@
+//! Who should hold a lock, by its holder policy: a fixed identity, the elected pod, or the Job whose turn it is.
+//! A policy is observed from the watch caches, makes the writes that must come before the lock moves
+//! ([`Policy::prepare`]: stray leader labels removed, stray Jobs suspended), then says whose turn it is
+//! ([`Policy::turn`]). It decorates the lock's status and acts on its holder once the lock is held
+//! ([`Policy::after_held`]) and before it is given up as lost ([`Policy::before_lost`]).
+
+pub mod jobs;
+pub mod leader;
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::ResourceExt;
+
+use self::jobs::{JobQueue, JobStep, LOCK_LABEL};
+use self::leader::Election;
+use super::settings::{HolderKind, LockSettings};
+use crate::api::DistributedLock;
+use crate::controller::context::Context;
+use crate::controller::error::Error;
+
+/// The annotation that carries the fencing token: on the leader pod, and in a granted Job's pod template.
+pub const TOKEN_ANNOTATION: &str = "redlock.io/fencing-token";
+
+/// A lock's holder policy, as observed for one reconciliation.
+pub enum Policy {
+    Identity(String),
+    Leader(Box<Election>),
+    Jobs(Box<JobQueue>),
+}
+
+/// Whose turn it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Turn {
+    /// This holder should have the lock.
+    Hold(String),
+    /// Job fencing: a fenced Job's pods are gone and its token is still the latest: take the lock back with that
+    /// token and let it run again.
+    ResumeFenced { job: String, token: i64 },
+    /// The holder (a Job) finished or is gone: release, then look again.
+    ReleaseFinished(String),
+    /// A fenced Job's token can no longer be used: queue it again for a new one.
+    Requeue { job: String, token: i64 },
+    /// Nobody may hold the lock now.
+    Wait(Waiting),
+}
+
+/// Why nobody may hold the lock now, for the `Held` condition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Waiting {
+    pub reason: &'static str,
+    pub message: String,
+    /// A `Lost` phase stays until the lock is held again (Job fencing: the fenced Job is still being stopped).
+    pub keep_lost: bool,
+    /// Whatever this replica still keeps is released (a leader nobody may be). Job fencing leaves the keys of a
+    /// fenced Job to expire instead: if the masters come back before they do, the Job resumes with its token.
+    pub release_kept: bool,
+    /// A Warning Event when the lock was held until now.
+    pub warn_if_was_held: bool,
+    pub retry: Duration,
+}
+
+/// What the policy adds to status: candidates, the queue, Jobs that may outlive the fence margin.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Decoration {
+    pub candidates: Option<Vec<String>>,
+    pub queue: Option<Vec<String>>,
+    /// Jobs whose pods may take longer to stop than the fence margin, with that time.
+    pub slow_jobs: Option<Vec<(String, Duration)>>,
+}
+
+/// What happens to the keys of a lost lock once its holder is fenced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeysAfterLoss {
+    Release,
+    /// Left to expire: if the masters come back before they do, the fenced Job resumes with its own token.
+    LeaveToExpire,
+}
+
+impl Policy {
+    /// Observes the policy from the caches. `current`: who holds the lock per this replica or status;
+    /// `latest_token`: the highest token known for it. `Err`: a message for `Ready=False` (`InvalidSelector`).
+    pub fn observe(
+        ctx: &Context,
+        lock: &DistributedLock,
+        settings: &LockSettings,
+        current: Option<&str>,
+        latest_token: i64,
+    ) -> Result<Self, String> {
+        Ok(match &settings.holder {
+            HolderKind::Identity(holder) => Self::Identity(holder.clone()),
+            HolderKind::LeaderElection(election) => {
+                Self::Leader(Box::new(Election::observe(ctx, lock, election, current)?))
+            }
+            HolderKind::Jobs => Self::Jobs(Box::new(JobQueue::observe(ctx, lock, current, latest_token))),
+        })
+    }
+
+    /// The writes that must come before the lock moves. `kept`: the holder of the lease this replica keeps (not
+    /// lost).
+    pub async fn prepare(
+        &mut self,
+        ctx: &Context,
+        kept: Option<&str>,
+        current: Option<&str>,
+    ) -> Result<(), Error> {
+        match self {
+            Self::Identity(_) => Ok(()),
+            // The label stays only on a leader whose lock is held and who is still the one to lead; every other
+            // pod loses it before the lock moves.
+            Self::Leader(election) => {
+                let keep = kept.filter(|holder| election.chosen.as_deref() == Some(*holder));
+                election.unlabel_all_but(ctx, keep).await
+            }
+            Self::Jobs(jobs) => {
+                jobs.suspend_strays(ctx, current).await?;
+                jobs.recheck_pods(ctx).await
+            }
+        }
+    }
+
+    pub fn turn(&self, lock: &DistributedLock) -> Turn {
+        match self {
+            Self::Identity(holder) => Turn::Hold(holder.clone()),
+            Self::Leader(election) => match &election.chosen {
+                Some(chosen) => Turn::Hold(chosen.clone()),
+                None => Turn::Wait(Waiting {
+                    reason: "NoCandidates",
+                    message: "no pod matching spec.holder.leaderElection.selector is running and ready"
+                        .to_owned(),
+                    keep_lost: false,
+                    release_kept: true,
+                    warn_if_was_held: true,
+                    retry: super::RESYNC,
+                }),
+            },
+            Self::Jobs(jobs) => jobs_turn(&jobs.step, &lock.name_any()),
+        }
+    }
+
+    /// What status shows of the policy while `holder` (if any) holds the lock.
+    pub fn decoration(&self, holder: Option<&str>, fence_margin: Duration) -> Decoration {
+        match self {
+            Self::Identity(_) => Decoration::default(),
+            Self::Leader(election) => Decoration {
+                candidates: Some(election.candidates.clone()),
+                ..Decoration::default()
+            },
+            Self::Jobs(jobs) => Decoration {
+                queue: Some(
+                    jobs.queue
+                        .iter()
+                        .filter(|job| Some(job.as_str()) != holder)
+                        .cloned()
+                        .collect(),
+                ),
+                slow_jobs: Some(jobs.slow(fence_margin)),
+                ..Decoration::default()
+            },
+        }
+    }
+
+    /// Status shows `holder` with `token`: label the leader, or grant the Job.
+    pub async fn after_held(
+        &self,
+        ctx: &Context,
+        lock: &DistributedLock,
+        holder: &str,
+        token: i64,
+        valid_until: &MicroTime,
+        fence_margin: Duration,
+    ) -> Result<(), Error> {
+        match self {
+            Self::Identity(_) => Ok(()),
+            // Labelled only once status shows the new token, so what the pod reads agrees with status.
+            Self::Leader(election) => election.label(ctx, holder, token, valid_until).await,
+            // Granted only once status shows the token the Job is given.
+            Self::Jobs(jobs) => {
+                jobs.grant(ctx, holder, token, &lock.name_any(), fence_margin)
+                    .await
+            }
+        }
+    }
+
+    /// The lock is lost: fence its holder first (the Service stops reaching the leader; the Job is suspended).
+    pub async fn before_lost(
+        &self,
+        ctx: &Context,
+        holder: &str,
+        token: i64,
+        reason: &str,
+    ) -> Result<KeysAfterLoss, Error> {
+        match self {
+            Self::Identity(_) => Ok(KeysAfterLoss::Release),
+            Self::Leader(election) => {
+                election.unlabel(ctx, holder).await?;
+                Ok(KeysAfterLoss::Release)
+            }
+            Self::Jobs(jobs) => {
+                jobs.fence(ctx, holder, token, reason).await?;
+                Ok(KeysAfterLoss::LeaveToExpire)
+            }
+        }
+    }
+}
+
+/// Job fencing's step as a turn.
+fn jobs_turn(step: &JobStep, lock: &str) -> Turn {
+    let wait = |reason, message| {
+        Turn::Wait(Waiting {
+            reason,
+            message,
+            keep_lost: true,
+            release_kept: false,
+            warn_if_was_held: false,
+            retry: Duration::from_secs(5),
+        })
+    };
+    match step.clone() {
+        JobStep::Hold(job) | JobStep::Grant(job) => Turn::Hold(job),
+        JobStep::ResumeFenced { job, token } => Turn::ResumeFenced { job, token },
+        JobStep::ReleaseFinished(job) => Turn::ReleaseFinished(job),
+        JobStep::Requeue { job, token } => Turn::Requeue { job, token },
+        JobStep::WaitForFenced(job) => wait(
+            "WaitingForFencedJob",
+            format!("waiting for the pods of fenced Job {job} to stop before the next Job runs"),
+        ),
+        JobStep::WaitForPods(pods) => wait(
+            "WaitingForEarlierPods",
+            format!(
+                "waiting for pods of an earlier grant to stop before the next Job runs: {}; a Job deleted with propagationPolicy Orphan leaves its pods running",
+                pods.join(", ")
+            ),
+        ),
+        JobStep::Idle => wait(
+            "QueueEmpty",
+            format!("no Job labelled {LOCK_LABEL}={lock} is waiting"),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_steps_become_turns_with_the_reasons_status_shows() {
+        assert_eq!(
+            jobs_turn(&JobStep::Grant("a".into()), "l"),
+            Turn::Hold("a".into())
+        );
+        let Turn::Wait(idle) = jobs_turn(&JobStep::Idle, "batch") else {
+            panic!("an empty queue waits");
+        };
+        assert_eq!(idle.reason, "QueueEmpty");
+        assert!(idle.message.contains("redlock.io/lock=batch"), "{}", idle.message);
+        assert!(idle.keep_lost, "a lost Job lock stays Lost while it waits");
+        let Turn::Wait(pods) = jobs_turn(&JobStep::WaitForPods(vec!["p (Job j, token 3)".into()]), "l")
+        else {
+            panic!("earlier pods hold the queue");
+        };
+        assert_eq!(pods.reason, "WaitingForEarlierPods");
+        assert!(pods.message.contains("p (Job j, token 3)"));
+    }
+}

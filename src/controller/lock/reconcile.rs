@@ -1,0 +1,163 @@
+//! The `DistributedLock` reconciler's entry point: the finalizer, then validate → observe the policy → decide →
+//! dispatch to the actions.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
+use kube::runtime::reflector::ObjectRef;
+
+use super::actions::{self, Target};
+use super::decide::{LockAction, Wanted, current_holder, decide};
+use super::policy::{Policy, Turn};
+use super::settings::lock_settings;
+use super::{FINALIZER, RESYNC};
+use crate::api::{DistributedLock, LockPhase};
+use crate::controller::context::Context;
+use crate::controller::engines::QuorumLookup;
+use crate::controller::error::Error;
+use crate::redlock::KeepPolicy;
+
+pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let lref = ObjectRef::from_obj(&*lock);
+    if !ctx.leadership.is_leader() {
+        tracing::debug!(lock = %lref, "standby: not reconciling");
+        return Ok(Action::await_change());
+    }
+    let api: Api<DistributedLock> =
+        Api::namespaced(ctx.client.clone(), &lock.namespace().unwrap_or_default());
+    let result = finalizer(&api, FINALIZER, lock, |event| async {
+        match event {
+            FinalizerEvent::Apply(lock) => apply(&lock, &ctx).await,
+            FinalizerEvent::Cleanup(lock) => actions::release::cleanup(&lock, &ctx).await,
+        }
+    })
+    .await;
+    match result {
+        Ok(action) => {
+            ctx.succeeded(&lref);
+            Ok(action)
+        }
+        Err(finalizer::Error::ApplyFailed(err) | finalizer::Error::CleanupFailed(err)) => Err(err),
+        Err(other) => Err(Error::Finalizer(Box::new(other))),
+    }
+}
+
+pub fn error_policy(lock: Arc<DistributedLock>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.backoff(&ObjectRef::from_obj(&*lock), error, "distributedlock")
+}
+
+async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
+    let lref = ObjectRef::from_obj(lock);
+    let engine = match ctx.engines.lookup(&lock.spec.quorum) {
+        QuorumLookup::Ready(engine) => engine,
+        QuorumLookup::Missing if ctx.quorum_exists(&lock.spec.quorum) != Some(false) => {
+            // The quorum exists (or the cache is still syncing) but its engine is not built yet, as right after
+            // a start: status is left alone — it may show a lock a predecessor holds — and the quorum
+            // reconciler wakes this lock when the engine is there.
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
+        QuorumLookup::Missing => {
+            let message = format!(
+                "RedisQuorum `{}` does not exist: create it, or set spec.quorum to an existing one",
+                lock.spec.quorum
+            );
+            return actions::wait::quorum_not_ready(lock, ctx, "QuorumNotFound", message).await;
+        }
+        QuorumLookup::Unusable(problem) => {
+            let message = format!(
+                "RedisQuorum `{}` cannot be used ({}): {problem}",
+                lock.spec.quorum,
+                problem.reason()
+            );
+            return actions::wait::quorum_not_ready(lock, ctx, "QuorumNotReady", message).await;
+        }
+    };
+    let namespace = lock.namespace().unwrap_or_default();
+    let config = engine.engine.config();
+    let settings = match lock_settings(&lock.spec, &namespace, &lock.name_any(), config.max_ttl) {
+        Ok(settings) => settings,
+        Err(invalid) => {
+            return actions::wait::not_ready(
+                lock,
+                ctx,
+                LockPhase::Invalid,
+                invalid.reason,
+                invalid.message,
+                None,
+            )
+            .await;
+        }
+    };
+    let status = lock.status.clone().unwrap_or_default();
+    let held = ctx.keeper.view(&lref);
+    let current = current_holder(held.as_ref(), &status);
+    let latest_token = status
+        .fencing_token
+        .unwrap_or(0)
+        .max(ctx.keeper.highest_token(&lref));
+    let mut policy = match Policy::observe(ctx, lock, &settings, current.as_deref(), latest_token) {
+        Ok(policy) => policy,
+        Err(message) => {
+            return actions::wait::not_ready(lock, ctx, LockPhase::Invalid, "InvalidSelector", message, None)
+                .await;
+        }
+    };
+    let kept = held
+        .as_ref()
+        .filter(|held| held.lost.is_none())
+        .map(|held| held.lease.holder().to_owned());
+    policy.prepare(ctx, kept.as_deref(), current.as_deref()).await?;
+    let mut keep = KeepPolicy::for_ttl(settings.ttl, config.node_timeout);
+    if let Some(margin) = settings.fence_margin {
+        keep.fence_margin = margin;
+    }
+    let turn = policy.turn(lock);
+    let target = Target {
+        lock,
+        lref,
+        settings,
+        engine,
+        keep,
+        policy,
+    };
+    let holder = match turn {
+        Turn::Hold(holder) => holder,
+        Turn::ResumeFenced { job, token } => {
+            return actions::fence::resume_fenced(&target, ctx, &job, token).await;
+        }
+        Turn::ReleaseFinished(job) => {
+            return actions::release::release_finished(&target, ctx, held.as_ref(), &job).await;
+        }
+        Turn::Requeue { job, token } => return actions::fence::requeue(&target, ctx, &job, token).await,
+        Turn::Wait(waiting) => return actions::wait::wait_for_policy(&target, ctx, &waiting).await,
+    };
+    let wanted = Wanted {
+        holder: &holder,
+        key: &target.settings.key,
+        quorum: &target.settings.quorum,
+    };
+    let action = decide(wanted, held.as_ref(), &status, latest_token);
+    tracing::debug!(lock = %target.lref, ?action, "decided");
+    match action {
+        LockAction::Keep { write_status } => match held {
+            Some(held) if write_status => {
+                actions::acquire::refresh_status(&target, ctx, &holder, &held).await
+            }
+            _ => Ok(Action::requeue(RESYNC)),
+        },
+        LockAction::ReportLost { reason } => {
+            actions::fence::report_lost(&target, ctx, &holder, &reason.to_string()).await
+        }
+        LockAction::ReleaseHeld => actions::release::release_for_change(&target, ctx, held, &holder).await,
+        LockAction::ReleasePrevious {
+            token,
+            holder: previous,
+        } => actions::release::release_previous(&target, ctx, &holder, token, &previous).await,
+        LockAction::Resume { token } => actions::acquire::resume(&target, ctx, &holder, token, &status).await,
+        LockAction::Acquire { token } => actions::acquire::acquire(&target, ctx, &holder, token).await,
+    }
+}

@@ -1,0 +1,474 @@
+//! A `DistributedLock`'s status edits: named pure functions of (current status, facts, stamp), each returning the
+//! next status, so every edit is tested without a cluster. `status_write` applies them.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use tokio::time::Instant;
+
+use super::policy::{Decoration, Waiting};
+use crate::api::conditions::{self, Stamp, Update};
+use crate::api::lock::MasterOutcome;
+use crate::api::{DistributedLockStatus, LockPhase};
+use crate::redlock::OperationReport;
+
+/// A grant or extension to show.
+pub struct HeldFacts<'a> {
+    pub holder: &'a str,
+    pub token: i64,
+    /// A new acquisition (needs a higher token than status shows), not a refresh (needs no newer one).
+    pub new_token: bool,
+    pub renewed_at: Timestamp,
+    pub valid_until: Timestamp,
+    pub report: &'a OperationReport,
+}
+
+/// Not acquired now, and why.
+pub struct Blocked<'a> {
+    pub phase: LockPhase,
+    pub reason: &'static str,
+    pub message: &'a str,
+    pub report: &'a OperationReport,
+}
+
+/// `Held` with the grant's token and validity; `None` when status shows a token that makes this write stale
+/// (the token in status never goes back: a new acquisition needs a higher one, a refresh the same).
+pub fn held(
+    current: &DistributedLockStatus,
+    facts: &HeldFacts<'_>,
+    decoration: &Decoration,
+    fence_margin: Duration,
+    stamp: Stamp,
+) -> Option<DistributedLockStatus> {
+    let shown = current.fencing_token.unwrap_or(0);
+    if (facts.new_token && shown >= facts.token) || shown > facts.token {
+        return None;
+    }
+    let mut next = current.clone();
+    if facts.new_token {
+        next.transitions = next.transitions.saturating_add(1);
+        next.acquired_at = Some(Time(stamp.now));
+    }
+    next.phase = Some(LockPhase::Held);
+    next.holder = Some(facts.holder.to_owned());
+    next.fencing_token = Some(facts.token);
+    next.renewed_at = Some(MicroTime(facts.renewed_at));
+    next.valid_until = Some(MicroTime(facts.valid_until));
+    next.quorum = Some(votes(facts.report));
+    next.masters = masters(facts.report);
+    next.blocked_by = None;
+    next.observed_generation = stamp.generation;
+    decorate(&mut next, decoration, fence_margin, stamp);
+    conditions::set(&mut next.conditions, ready(), stamp);
+    conditions::set(&mut next.conditions, held_by(facts.holder, facts.token), stamp);
+    Some(next)
+}
+
+/// Not acquired: contended, too few masters, or too slow; says who or what blocks it.
+pub fn waiting(
+    current: &DistributedLockStatus,
+    blocked: &Blocked<'_>,
+    decoration: &Decoration,
+    fence_margin: Duration,
+    stamp: Stamp,
+) -> DistributedLockStatus {
+    let mut next = current.clone();
+    next.phase = Some(blocked.phase);
+    next.holder = None;
+    next.blocked_by = blocked.report.blocking_holder();
+    next.masters = masters(blocked.report);
+    next.quorum = Some(votes(blocked.report));
+    next.observed_generation = stamp.generation;
+    decorate(&mut next, decoration, fence_margin, stamp);
+    conditions::set(&mut next.conditions, ready(), stamp);
+    conditions::set(
+        &mut next.conditions,
+        not_held(blocked.reason, blocked.message),
+        stamp,
+    );
+    next
+}
+
+/// The policy lets nobody hold the lock now (no candidate, an empty queue, a fenced Job still stopping).
+pub fn policy_waiting(
+    current: &DistributedLockStatus,
+    waiting: &Waiting,
+    decoration: &Decoration,
+    stamp: Stamp,
+) -> DistributedLockStatus {
+    let mut next = current.clone();
+    if !(waiting.keep_lost && next.phase == Some(LockPhase::Lost)) {
+        next.phase = Some(LockPhase::Pending);
+    }
+    next.holder = None;
+    next.observed_generation = stamp.generation;
+    if let Some(candidates) = &decoration.candidates {
+        next.candidates = candidates.clone();
+    }
+    if let Some(queue) = &decoration.queue {
+        next.queue = queue.clone();
+    }
+    conditions::set(&mut next.conditions, ready(), stamp);
+    conditions::set(
+        &mut next.conditions,
+        not_held(waiting.reason, &waiting.message),
+        stamp,
+    );
+    next
+}
+
+/// Could not be extended, or taken over: the holder was fenced; the lock is acquired again.
+pub fn lost(current: &DistributedLockStatus, message: &str, stamp: Stamp) -> DistributedLockStatus {
+    let mut next = current.clone();
+    next.phase = Some(LockPhase::Lost);
+    next.transitions = next.transitions.saturating_add(1);
+    next.observed_generation = stamp.generation;
+    conditions::set(&mut next.conditions, not_held("Lost", message), stamp);
+    next
+}
+
+/// The spec or its quorum cannot be acted on.
+pub fn not_ready(
+    current: &DistributedLockStatus,
+    phase: LockPhase,
+    reason: &'static str,
+    message: &str,
+    stamp: Stamp,
+) -> DistributedLockStatus {
+    let mut next = current.clone();
+    next.phase = Some(phase);
+    next.holder = None;
+    next.blocked_by = None;
+    next.observed_generation = stamp.generation;
+    conditions::set(
+        &mut next.conditions,
+        Update::new("Ready", false, reason, message),
+        stamp,
+    );
+    conditions::set(&mut next.conditions, not_held(reason, message), stamp);
+    next
+}
+
+/// Released for a holder the spec no longer wants (or a Job that finished): nobody holds it until the next
+/// acquisition.
+pub fn released(current: &DistributedLockStatus, message: &str, stamp: Stamp) -> DistributedLockStatus {
+    let mut next = current.clone();
+    next.phase = Some(LockPhase::Pending);
+    next.holder = None;
+    next.observed_generation = stamp.generation;
+    conditions::set(&mut next.conditions, not_held("HolderChanged", message), stamp);
+    next
+}
+
+/// `Ready=True`: the spec is valid and its quorum can be used.
+fn ready() -> Update {
+    Update::new("Ready", true, "Valid", "spec is valid and the quorum exists")
+}
+
+/// `Held=True`.
+fn held_by(holder: &str, token: i64) -> Update {
+    Update::new(
+        "Held",
+        true,
+        "Held",
+        format!("held by {holder} with fencing token {token}"),
+    )
+}
+
+/// `Held=False`, for `reason`.
+fn not_held(reason: &'static str, message: &str) -> Update {
+    Update::new("Held", false, reason, message)
+}
+
+/// `FencingMayBeLate`: whether a queued Job's pods may take longer to stop than the fence margin leaves.
+fn fencing_may_be_late(slow: &[(String, Duration)], margin: Duration) -> Update {
+    if slow.is_empty() {
+        return Update::new(
+            "FencingMayBeLate",
+            false,
+            "GracePeriodsFit",
+            "every queued Job's pods stop within the fence margin",
+        );
+    }
+    let names: Vec<String> = slow
+        .iter()
+        .map(|(job, grace)| format!("{job} ({}s)", grace.as_secs()))
+        .collect();
+    Update::new(
+        "FencingMayBeLate",
+        true,
+        "GracePeriodTooLong",
+        format!(
+            "the termination grace period of {} exceeds the fence margin ({}): their pods may outlive the lock's validity; lower terminationGracePeriodSeconds or raise spec.holder.jobs.fenceMargin",
+            names.join(", "),
+            crate::duration::format(margin)
+        ),
+    )
+}
+
+fn decorate(status: &mut DistributedLockStatus, decoration: &Decoration, margin: Duration, stamp: Stamp) {
+    if let Some(candidates) = &decoration.candidates {
+        status.candidates = candidates.clone();
+    }
+    if let Some(queue) = &decoration.queue {
+        status.queue = queue.clone();
+    }
+    if let Some(slow) = &decoration.slow_jobs {
+        conditions::set(&mut status.conditions, fencing_may_be_late(slow, margin), stamp);
+    }
+}
+
+fn votes(report: &OperationReport) -> String {
+    format!("{}/{}", report.votes(), report.nodes.len())
+}
+
+pub fn masters(report: &OperationReport) -> Vec<MasterOutcome> {
+    report
+        .nodes
+        .iter()
+        .map(|node| MasterOutcome {
+            endpoint: node.endpoint.clone(),
+            outcome: node.outcome.label().to_owned(),
+            message: match node.outcome.to_string() {
+                text if text == node.outcome.label() => None,
+                text => Some(text),
+            },
+        })
+        .collect()
+}
+
+/// The wall-clock time of a monotonic instant, rounded to the millisecond towards `now` (conservative for ends).
+pub fn wall_at(at: Instant, now: Instant, wall_now: Timestamp) -> Timestamp {
+    let millis = |duration: Duration| i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
+    let offset = if at >= now {
+        SignedDuration::from_millis(millis(at - now))
+    } else {
+        -SignedDuration::from_millis(millis(now - at))
+    };
+    wall_now.checked_add(offset).unwrap_or(wall_now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redlock::{NodeOutcome, NodeReport};
+
+    fn stamp(second: i64) -> Stamp {
+        Stamp {
+            generation: Some(2),
+            now: Timestamp::from_second(second).unwrap(),
+        }
+    }
+
+    fn report(outcomes: Vec<NodeOutcome>) -> OperationReport {
+        OperationReport {
+            nodes: outcomes
+                .into_iter()
+                .enumerate()
+                .map(|(i, outcome)| NodeReport {
+                    endpoint: format!("redis://m{i}"),
+                    outcome,
+                    latency: None,
+                })
+                .collect(),
+            elapsed: Duration::ZERO,
+            quorum: 2,
+        }
+    }
+
+    fn condition<'a>(
+        status: &'a DistributedLockStatus,
+        type_: &str,
+    ) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        status
+            .conditions
+            .iter()
+            .find(|condition| condition.type_ == type_)
+            .unwrap_or_else(|| panic!("no {type_} condition"))
+    }
+
+    fn facts<'a>(token: i64, new_token: bool, report: &'a OperationReport) -> HeldFacts<'a> {
+        HeldFacts {
+            holder: "web-0",
+            token,
+            new_token,
+            renewed_at: Timestamp::from_second(100).unwrap(),
+            valid_until: Timestamp::from_second(110).unwrap(),
+            report,
+        }
+    }
+
+    #[test]
+    fn a_new_token_must_be_higher_and_a_refresh_must_not_be_older() {
+        let granted = report(vec![
+            NodeOutcome::Granted,
+            NodeOutcome::Granted,
+            NodeOutcome::Timeout,
+        ]);
+        let none = Decoration::default();
+        let margin = Duration::from_secs(2);
+        let first = held(
+            &DistributedLockStatus::default(),
+            &facts(1, true, &granted),
+            &none,
+            margin,
+            stamp(100),
+        )
+        .expect("a first acquisition");
+        assert_eq!(first.phase, Some(LockPhase::Held));
+        assert_eq!((first.fencing_token, first.transitions), (Some(1), 1));
+        assert_eq!(first.quorum.as_deref(), Some("2/3"));
+        assert_eq!(first.acquired_at, Some(Time(stamp(100).now)));
+        assert_eq!(
+            condition(&first, "Held").message,
+            "held by web-0 with fencing token 1"
+        );
+        assert_eq!(condition(&first, "Ready").status, "True");
+        assert_eq!(first.observed_generation, Some(2));
+
+        assert!(
+            held(&first, &facts(1, true, &granted), &none, margin, stamp(101)).is_none(),
+            "not twice"
+        );
+        assert!(
+            held(&first, &facts(0, false, &granted), &none, margin, stamp(101)).is_none(),
+            "never back"
+        );
+        let refreshed =
+            held(&first, &facts(1, false, &granted), &none, margin, stamp(105)).expect("a refresh");
+        assert_eq!(refreshed.transitions, 1, "a refresh is no transition");
+        assert_eq!(refreshed.acquired_at, first.acquired_at);
+        assert_eq!(
+            condition(&refreshed, "Held").last_transition_time,
+            Time(stamp(100).now)
+        );
+    }
+
+    #[test]
+    fn job_fencing_shows_the_queue_without_the_holder_and_warns_of_slow_jobs() {
+        let granted = report(vec![NodeOutcome::Granted, NodeOutcome::Granted]);
+        let decoration = Decoration {
+            queue: Some(vec!["next".into()]),
+            slow_jobs: Some(vec![("slow".into(), Duration::from_secs(30))]),
+            ..Decoration::default()
+        };
+        let status = held(
+            &DistributedLockStatus::default(),
+            &facts(4, true, &granted),
+            &decoration,
+            Duration::from_secs(10),
+            stamp(100),
+        )
+        .expect("held");
+        assert_eq!(status.queue, ["next"]);
+        let late = condition(&status, "FencingMayBeLate");
+        assert_eq!(
+            (late.status.as_str(), late.reason.as_str()),
+            ("True", "GracePeriodTooLong")
+        );
+        assert!(
+            late.message.contains("slow (30s)") && late.message.contains("(10s)"),
+            "{}",
+            late.message
+        );
+    }
+
+    #[test]
+    fn a_contended_lock_names_who_blocks_it() {
+        let other = || NodeOutcome::HeldByOther {
+            holder: Some("batch-7".into()),
+        };
+        let contended = report(vec![other(), other(), NodeOutcome::Granted]);
+        let blocked = Blocked {
+            phase: LockPhase::Contended,
+            reason: "Contended",
+            message: "key `k` is held by batch-7; retrying",
+            report: &contended,
+        };
+        let before = DistributedLockStatus {
+            holder: Some("stale".into()),
+            ..DistributedLockStatus::default()
+        };
+        let next = waiting(
+            &before,
+            &blocked,
+            &Decoration::default(),
+            Duration::from_secs(2),
+            stamp(100),
+        );
+        assert_eq!(next.phase, Some(LockPhase::Contended));
+        assert_eq!(next.holder, None);
+        assert_eq!(next.blocked_by.as_deref(), Some("batch-7"));
+        assert_eq!(next.masters.len(), 3);
+        assert_eq!(condition(&next, "Held").reason, "Contended");
+        assert_eq!(condition(&next, "Ready").status, "True");
+    }
+
+    #[test]
+    fn policy_waits_keep_a_lost_phase_only_where_asked() {
+        let lost_before = lost(&DistributedLockStatus::default(), "lock lost: x", stamp(100));
+        assert_eq!(
+            (lost_before.phase, lost_before.transitions),
+            (Some(LockPhase::Lost), 1)
+        );
+        let waiting = |keep_lost| Waiting {
+            reason: "QueueEmpty",
+            message: "no Job".into(),
+            keep_lost,
+            release_kept: false,
+            warn_if_was_held: false,
+            retry: Duration::from_secs(5),
+        };
+        let decoration = Decoration {
+            candidates: Some(vec!["web-1".into()]),
+            ..Decoration::default()
+        };
+        let kept = policy_waiting(&lost_before, &waiting(true), &decoration, stamp(101));
+        assert_eq!(kept.phase, Some(LockPhase::Lost));
+        assert_eq!(kept.candidates, ["web-1"]);
+        let pending = policy_waiting(&lost_before, &waiting(false), &decoration, stamp(101));
+        assert_eq!(pending.phase, Some(LockPhase::Pending));
+        assert_eq!(condition(&pending, "Held").reason, "QueueEmpty");
+    }
+
+    #[test]
+    fn counters_saturate_instead_of_wrapping() {
+        let status = DistributedLockStatus {
+            transitions: i64::MAX,
+            ..DistributedLockStatus::default()
+        };
+        assert_eq!(lost(&status, "x", stamp(1)).transitions, i64::MAX);
+    }
+
+    #[test]
+    fn not_ready_and_released_say_why_nobody_holds_the_lock() {
+        let invalid = not_ready(
+            &DistributedLockStatus::default(),
+            LockPhase::Invalid,
+            "TtlAboveMaxTtl",
+            "spec.ttl exceeds maxTtl",
+            stamp(1),
+        );
+        assert_eq!(condition(&invalid, "Ready").status, "False");
+        assert_eq!(condition(&invalid, "Held").reason, "TtlAboveMaxTtl");
+        let released = released(&invalid, "released for a", stamp(2));
+        assert_eq!(released.phase, Some(LockPhase::Pending));
+        assert_eq!(condition(&released, "Held").reason, "HolderChanged");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wall_times_of_far_instants_do_not_overflow() {
+        let now = Instant::now();
+        let wall = Timestamp::from_second(1_000).unwrap();
+        assert_eq!(
+            wall_at(now + Duration::from_millis(1500), now, wall),
+            Timestamp::from_millisecond(1_001_500).unwrap()
+        );
+        assert_eq!(
+            wall_at(now + Duration::from_secs(u64::MAX / 4), now, wall),
+            wall,
+            "out of range: now, the conservative end, never a panic"
+        );
+    }
+}
