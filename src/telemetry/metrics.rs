@@ -1,11 +1,16 @@
 //! Prometheus metrics of the controller, served on `/metrics`.
 
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Mutex, PoisonError};
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::redlock::quorum_of;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
@@ -22,12 +27,20 @@ pub struct MasterLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QuorumLabels {
+    pub quorum: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReconcileErrorLabels {
     /// `distributedlock` or `redisquorum`.
     pub resource: String,
     /// What failed: `kube_api`, `conflict`, `finalizer`, `lock_value` or `encode`.
     pub error: String,
 }
+
+/// The values of `MasterLabels::state`.
+const MASTER_STATES: [&str; 3] = ["up", "quarantined", "down"];
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
@@ -40,8 +53,15 @@ pub struct Metrics {
     pub locks_held: Gauge,
     pub locks_lost: Counter,
     pub master_state: Family<MasterLabels, Gauge>,
+    pub quorum_masters_configured: Family<QuorumLabels, Gauge>,
+    pub quorum_masters_eligible: Family<QuorumLabels, Gauge>,
+    pub quorum_masters_required: Family<QuorumLabels, Gauge>,
     pub reconcile_errors: Family<ReconcileErrorLabels, Counter>,
     pub leader: Gauge,
+    pub leader_elected: Counter,
+    /// The endpoints each quorum's `master_state` series were set for, so that a deleted quorum's series can be
+    /// removed (a `Family` cannot list its label sets).
+    master_endpoints: Mutex<HashMap<String, BTreeSet<String>>>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -59,8 +79,12 @@ impl Default for Metrics {
         let locks_held = Gauge::default();
         let locks_lost = Counter::default();
         let master_state = Family::<MasterLabels, Gauge>::default();
+        let quorum_masters_configured = Family::<QuorumLabels, Gauge>::default();
+        let quorum_masters_eligible = Family::<QuorumLabels, Gauge>::default();
+        let quorum_masters_required = Family::<QuorumLabels, Gauge>::default();
         let reconcile_errors = Family::<ReconcileErrorLabels, Counter>::default();
         let leader = Gauge::default();
+        let leader_elected = Counter::default();
         registry.register(
             "acquire_duration_seconds",
             "Time of one Redlock acquisition attempt, by outcome",
@@ -93,11 +117,31 @@ impl Default for Metrics {
             master_state.clone(),
         );
         registry.register(
+            "quorum_masters_configured",
+            "Masters each quorum names (its endpoints)",
+            quorum_masters_configured.clone(),
+        );
+        registry.register(
+            "quorum_masters_eligible",
+            "Masters of each quorum that can vote now (up and not quarantined)",
+            quorum_masters_eligible.clone(),
+        );
+        registry.register(
+            "quorum_masters_required",
+            "Votes each quorum needs: a majority of its configured masters",
+            quorum_masters_required.clone(),
+        );
+        registry.register(
             "reconcile_errors",
             "Reconciliations that failed and were retried with backoff",
             reconcile_errors.clone(),
         );
         registry.register("leader", "1 while this replica is the active one", leader.clone());
+        registry.register(
+            "leader_elected",
+            "Times this replica became the active one",
+            leader_elected.clone(),
+        );
         // Present at zero from the start, so that alerts on their rate work before the first error.
         for resource in ["distributedlock", "redisquorum"] {
             reconcile_errors
@@ -116,8 +160,13 @@ impl Default for Metrics {
             locks_held,
             locks_lost,
             master_state,
+            quorum_masters_configured,
+            quorum_masters_eligible,
+            quorum_masters_required,
             reconcile_errors,
             leader,
+            leader_elected,
+            master_endpoints: Mutex::default(),
         }
     }
 }
@@ -132,7 +181,13 @@ impl Metrics {
     }
 
     pub fn set_master_state(&self, quorum: &str, endpoint: &str, current: &str) {
-        for state in ["up", "quarantined", "down"] {
+        self.master_endpoints
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(quorum.to_owned())
+            .or_default()
+            .insert(endpoint.to_owned());
+        for state in MASTER_STATES {
             let labels = MasterLabels {
                 quorum: quorum.to_owned(),
                 endpoint: endpoint.to_owned(),
@@ -144,6 +199,58 @@ impl Metrics {
         }
     }
 
+    /// The quorum's configured, eligible and required masters (the majority of the configured ones, as the
+    /// engine counts it), set on every health check and when the quorum cannot be used at all (eligible 0).
+    pub fn set_quorum_masters(&self, quorum: &str, configured: usize, eligible: u32) {
+        let labels = QuorumLabels {
+            quorum: quorum.to_owned(),
+        };
+        let gauge = |count: usize| i64::try_from(count).unwrap_or(i64::MAX);
+        self.quorum_masters_configured
+            .get_or_create(&labels)
+            .set(gauge(configured));
+        self.quorum_masters_eligible
+            .get_or_create(&labels)
+            .set(i64::from(eligible));
+        self.quorum_masters_required
+            .get_or_create(&labels)
+            .set(gauge(quorum_of(configured)));
+    }
+
+    /// Removes a deleted quorum's series, so that its last figures do not keep an alert firing.
+    pub fn forget_quorum(&self, quorum: &str) {
+        let labels = QuorumLabels {
+            quorum: quorum.to_owned(),
+        };
+        self.quorum_masters_configured.remove(&labels);
+        self.quorum_masters_eligible.remove(&labels);
+        self.quorum_masters_required.remove(&labels);
+        let endpoints = self
+            .master_endpoints
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(quorum)
+            .unwrap_or_default();
+        for endpoint in endpoints {
+            for state in MASTER_STATES {
+                self.master_state.remove(&MasterLabels {
+                    quorum: quorum.to_owned(),
+                    endpoint: endpoint.clone(),
+                    state: state.to_owned(),
+                });
+            }
+        }
+    }
+
+    /// Sets the leader gauge, and counts the moments this replica becomes the active one: a counter sees a
+    /// leadership that came and went between two scrapes, which the gauge alone would hide.
+    pub fn set_leader(&self, active: bool) {
+        let before = self.leader.set(i64::from(active));
+        if active && before == 0 {
+            self.leader_elected.inc();
+        }
+    }
+
     pub fn reconcile_error(&self, resource: &str, error: &str) {
         self.reconcile_errors
             .get_or_create(&ReconcileErrorLabels {
@@ -151,5 +258,56 @@ impl Metrics {
                 error: error.to_owned(),
             })
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn samples(metrics: &Metrics, name: &str) -> Vec<String> {
+        metrics
+            .encode()
+            .lines()
+            .filter(|line| line.starts_with(&format!("{name}{{")) || line.starts_with(&format!("{name} ")))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn leader_elections_count_each_rise_only() {
+        let metrics = Metrics::default();
+        for active in [false, true, true, false, false, true] {
+            metrics.set_leader(active);
+        }
+        assert_eq!(metrics.leader.get(), 1);
+        assert_eq!(metrics.leader_elected.get(), 2);
+    }
+
+    #[test]
+    fn quorum_figures_use_the_engines_majority() {
+        let metrics = Metrics::default();
+        metrics.set_quorum_masters("default", 5, 2);
+        assert_eq!(
+            samples(&metrics, "redlock_quorum_masters_required"),
+            ["redlock_quorum_masters_required{quorum=\"default\"} 3"]
+        );
+        assert_eq!(
+            samples(&metrics, "redlock_quorum_masters_eligible"),
+            ["redlock_quorum_masters_eligible{quorum=\"default\"} 2"]
+        );
+    }
+
+    #[test]
+    fn a_forgotten_quorum_leaves_no_series_and_others_stay() {
+        let metrics = Metrics::default();
+        for quorum in ["gone", "kept"] {
+            metrics.set_quorum_masters(quorum, 3, 3);
+            metrics.set_master_state(quorum, "redis://a:6379", "up");
+        }
+        metrics.forget_quorum("gone");
+        let text = metrics.encode();
+        assert!(!text.contains("quorum=\"gone\""), "{text}");
+        assert_eq!(text.matches("quorum=\"kept\"").count(), 3 + 3, "{text}");
     }
 }

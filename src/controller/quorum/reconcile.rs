@@ -43,6 +43,8 @@ pub async fn reconcile(quorum: Arc<RedisQuorum>, ctx: Arc<Context>) -> Result<Ac
                 ctx.wake_locks_on(&name);
             }
             let status = unusable_status(&previous, &problem, stamp(&quorum));
+            ctx.metrics
+                .set_quorum_masters(&name, quorum.spec.endpoints.len(), 0);
             if write_status(&quorum, &ctx, &status).await? {
                 ctx.publish(
                     &*quorum,
@@ -71,6 +73,8 @@ pub async fn reconcile(quorum: Arc<RedisQuorum>, ctx: Arc<Context>) -> Result<Ac
         Instant::now(),
         stamp(&quorum),
     );
+    ctx.metrics
+        .set_quorum_masters(&name, nodes.len(), status.eligible.unwrap_or(0));
     if write_status(&quorum, &ctx, &status).await? {
         for event in events {
             let (type_, reason, note) = describe(event);

@@ -163,6 +163,7 @@ pub async fn start(
                 // The locks on it learn at once that it is gone, instead of being extended on a stale engine.
                 quorum_engines.remove(&quorum.name_any());
                 deleted_ctx.wake_locks_on(&quorum.name_any());
+                deleted_ctx.metrics.forget_quorum(&quorum.name_any());
             }
         })
         .touched_objects()
@@ -220,9 +221,7 @@ pub async fn start(
     let gauge_stop = shutdown.clone();
     let gauge_task = tokio::spawn(async move {
         loop {
-            leader_gauge
-                .leader
-                .set(i64::from(*leader_changes.borrow_and_update()));
+            leader_gauge.set_leader(*leader_changes.borrow_and_update());
             tokio::select! {
                 changed = leader_changes.changed() => if changed.is_err() { return },
                 () = gauge_stop.cancelled() => return,
