@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use e2e::*;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use redlock_operator::api::LockPhase;
@@ -256,17 +257,39 @@ async fn a_restarted_operator_keeps_the_leader_without_a_transition() {
     wait_for_leader(&env, "web-0").await;
     lock_where(&env, "web", "held", |lock| phase(lock) == Some(LockPhase::Held)).await;
 
+    // Every change of the pods during the restart is watched, not sampled: a label removed and put back a few
+    // milliseconds later must be seen too.
+    let from = pods(&env)
+        .list(&ListParams::default())
+        .await
+        .expect("pods")
+        .metadata
+        .resource_version
+        .expect("a list resourceVersion");
+    let mut changes = pods(&env)
+        .watch(&kube::api::WatchParams::default(), &from)
+        .await
+        .expect("watch pods")
+        .boxed();
     stop(running, shutdown).await;
     let (running, shutdown) = operator(&env, &installation_secret(23), None).await;
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(7) {
-        assert_eq!(
-            labelled(&env).await,
-            ["web-0"],
-            "the leader label moved or went during the restart"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert_eq!(labelled(&env).await, ["web-0"]);
+    let watched = Duration::from_secs(7);
+    let _ = tokio::time::timeout(watched, async {
+        while let Some(event) = changes.next().await {
+            if let Ok(kube::api::WatchEvent::Modified(pod) | kube::api::WatchEvent::Added(pod)) = event {
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                let has_label = pod.metadata.labels.unwrap_or_default().contains_key(LABEL);
+                assert_eq!(
+                    has_label,
+                    name == "web-0",
+                    "the leader label moved or went during the restart ({name})"
+                );
+            }
+        }
+    })
+    .await;
+    assert_eq!(labelled(&env).await, ["web-0"]);
     assert_first_hold_kept(&env, "web").await;
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;

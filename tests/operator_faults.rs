@@ -10,6 +10,7 @@ use e2e::*;
 use kube::api::{Patch, PatchParams};
 use redlock_operator::api::{DistributedLock, LockPhase, RedisQuorum};
 use support::redis_server::{Options, RedisCluster};
+use tokio::time::Instant;
 
 fn reason(lock: &DistributedLock, type_: &str) -> Option<String> {
     lock.status
@@ -320,49 +321,155 @@ async fn api_errors_and_conflicts_are_retried_with_backoff_and_tokens_stay_monot
     stop(running, shutdown).await;
 }
 
+/// The holder part of each master's value of `key` (values are `holder|secret`).
+async fn holders_on(masters: &RedisCluster, key: &str) -> Vec<Option<String>> {
+    let mut holders = Vec::new();
+    for url in masters.urls() {
+        let value = support::redis_server::raw_get(&url, key).await;
+        holders.push(value.and_then(|value| value.split('|').next().map(str::to_owned)));
+    }
+    holders
+}
+
+fn majority_holds(holders: &[Option<String>], holder: &str) -> bool {
+    holders.iter().filter(|h| h.as_deref() == Some(holder)).count() > holders.len() / 2
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_that_cannot_renew_its_lease_stops_writing_and_another_resumes() {
+async fn an_operator_cut_off_from_the_api_keeps_its_locks_and_shows_them_fresh_when_it_answers_again() {
     let masters = RedisCluster::start(3).expect("masters");
-    let env = Env::test_server().await;
-    let server = env.server.as_ref().expect("test server");
+    let env = Env::new().await;
     let quorum = env.unique("q");
     env.create_quorum(&quorum, &masters.urls(), "10s").await;
-    let secret = installation_secret(15);
-    let (first, first_stop) = operator(&env, &secret, Some("first")).await;
+    let (client, proxy) = env.client_behind_proxy().await;
+    let (running, shutdown) =
+        operator_with_client(&env, client, &installation_secret(15), Some("solo")).await;
+    eventually("the replica to lead", || async {
+        running.leadership.is_leader().then_some(())
+    })
+    .await;
+    all_masters_voting(&env, &quorum, 3).await;
+    let names = ["a", "b", "c"];
+    for name in names {
+        env.create_lock(name, &quorum, &format!("app-{name}"), "2s").await;
+    }
+    for name in names {
+        lock_where(&env, name, "held", |lock| phase(lock) == Some(LockPhase::Held)).await;
+    }
+
+    // The whole control plane is gone for this operator: connections refused, open ones cut.
+    proxy.refuse(true);
+    proxy.cut_all();
+    eventually("leadership to lapse", || async {
+        running.leadership.is_unconfirmed().then_some(())
+    })
+    .await;
+    // Three TTLs: without extensions every key would have expired twice over.
+    let outage = Instant::now();
+    while outage.elapsed() < Duration::from_secs(6) {
+        for name in names {
+            let holders = holders_on(&masters, &format!("{}/{name}", env.namespace)).await;
+            assert!(
+                majority_holds(&holders, &format!("app-{name}")),
+                "lock {name} lapsed in Redis during the outage: {holders:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!running.leadership.is_leader(), "no API write while cut off");
+
+    proxy.heal();
+    let now = k8s_openapi::jiff::Timestamp::now();
+    for name in names {
+        let lock = lock_where(&env, name, "fresh again", |lock| {
+            let valid_until = lock.status.as_ref().and_then(|status| status.valid_until.clone());
+            phase(lock) == Some(LockPhase::Held) && valid_until.is_some_and(|until| until.0 > now)
+        })
+        .await;
+        let status = lock.status.unwrap_or_default();
+        assert_eq!(
+            (status.fencing_token, status.transitions),
+            (Some(1), 1),
+            "lock {name}: no new token, no transition"
+        );
+        assert!(
+            !event_reasons(&env.events(), Some("DistributedLock"), name)
+                .await
+                .contains(&"Lost".to_owned())
+        );
+    }
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cut_off_while_a_standby_takes_over_stops_once_the_standby_hands_the_lock_over() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let quorum = env.unique("q");
+    env.create_quorum(&quorum, &masters.urls(), "10s").await;
+    let secret = installation_secret(16);
+    let (client, proxy) = env.client_behind_proxy().await;
+    let (first, first_stop) = operator_with_client(&env, client, &secret, Some("first")).await;
     eventually("first to lead", || async {
         first.leadership.is_leader().then_some(())
     })
     .await;
+    let (second, second_stop) = operator(&env, &secret, Some("second")).await;
     all_masters_voting(&env, &quorum, 3).await;
-    env.create_lock("ha", &quorum, "app", "8s").await;
+    env.create_lock("ha", &quorum, "app", "2s").await;
     lock_where(&env, "ha", "held", |lock| phase(lock) == Some(LockPhase::Held)).await;
-    assert!(!first.keeper.is_empty());
+    let key = format!("{}/ha", env.namespace);
 
-    server.set_down(true);
-    let down_at = tokio::time::Instant::now();
-    eventually("the leader to stop writing", || async {
-        (!first.leadership.is_leader()).then_some(())
+    proxy.refuse(true);
+    proxy.cut_all();
+    eventually("the standby to take over and resume the lock", || async {
+        (second.leadership.is_leader() && !second.keeper.is_empty()).then_some(())
     })
     .await;
     assert!(
-        down_at.elapsed() < Duration::from_secs(3),
-        "stopped after {:?}",
-        down_at.elapsed()
+        first.leadership.is_unconfirmed(),
+        "the cut-off replica has not seen its successor"
     );
-    eventually("held locks forgotten", || async {
-        first.keeper.is_empty().then_some(())
-    })
-    .await;
-    server.set_down(false);
-
-    // Either replica may win the Lease now; whichever does resumes the same acquisition.
-    let (second, second_stop) = operator(&env, &secret, Some("second")).await;
-    eventually("someone resumes the lock", || async {
-        (!first.keeper.is_empty() || !second.keeper.is_empty()).then_some(())
-    })
-    .await;
+    assert!(!first.keeper.is_empty(), "and still extends what it holds");
     let lock = env.locks().get("ha").await.expect("lock");
-    assert_eq!((phase(&lock), token(&lock)), (Some(LockPhase::Held), Some(1)));
+    assert_eq!(token(&lock), Some(1), "resumed, not acquired anew");
+
+    // The successor hands the lock over: it releases the old value (the same derived value the cut-off replica
+    // extends) and acquires for the new holder. The cut-off replica's compare-and-extend now fails, and it never
+    // re-creates the old holder's key.
+    env.locks()
+        .patch(
+            "ha",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "spec": { "holder": { "identity": "app-2" } } })),
+        )
+        .await
+        .expect("change the holder");
+    lock_where(&env, "ha", "held by app-2", |lock| {
+        phase(lock) == Some(LockPhase::Held)
+            && lock.status.as_ref().and_then(|s| s.holder.as_deref()) == Some("app-2")
+    })
+    .await;
+    let handed_over = Instant::now();
+    while handed_over.elapsed() < Duration::from_secs(4) {
+        let holders = holders_on(&masters, &key).await;
+        assert!(
+            !holders.iter().any(|holder| holder.as_deref() == Some("app")),
+            "the old holder's key came back: {holders:?}"
+        );
+        assert!(majority_holds(&holders, "app-2"), "{holders:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Back in touch, the cut-off replica sees the successor and drops everything.
+    proxy.heal();
+    eventually("the old replica to see its successor and let go", || async {
+        (!first.leadership.may_extend_held() && first.keeper.is_empty()).then_some(())
+    })
+    .await;
+    assert!(second.leadership.is_leader());
     stop(first, first_stop).await;
     stop(second, second_stop).await;
+    env.cleanup(&[&quorum]).await;
 }

@@ -55,9 +55,13 @@ impl Context {
 
     /// Whether a `RedisQuorum` of this name exists, or `None` while the quorum cache has not synced yet.
     pub fn quorum_exists(&self, name: &str) -> Option<bool> {
-        use futures::FutureExt;
-        self.quorums.wait_until_ready().now_or_never()?.ok()?;
-        Some(self.quorums.get(&ObjectRef::new(name)).is_some())
+        synced(&self.quorums).then(|| self.quorums.get(&ObjectRef::new(name)).is_some())
+    }
+
+    /// Whether every watch cache a lock's reconciliation reads has received its whole initial list. Before that, a
+    /// Job or pod missing from a cache may only be not listed yet: nothing is decided on it.
+    pub fn caches_synced(&self) -> bool {
+        synced(&self.locks) && synced(&self.quorums) && synced(&self.pods) && synced(&self.jobs)
     }
 
     /// Every write (API or Redis) goes through this check at the moment of the call.
@@ -123,6 +127,19 @@ impl Context {
             failures.remove(&object.to_string());
         }
     }
+}
+
+/// Whether a reflector's store has received its watch's whole initial list.
+fn synced<K>(store: &Store<K>) -> bool
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    use futures::FutureExt;
+    store
+        .wait_until_ready()
+        .now_or_never()
+        .is_some_and(|ready| ready.is_ok())
 }
 
 fn truncate(mut text: String, max: usize) -> String {

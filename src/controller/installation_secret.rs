@@ -13,6 +13,8 @@ pub const MIN_SECRET_BYTES: usize = 32;
 
 pub struct InstallationSecret {
     key: hmac::Key,
+    /// Shared by the replicas of the installation (read from a file), not made up by this process.
+    shared: bool,
 }
 
 impl std::fmt::Debug for InstallationSecret {
@@ -36,6 +38,7 @@ impl InstallationSecret {
         }
         Ok(Self {
             key: hmac::Key::new(hmac::HMAC_SHA256, trimmed),
+            shared: true,
         })
     }
 
@@ -50,7 +53,14 @@ impl InstallationSecret {
         getrandom::fill(&mut bytes).map_err(|err| ValueError::Random(err.to_string()))?;
         Ok(Self {
             key: hmac::Key::new(hmac::HMAC_SHA256, &bytes),
+            shared: false,
         })
+    }
+
+    /// Whether another replica derives the same lock values (so it can take over, release or re-grant a lock this
+    /// one holds).
+    pub fn is_shared(&self) -> bool {
+        self.shared
     }
 
     /// The value of one acquisition: distinct per lock object (its uid), per key and per fencing token, so a

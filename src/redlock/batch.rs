@@ -16,6 +16,13 @@ use super::{ExtendError, Lease, NodeOutcome, NodeReport, OperationReport, Redloc
 /// whole batch takes to decide, small against the validity being extended.
 pub const MAX_BATCH: usize = 512;
 
+/// Whether an extension re-creates the key on a master that lost it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Repair {
+    Recreate,
+    Never,
+}
+
 /// Pipelines take longer to answer than one command; this much per command is added to the per-node timeout.
 const PER_COMMAND_ALLOWANCE: Duration = Duration::from_micros(20);
 
@@ -25,14 +32,26 @@ impl Redlock {
     /// validity ended. The batch is timed as a whole, so every lease gets the validity of the slowest master
     /// needed for the decision — conservative, never longer than a single extension would give.
     pub async fn extend_many(&self, leases: &[Lease]) -> Vec<Result<Lease, ExtendError>> {
+        self.extend_chunks(leases, Repair::Recreate).await
+    }
+
+    /// Like [`Redlock::extend_many`], but a master that lost a key does not get it back: compare-and-extend only.
+    /// For a holder that cannot confirm it is still the one entitled to the locks (a controller replica that lost
+    /// sight of its lease): whoever took over can release or re-grant a lock, and the next extension then fails
+    /// instead of re-creating the old holder's key.
+    pub async fn extend_many_without_repair(&self, leases: &[Lease]) -> Vec<Result<Lease, ExtendError>> {
+        self.extend_chunks(leases, Repair::Never).await
+    }
+
+    async fn extend_chunks(&self, leases: &[Lease], repair: Repair) -> Vec<Result<Lease, ExtendError>> {
         let mut results = Vec::with_capacity(leases.len());
         for chunk in leases.chunks(MAX_BATCH) {
-            results.extend(self.extend_chunk(chunk).await);
+            results.extend(self.extend_chunk(chunk, repair).await);
         }
         results
     }
 
-    async fn extend_chunk(&self, leases: &[Lease]) -> Vec<Result<Lease, ExtendError>> {
+    async fn extend_chunk(&self, leases: &[Lease], repair: Repair) -> Vec<Result<Lease, ExtendError>> {
         let started = Instant::now();
         let nodes = &self.inner.nodes;
         let quorum = self.quorum();
@@ -43,7 +62,7 @@ impl Redlock {
         let mut pending = FuturesUnordered::new();
         for (index, node) in nodes.iter().enumerate() {
             match node.ready(started) {
-                Ok(ready) => pending.push(self.pipeline_on_node(index, ready, leases, &live)),
+                Ok(ready) => pending.push(self.pipeline_on_node(index, ready, leases, &live, repair)),
                 Err(outcome) => {
                     for per_lease in &mut outcomes {
                         per_lease[index] = outcome.clone();
@@ -108,9 +127,14 @@ impl Redlock {
         ready: Ready,
         leases: &[Lease],
         live: &[bool],
+        repair: Repair,
     ) -> futures::future::BoxFuture<'static, (usize, Vec<NodeOutcome>, Option<Duration>)> {
         let node = self.inner.nodes[index].clone();
-        let hash = self.inner.extend_script.get_hash().to_owned();
+        let script = match repair {
+            Repair::Recreate => &self.inner.extend_script,
+            Repair::Never => &self.inner.extend_only_script,
+        };
+        let hash = script.get_hash().to_owned();
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         let mut sent = Vec::with_capacity(leases.len());

@@ -25,6 +25,7 @@ pub(super) struct Inner {
     pub(super) config: RedlockConfig,
     pub(super) nodes: Vec<Arc<Node>>,
     pub(super) extend_script: redis::Script,
+    pub(super) extend_only_script: redis::Script,
     release_script: redis::Script,
     shutdown: CancellationToken,
 }
@@ -156,6 +157,7 @@ impl Redlock {
                 config,
                 nodes,
                 extend_script: redis::Script::new(scripts::EXTEND),
+                extend_only_script: redis::Script::new(scripts::EXTEND_ONLY),
                 release_script: redis::Script::new(scripts::RELEASE),
                 shutdown,
             }),
@@ -634,7 +636,7 @@ pub(super) fn interpret(op: Op, set_get: bool, reply: Value) -> NodeOutcome {
         (Op::Acquire { .. }, Value::Nil) => NodeOutcome::HeldByOther { holder: None },
         (Op::Extend { .. }, Value::Int(1)) | (Op::Release, Value::Int(1)) => NodeOutcome::Granted,
         (Op::Extend { .. }, Value::Int(2)) => NodeOutcome::Recreated,
-        (Op::Release, Value::Int(0)) => NodeOutcome::NotHeld,
+        (Op::Release | Op::Extend { .. }, Value::Int(0)) => NodeOutcome::NotHeld,
         (_, unexpected) => NodeOutcome::Error(format!("unexpected reply {unexpected:?}")),
     }
 }

@@ -249,7 +249,7 @@ impl Node {
             .map_err(|err| describe(&err))?;
         let answered_at = Instant::now();
         let info = parse_server_info(&text)?;
-        for source in [scripts::EXTEND, scripts::RELEASE] {
+        for source in [scripts::EXTEND, scripts::EXTEND_ONLY, scripts::RELEASE] {
             redis::Script::new(source)
                 .prepare_invoke()
                 .load_async(&mut conn)

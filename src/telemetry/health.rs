@@ -35,11 +35,17 @@ impl Health {
         }
     }
 
-    pub fn watch_ok(&self, name: &str) {
+    /// The watch delivered its whole initial list: the cache it fills can be acted on.
+    pub fn watch_synced(&self, name: &str) {
         self.update(name, |watch| {
             watch.synced = true;
             watch.failing_since = None;
         });
+    }
+
+    /// The watch delivered an event: it works (whether or not its first list is complete).
+    pub fn watch_ok(&self, name: &str) {
+        self.update(name, |watch| watch.failing_since = None);
     }
 
     pub fn watch_failed(&self, name: &str) {
@@ -102,6 +108,12 @@ mod tests {
         assert!(health.ready().is_err());
         health.watch_ok("locks");
         health.watch_ok("quorums");
+        assert!(
+            health.ready().unwrap_err().contains("not synced"),
+            "events of a list that has not ended are no sync"
+        );
+        health.watch_synced("locks");
+        health.watch_synced("quorums");
         assert_eq!(health.ready(), Ok(()));
         health.watch_failed("locks");
         tokio::time::advance(Duration::from_secs(10)).await;

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::apiserver::TestApiServer;
+use crate::support::fault_proxy::FaultProxy;
 use crate::support::redis_server::raw_get;
 
 /// Long enough for anything the operator does in a test, short enough that a hang fails the test quickly.
@@ -27,6 +28,8 @@ pub const PATIENCE: Duration = Duration::from_secs(30);
 /// One Kubernetes API to run against, with a namespace of the test's own.
 pub struct Env {
     pub client: Client,
+    /// What `client` was made from: a second client (through a fault proxy, say) is made from it.
+    config: Config,
     pub namespace: String,
     pub server: Option<TestApiServer>,
     /// A kubeconfig file for a subprocess (the binary) talking to the same API.
@@ -61,8 +64,10 @@ impl Env {
         let dir = tempfile::tempdir().expect("tempdir");
         let kubeconfig = dir.path().join("kubeconfig");
         server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+        let config = Config::new(server.url().parse().expect("server URL"));
         let env = Self {
-            client: server.client(),
+            client: Client::try_from(config.clone()).expect("client"),
+            config,
             namespace: format!("e2e-{}", suffix()),
             server: Some(server),
             kubeconfig,
@@ -81,10 +86,11 @@ impl Env {
         let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
             .expect("kubeconfig");
-        let client = Client::try_from(config).expect("client");
+        let client = Client::try_from(config.clone()).expect("client");
         let dir = tempfile::tempdir().expect("tempdir");
         let env = Self {
             client,
+            config,
             namespace: format!("redlock-e2e-{}", suffix()),
             server: None,
             kubeconfig: path.to_owned(),
@@ -94,6 +100,31 @@ impl Env {
         env.apply_crds().await;
         env.create_namespace().await;
         env
+    }
+
+    /// A client of the same API with the same credentials whose traffic goes through a fault proxy: cutting the
+    /// proxy cuts off only what uses this client (one operator replica), on the test server and on a real cluster.
+    pub async fn client_behind_proxy(&self) -> (Client, FaultProxy) {
+        let url = &self.config.cluster_url;
+        let host = url.host().expect("API server host").to_owned();
+        let https = url.scheme_str() == Some("https");
+        let port = url.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let upstream = tokio::net::lookup_host((host.as_str(), port))
+            .await
+            .expect("resolve the API server")
+            .next()
+            .expect("an API server address");
+        let proxy = FaultProxy::start(upstream).await.expect("fault proxy");
+        let mut config = self.config.clone();
+        let scheme = if https { "https" } else { "http" };
+        config.cluster_url = format!("{scheme}://{}{}", proxy.addr(), url.path())
+            .parse()
+            .expect("proxied URL");
+        if https {
+            // The server's certificate names the API server, not the proxy on loopback.
+            config.tls_server_name = Some(host);
+        }
+        (Client::try_from(config).expect("proxied client"), proxy)
     }
 
     pub fn is_test_server(&self) -> bool {
@@ -252,6 +283,16 @@ pub fn installation_secret(seed: u8) -> Vec<u8> {
 
 /// Starts the operator in-process, the same code path as `redlock-operator run`.
 pub async fn operator(env: &Env, secret: &[u8], identity: Option<&str>) -> (Running, CancellationToken) {
+    operator_with_client(env, env.client.clone(), secret, identity).await
+}
+
+/// An operator replica talking to the API through `client` (one behind a fault proxy, say).
+pub async fn operator_with_client(
+    env: &Env,
+    client: Client,
+    secret: &[u8],
+    identity: Option<&str>,
+) -> (Running, CancellationToken) {
     if std::env::var_os("RUST_LOG").is_some() {
         redlock_operator::telemetry::init(redlock_operator::telemetry::LogFormat::Text, "warn");
     }
@@ -268,7 +309,7 @@ pub async fn operator(env: &Env, secret: &[u8], identity: Option<&str>) -> (Runn
         health_interval: Duration::from_millis(500),
         instance: identity.unwrap_or("single").to_owned(),
     };
-    let running = start(env.client.clone(), options, shutdown.clone())
+    let running = start(client, options, shutdown.clone())
         .await
         .expect("operator starts");
     (running, shutdown)

@@ -31,10 +31,26 @@ pub struct Keeper {
     batch_done: Notify,
     wake_reconciler: mpsc::UnboundedSender<LockRef>,
     metrics: Arc<Metrics>,
+    /// Lock values are shared with the other replicas: a successor can stop this replica's extensions by
+    /// releasing or re-granting, so extending while leadership is unconfirmed is safe.
+    extend_when_unconfirmed: bool,
+}
+
+/// How the keeper may extend in one round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// The active replica: extensions repair masters that lost a key.
+    Active,
+    /// Leadership lapsed without a successor in sight (the API server does not answer): compare-and-extend only.
+    Unconfirmed,
 }
 
 impl Keeper {
-    pub fn new(metrics: Arc<Metrics>) -> (Arc<Self>, mpsc::UnboundedReceiver<LockRef>) {
+    /// `extend_when_unconfirmed`: whether lock values are shared by the replicas (an installation secret).
+    pub fn new(
+        metrics: Arc<Metrics>,
+        extend_when_unconfirmed: bool,
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<LockRef>) {
         let (wake_reconciler, wakes) = mpsc::unbounded_channel();
         let keeper = Arc::new(Self {
             table: Mutex::new(Table::default()),
@@ -42,6 +58,7 @@ impl Keeper {
             batch_done: Notify::new(),
             wake_reconciler,
             metrics,
+            extend_when_unconfirmed,
         });
         (keeper, wakes)
     }
@@ -122,34 +139,64 @@ impl Keeper {
     }
 
     /// Extends due leases until `stop`. Never releases anything: on shutdown or lost leadership the locks are
-    /// left to the next active replica, which resumes them.
+    /// left to the next active replica, which resumes them. While leadership cannot be confirmed and no other
+    /// replica is seen active, the locks already held are extended on (compare-and-extend only): they live in
+    /// Redis and must not lapse with the API server.
     pub async fn keep(
         self: Arc<Self>,
         engines: Arc<Engines>,
         leadership: Arc<Leadership>,
         stop: CancellationToken,
     ) {
+        let mut last_mode = None;
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep(TICK) => {}
             }
-            if !leadership.is_leader() {
-                if !self.is_empty() {
-                    let dropped = self.forget_all();
-                    tracing::warn!(
-                        locks = dropped,
-                        "not the active replica any more: stopped extending locks"
-                    );
-                }
-                continue;
+            let mode = self.mode(&leadership);
+            if mode != last_mode {
+                self.log_mode(mode);
+                last_mode = mode;
             }
-            self.tick(&engines, &leadership).await;
+            match mode {
+                Some(mode) => self.tick(&engines, &leadership, mode).await,
+                None if !self.is_empty() => {
+                    self.forget_all();
+                }
+                None => {}
+            }
+        }
+    }
+
+    fn mode(&self, leadership: &Leadership) -> Option<Mode> {
+        if leadership.is_leader() {
+            Some(Mode::Active)
+        } else if self.extend_when_unconfirmed && leadership.may_extend_held() {
+            Some(Mode::Unconfirmed)
+        } else {
+            None
+        }
+    }
+
+    fn log_mode(&self, mode: Option<Mode>) {
+        let held = self.len();
+        match mode {
+            Some(Mode::Active) => tracing::info!(locks = held, "active replica: extending held locks"),
+            Some(Mode::Unconfirmed) => tracing::warn!(
+                locks = held,
+                "cannot confirm leadership and no other replica is seen active: extending the locks already held (compare-and-extend only: no repair, no new acquisition, release or API write) until the API server answers again, an extension fails or another replica takes over"
+            ),
+            None if held > 0 => tracing::warn!(
+                locks = held,
+                "not the active replica any more: stopped extending locks; the active replica resumes them"
+            ),
+            None => {}
         }
     }
 
     /// One round: signal what reached its fence time, then extend what is due, one batch per quorum at once.
-    async fn tick(&self, engines: &Engines, leadership: &Leadership) {
+    async fn tick(&self, engines: &Engines, leadership: &Leadership, mode: Mode) {
         let now = Instant::now();
         let fenced = self.table().signal_fenced(now);
         self.metrics.locks_lost.inc_by(fenced.len() as u64);
@@ -165,7 +212,7 @@ impl Keeper {
         }
         let batches = due
             .into_iter()
-            .map(|batch| self.extend(engines.lookup(&batch.quorum), batch, leadership));
+            .map(|batch| self.extend(engines.lookup(&batch.quorum), batch, leadership, mode));
         for (locks, results) in futures::future::join_all(batches).await {
             let applied = self.table().apply(locks, results, Instant::now());
             self.report(applied);
@@ -178,12 +225,19 @@ impl Keeper {
         lookup: QuorumLookup,
         batch: DueBatch,
         leadership: &Leadership,
+        mode: Mode,
     ) -> (Vec<LockRef>, Vec<Result<Lease, ExtendError>>) {
+        // Checked at the moment of the write: a replica that saw a successor sends nothing, one that cannot confirm
+        // its leadership only compares and extends.
+        let repair = mode == Mode::Active && leadership.is_leader();
         let results = match lookup {
-            // Checked at the moment of the write: a replica that lost its lease sends nothing.
-            QuorumLookup::Ready(engine) if leadership.is_leader() => {
+            QuorumLookup::Ready(engine) if repair || leadership.may_extend_held() => {
                 let started = Instant::now();
-                let results = engine.engine.extend_many(&batch.leases).await;
+                let results = if repair {
+                    engine.engine.extend_many(&batch.leases).await
+                } else {
+                    engine.engine.extend_many_without_repair(&batch.leases).await
+                };
                 self.metrics
                     .extend_batch_seconds
                     .observe(started.elapsed().as_secs_f64());

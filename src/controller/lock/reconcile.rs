@@ -21,11 +21,20 @@ use crate::controller::engines::QuorumLookup;
 use crate::controller::error::Error;
 use crate::redlock::KeepPolicy;
 
+/// How soon a lock is looked at again while the watch caches are still receiving their first lists.
+const CACHE_SYNC_RETRY: Duration = Duration::from_millis(100);
+
 pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<Action, Error> {
     let lref = ObjectRef::from_obj(&*lock);
     if !ctx.leadership.is_leader() {
         tracing::debug!(lock = %lref, "standby: not reconciling");
         return Ok(Action::await_change());
+    }
+    if !ctx.caches_synced() {
+        // A Job or pod missing from a cache that has not received its first list is not gone: deciding on it
+        // would release a running Job's lock and suspend the Job (seen on a real cluster after a restart).
+        tracing::debug!(lock = %lref, "watch caches not synced yet: waiting");
+        return Ok(Action::requeue(CACHE_SYNC_RETRY));
     }
     let api: Api<DistributedLock> =
         Api::namespaced(ctx.client.clone(), &lock.namespace().unwrap_or_default());
@@ -106,11 +115,7 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
                 .await;
         }
     };
-    let kept = held
-        .as_ref()
-        .filter(|held| held.lost.is_none())
-        .map(|held| held.lease.holder().to_owned());
-    policy.prepare(ctx, kept.as_deref(), current.as_deref()).await?;
+    policy.prepare(ctx, current.as_deref()).await?;
     let mut keep = KeepPolicy::for_ttl(settings.ttl, config.node_timeout);
     if let Some(margin) = settings.fence_margin {
         keep.fence_margin = margin;

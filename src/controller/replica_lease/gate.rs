@@ -1,8 +1,9 @@
 //! The gate every Redis and API write checks synchronously at the moment of the call: whether this replica is
-//! the active one, by a deadline on this process's monotonic clock.
+//! the active one, by a deadline on this process's monotonic clock; and, when it can no longer confirm that, whether
+//! it may still extend the locks it holds (no other replica seen active since its last term).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -12,6 +13,8 @@ pub struct Leadership {
     base: Instant,
     /// Milliseconds after `base` until which this replica may write; 0 = not leader.
     deadline_ms: AtomicU64,
+    /// This replica was active and has seen no other replica take over since: it may keep extending what it holds.
+    no_successor_seen: AtomicBool,
     changes: watch::Sender<bool>,
 }
 
@@ -21,6 +24,7 @@ impl Leadership {
         Arc::new(Self {
             base: Instant::now(),
             deadline_ms: AtomicU64::new(0),
+            no_successor_seen: AtomicBool::new(false),
             changes,
         })
     }
@@ -29,6 +33,7 @@ impl Leadership {
     pub fn always() -> Arc<Self> {
         let leadership = Self::new();
         leadership.deadline_ms.store(u64::MAX, Ordering::SeqCst);
+        leadership.no_successor_seen.store(true, Ordering::SeqCst);
         leadership.changes.send_replace(true);
         leadership
     }
@@ -36,6 +41,19 @@ impl Leadership {
     pub fn is_leader(&self) -> bool {
         let deadline = self.deadline_ms.load(Ordering::SeqCst);
         deadline != 0 && self.millis(Instant::now()) < deadline
+    }
+
+    /// Whether this replica may keep extending the locks it already holds (compare-and-extend only): while it is
+    /// the leader, and after its leadership lapsed without confirmation (the API server does not answer) for as
+    /// long as it has seen no other replica active. Lock values are derived, so a successor holds the same values:
+    /// when it releases or re-grants a lock, the compare fails and this replica stops extending it.
+    pub fn may_extend_held(&self) -> bool {
+        self.is_leader() || self.no_successor_seen.load(Ordering::SeqCst)
+    }
+
+    /// Leadership lapsed, but no other replica has been seen active: only extensions of held locks may go on.
+    pub fn is_unconfirmed(&self) -> bool {
+        !self.is_leader() && self.no_successor_seen.load(Ordering::SeqCst)
     }
 
     /// Becomes true when this replica becomes the leader, false when it stops.
@@ -51,6 +69,7 @@ impl Leadership {
         let lapsed = !self.is_leader();
         self.deadline_ms
             .store(self.millis(until).max(1), Ordering::SeqCst);
+        self.no_successor_seen.store(true, Ordering::SeqCst);
         if lapsed {
             // Always an edge, even when the lapse was never published: whoever resumes locks on becoming the
             // leader must hear of every new term.
@@ -59,7 +78,9 @@ impl Leadership {
         }
     }
 
+    /// Another replica is active (or this one handed the Lease back): stop everything, extensions included.
     pub(super) fn step_down(&self) {
+        self.no_successor_seen.store(false, Ordering::SeqCst);
         self.deadline_ms.store(0, Ordering::SeqCst);
         self.changes
             .send_if_modified(|leader| std::mem::replace(leader, false));
@@ -91,5 +112,25 @@ mod tests {
             "no renewal: no writes, without waiting for any task"
         );
         assert!(Leadership::always().is_leader());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unconfirmed_leader_may_only_extend_until_it_sees_a_successor() {
+        let leadership = Leadership::new();
+        assert!(
+            !leadership.may_extend_held(),
+            "a replica that never led holds nothing"
+        );
+        leadership.extend_until(Instant::now() + Duration::from_secs(3));
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert!(!leadership.is_leader(), "no writes without a renewal");
+        assert!(leadership.is_unconfirmed() && leadership.may_extend_held());
+        leadership.step_down();
+        assert!(
+            !leadership.may_extend_held(),
+            "another replica is active: nothing at all"
+        );
+        leadership.extend_until(Instant::now() + Duration::from_secs(3));
+        assert!(leadership.is_leader() && !leadership.is_unconfirmed());
     }
 }

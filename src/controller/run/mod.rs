@@ -106,7 +106,7 @@ pub async fn start(
     };
 
     let engines = Arc::new(Engines::default());
-    let (keeper, wakes) = Keeper::new(metrics.clone());
+    let (keeper, wakes) = Keeper::new(metrics.clone(), options.secret.is_shared());
     let keeper_stop = CancellationToken::new();
     let keeper_task = tokio::spawn(keeper.clone().keep(
         engines.clone(),
@@ -148,7 +148,7 @@ pub async fn start(
     let lock_events = watcher(locks_api, watcher::Config::default())
         .default_backoff()
         .reflect(lock_writer)
-        .inspect(move |event| record_watch(&lock_health, "distributedlocks", event.is_ok()))
+        .inspect(move |event| record_watch(&lock_health, "distributedlocks", event))
         .touched_objects()
         .predicate_filter(lock_trigger, Default::default());
     let quorum_health = health.clone();
@@ -158,7 +158,7 @@ pub async fn start(
         .default_backoff()
         .reflect(quorum_writer)
         .inspect(move |event| {
-            record_watch(&quorum_health, "redisquorums", event.is_ok());
+            record_watch(&quorum_health, "redisquorums", event);
             if let Ok(watcher::Event::Delete(quorum)) = event {
                 // The locks on it learn at once that it is gone, instead of being extended on a stale engine.
                 quorum_engines.remove(&quorum.name_any());
@@ -174,7 +174,7 @@ pub async fn start(
         watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
             .default_backoff()
             .reflect(pod_writer)
-            .inspect(move |event| record_watch(&pod_health, "pods", event.is_ok())),
+            .inspect(move |event| record_watch(&pod_health, "pods", event)),
         pod_trigger,
     );
     let pod_locks = lock_store.clone();
@@ -188,7 +188,7 @@ pub async fn start(
     )
     .default_backoff()
     .reflect(job_writer)
-    .inspect(move |event| record_watch(&job_health, "jobs", event.is_ok()))
+    .inspect(move |event| record_watch(&job_health, "jobs", event))
     .touched_objects();
 
     let became_leader = leader_edges(&leadership);
@@ -256,11 +256,11 @@ pub async fn start(
     })
 }
 
-fn record_watch(health: &Health, name: &str, ok: bool) {
-    if ok {
-        health.watch_ok(name);
-    } else {
-        health.watch_failed(name);
+fn record_watch<K>(health: &Health, name: &str, event: &Result<watcher::Event<K>, watcher::Error>) {
+    match event {
+        Ok(watcher::Event::InitDone) => health.watch_synced(name),
+        Ok(_) => health.watch_ok(name),
+        Err(_) => health.watch_failed(name),
     }
 }
 

@@ -96,23 +96,21 @@ impl Policy {
         })
     }
 
-    /// The writes that must come before the lock moves. `kept`: the holder of the lease this replica keeps (not
-    /// lost).
-    pub async fn prepare(
-        &mut self,
-        ctx: &Context,
-        kept: Option<&str>,
-        current: Option<&str>,
-    ) -> Result<(), Error> {
+    /// Confirms with direct reads what the caches say is gone or changed, then makes the writes that must come
+    /// before the lock moves. `current`: who holds the lock, per the lease this replica keeps or, right after a
+    /// restart or failover, per status.
+    pub async fn prepare(&mut self, ctx: &Context, current: Option<&str>) -> Result<(), Error> {
         match self {
             Self::Identity(_) => Ok(()),
-            // The label stays only on a leader whose lock is held and who is still the one to lead; every other
-            // pod loses it before the lock moves.
+            // The label stays only on the leader that holds the lock and is still the one to lead; every other pod
+            // loses it before the lock moves. A leader a predecessor replica held for keeps it while it is resumed.
             Self::Leader(election) => {
-                let keep = kept.filter(|holder| election.chosen.as_deref() == Some(*holder));
+                election.confirm_current(current).await?;
+                let keep = current.filter(|holder| election.chosen.as_deref() == Some(*holder));
                 election.unlabel_all_but(ctx, keep).await
             }
             Self::Jobs(jobs) => {
+                jobs.confirm().await?;
                 jobs.suspend_strays(ctx, current).await?;
                 jobs.recheck_pods(ctx).await
             }

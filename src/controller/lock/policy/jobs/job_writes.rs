@@ -101,6 +101,41 @@ impl JobQueue {
         Ok(())
     }
 
+    /// A step decided from the cache that gives up or stops something (release a holder that looks finished or
+    /// gone, resume or requeue a fenced Job) is confirmed with a direct read of that Job first: the cache may lag
+    /// behind, or not have received its first list.
+    pub async fn confirm(&mut self) -> Result<(), Error> {
+        let named = match &self.step {
+            JobStep::ReleaseFinished(job)
+            | JobStep::ResumeFenced { job, .. }
+            | JobStep::Requeue { job, .. } => job.clone(),
+            _ => return Ok(()),
+        };
+        let fresh = self.api.get_opt(&named).await?;
+        let before = self.step.clone();
+        self.jobs
+            .retain(|job| job.metadata.name.as_deref() != Some(named.as_str()));
+        if let Some(job) = fresh.filter(|job| self.queues_here(job)) {
+            self.jobs.push(Arc::new(job));
+        }
+        self.views = self.jobs.iter().map(|job| JobView::of(job)).collect();
+        self.queue = queue(&self.views).iter().map(|job| job.name.clone()).collect();
+        self.step = next_step(
+            &self.views,
+            &self.pods,
+            self.current.as_deref(),
+            self.latest_token,
+        );
+        if self.step != before {
+            tracing::info!(lock = %self.lock, job = %named, ?before, after = ?self.step, "the Job cache lagged: decided again from the API server");
+        }
+        Ok(())
+    }
+
+    fn queues_here(&self, job: &Job) -> bool {
+        job.labels().get(LOCK_LABEL) == Some(&self.lock) && job.metadata.deletion_timestamp.is_none()
+    }
+
     fn job(&self, name: &str) -> Option<&Arc<Job>> {
         self.jobs
             .iter()
@@ -116,9 +151,17 @@ impl JobQueue {
             .collect()
     }
 
-    /// Suspends every Job that runs without holding the lock.
+    /// Suspends every Job that runs without holding the lock, as the API server shows it (the cache may show a Job
+    /// unsuspended that was suspended, or granted, a moment ago).
     pub async fn suspend_strays(&self, ctx: &Context, current: Option<&str>) -> Result<(), Error> {
         for stray in strays(&self.views, current) {
+            let Some(job) = self.api.get_opt(&stray.name).await? else {
+                continue;
+            };
+            let view = JobView::of(&job);
+            if view.suspended || view.finished || !self.queues_here(&job) {
+                continue;
+            }
             self.patch(
                 ctx,
                 &stray.name,

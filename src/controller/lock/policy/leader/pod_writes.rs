@@ -22,6 +22,8 @@ use crate::controller::lock::policy::TOKEN_ANNOTATION;
 pub struct Election {
     api: Api<Pod>,
     label: String,
+    selector: Selector,
+    preference: Vec<String>,
     pods: Vec<PodView>,
     /// Candidates in election order, for status.
     pub candidates: Vec<String>,
@@ -42,18 +44,53 @@ impl Election {
         let selector = Selector::try_from(policy.selector.clone())
             .map_err(|err| format!("spec.holder.leaderElection.selector: {err}"))?;
         let pods = pods_matching(&ctx.pods, &namespace, &selector, &policy.leader_label);
-        let candidates = candidates(&pods, &policy.preference)
+        let mut election = Self {
+            api: Api::namespaced(ctx.client.clone(), &namespace),
+            label: policy.leader_label.clone(),
+            selector,
+            preference: policy.preference.clone(),
+            pods,
+            candidates: Vec::new(),
+            chosen: None,
+        };
+        election.elect(current);
+        Ok(election)
+    }
+
+    fn elect(&mut self, current: Option<&str>) {
+        self.candidates = candidates(&self.pods, &self.preference)
             .iter()
             .map(|pod| pod.name.clone())
             .collect();
-        let chosen = choose_leader(&pods, current, &policy.preference);
-        Ok(Self {
-            api: Api::namespaced(ctx.client.clone(), &namespace),
-            label: policy.leader_label.clone(),
-            pods,
-            candidates,
-            chosen,
-        })
+        self.chosen = choose_leader(&self.pods, current, &self.preference);
+    }
+
+    /// The cache says the current leader can no longer lead (gone, unready, relabelled). Before its label is
+    /// removed and its lock moves, its pod is read from the API server: a cache that lags behind must not move a
+    /// leader that is still a candidate.
+    pub async fn confirm_current(&mut self, current: Option<&str>) -> Result<(), Error> {
+        let Some(current) = current else {
+            return Ok(());
+        };
+        if self.chosen.as_deref() == Some(current) {
+            return Ok(());
+        }
+        let fresh = self.api.get_opt(current).await?;
+        self.pods.retain(|pod| pod.name != current);
+        if let Some(pod) = fresh.filter(|pod| {
+            self.selector
+                .matches(pod.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()))
+        }) {
+            self.pods.push(PodView::of(&pod, &self.label));
+        }
+        self.elect(Some(current));
+        if self.chosen.as_deref() == Some(current) {
+            tracing::info!(
+                pod = current,
+                "the pod cache lagged: the leader is still a candidate"
+            );
+        }
+        Ok(())
     }
 
     /// Removes the leader label from every pod but `keep`, the leader whose lock is held. Done before anything
