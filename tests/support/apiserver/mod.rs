@@ -84,6 +84,7 @@ mod kinds;
 mod lifecycle;
 mod meta;
 mod patch;
+pub mod realism;
 mod routes;
 mod selectors;
 mod store;
@@ -98,39 +99,73 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use axum::Router;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use controls::Control;
+use realism::{Dice, Realism, SEED_ENV};
 use store::State;
 
 /// How often the sweep looks for pods whose grace period is over.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
+/// How long to keep trying to listen on the same port again after an outage.
+const REBIND_PATIENCE: Duration = Duration::from_secs(10);
 
 /// An API server on 127.0.0.1 with its own runtime thread; it shuts down when dropped.
 pub struct TestApiServer {
     shared: Arc<Shared>,
-    stop: Option<oneshot::Sender<()>>,
+    commands: mpsc::UnboundedSender<Command>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// What the test asks of the server thread.
+enum Command {
+    Stop,
+    /// Stop listening and end every connection (true), or listen again on the same port (false); answered once
+    /// done.
+    Unreachable(bool, oneshot::Sender<()>),
+}
+
 impl TestApiServer {
-    /// Binds 127.0.0.1 on a free port and starts serving.
+    /// The quick mode: binds 127.0.0.1 on a free port and answers every request at once.
     pub async fn start() -> TestApiServer {
+        Self::launch(Realism::quick())
+    }
+
+    /// The realistic mode `realism` describes; prints its seed, so that a failing run can be repeated.
+    pub async fn start_with(realism: Realism) -> TestApiServer {
+        let server = Self::launch(realism);
+        eprintln!(
+            "test API server at {} in realistic mode, seed {} (set {SEED_ENV}={} to repeat it)",
+            server.url(),
+            server.shared.realism.seed,
+            server.shared.realism.seed,
+        );
+        server
+    }
+
+    /// The realistic mode ([`Realism::typical`]) when `REDLOCK_E2E_REALISTIC=1`, the quick one otherwise.
+    pub async fn start_from_env() -> TestApiServer {
+        match Realism::from_env() {
+            Some(realism) => Self::start_with(realism).await,
+            None => Self::start().await,
+        }
+    }
+
+    fn launch(realism: Realism) -> TestApiServer {
         let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("bind the test API server");
-        listener.set_nonblocking(true).expect("non-blocking listener");
         let addr = listener.local_addr().expect("listener address");
-        let shared = Arc::new(Shared::new(addr));
-        let (stop, stopped) = oneshot::channel();
+        let shared = Arc::new(Shared::new(addr, realism));
+        let (commands, received) = mpsc::unbounded_channel();
         let server = shared.clone();
         // Its own runtime, so the server keeps answering whatever the test's runtime is doing (blocked in a
         // sync call, current-thread, shutting down between tests).
         let thread = std::thread::Builder::new()
             .name("test-apiserver".into())
-            .spawn(move || run_server(listener, server, stopped))
+            .spawn(move || run_server(listener, server, received))
             .expect("spawn the test API server thread");
         TestApiServer {
             shared,
-            stop: Some(stop),
+            commands,
             thread: Some(thread),
         }
     }
@@ -165,11 +200,26 @@ impl TestApiServer {
         self.shared.control().add_fault(verb, plural, code, count);
     }
 
-    /// While down, every request gets 503 and every open watch is ended (like an API server restart).
+    /// While down, every request gets 503 and every open watch is ended (an API server that answers but
+    /// cannot serve: its storage is unavailable).
     pub fn set_down(&self, down: bool) {
         self.shared.down.store(down, Ordering::SeqCst);
         if down {
             self.shared.lock().end_watches();
+        }
+    }
+
+    /// While unreachable, nothing listens on the server's port (connections are refused) and every open
+    /// connection and watch has been ended, as when an API server restarts; afterwards it listens on the same
+    /// port again, with its state kept. Returns once the switch is done.
+    pub async fn set_unreachable(&self, unreachable: bool) {
+        let (done, switched) = oneshot::channel();
+        if self
+            .commands
+            .send(Command::Unreachable(unreachable, done))
+            .is_ok()
+        {
+            let _ = switched.await;
         }
     }
 
@@ -183,30 +233,32 @@ impl TestApiServer {
 
 impl Drop for TestApiServer {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        let _ = self.commands.send(Command::Stop);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
     }
 }
 
-/// What the request handlers share: the store, the test controls and the down switch.
+/// What the request handlers share: the store, the test controls, the down switch and the realistic mode.
 struct Shared {
     addr: SocketAddr,
     state: Mutex<State>,
     control: Mutex<Control>,
     down: AtomicBool,
+    realism: Realism,
+    dice: Dice,
 }
 
 impl Shared {
-    fn new(addr: SocketAddr) -> Self {
+    fn new(addr: SocketAddr, realism: Realism) -> Self {
         Shared {
             addr,
-            state: Mutex::default(),
+            state: Mutex::new(State::new(realism.history)),
             control: Mutex::default(),
             down: AtomicBool::new(false),
+            dice: Dice::new(realism.seed),
+            realism,
         }
     }
 
@@ -223,25 +275,84 @@ impl Shared {
     }
 }
 
-fn run_server(listener: std::net::TcpListener, shared: Arc<Shared>, stopped: oneshot::Receiver<()>) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("test-apiserver")
-        .enable_all()
-        .build()
-        .expect("test API server runtime");
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-        let sweeper = tokio::spawn(sweep_loop(shared.clone()));
-        let app = Router::new().fallback(routes::handle).with_state(shared);
+/// Serves until stopped. Each period of listening has a runtime of its own: shutting it down ends every
+/// connection and watch at once, which is how an outage begins.
+fn run_server(
+    listener: std::net::TcpListener,
+    shared: Arc<Shared>,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+) {
+    let mut listener = listener;
+    loop {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("test-apiserver")
+            .enable_all()
+            .build()
+            .expect("test API server runtime");
+        let command = runtime.block_on(serve(listener, shared.clone(), &mut commands));
+        // Open connections and watches are tasks of this runtime: dropping them closes their sockets.
+        runtime.shutdown_timeout(Duration::from_secs(1));
+        let Some(Command::Unreachable(true, done)) = command else {
+            return;
+        };
+        let _ = done.send(());
+        listener = loop {
+            match commands.blocking_recv() {
+                Some(Command::Unreachable(true, done)) => {
+                    let _ = done.send(());
+                }
+                Some(Command::Unreachable(false, done)) => {
+                    let listener = bind_again(shared.addr);
+                    let _ = done.send(());
+                    break listener;
+                }
+                Some(Command::Stop) | None => return,
+            }
+        };
+    }
+}
+
+/// Serves on `listener` until a command ends this period of listening (stop, or an outage).
+async fn serve(
+    listener: std::net::TcpListener,
+    shared: Arc<Shared>,
+    commands: &mut mpsc::UnboundedReceiver<Command>,
+) -> Option<Command> {
+    listener.set_nonblocking(true).expect("non-blocking listener");
+    let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+    tokio::spawn(sweep_loop(shared.clone()));
+    let app = Router::new().fallback(routes::handle).with_state(shared);
+    let server = axum::serve(listener, app).into_future();
+    tokio::pin!(server);
+    loop {
         tokio::select! {
-            result = axum::serve(listener, app).into_future() => result.expect("test API server"),
-            _ = stopped => {}
+            result = &mut server => {
+                result.expect("test API server");
+                return None;
+            }
+            command = commands.recv() => match command {
+                Some(Command::Unreachable(false, done)) => {
+                    let _ = done.send(());
+                }
+                other => return other,
+            },
         }
-        sweeper.abort();
-    });
-    // Open watches are tasks of this runtime: dropping them closes their connections.
-    runtime.shutdown_timeout(Duration::from_secs(1));
+    }
+}
+
+/// The same port again; a moment may pass before the old socket lets go of it.
+fn bind_again(addr: SocketAddr) -> std::net::TcpListener {
+    let deadline = std::time::Instant::now() + REBIND_PATIENCE;
+    loop {
+        match std::net::TcpListener::bind(addr) {
+            Ok(listener) => return listener,
+            Err(error) if std::time::Instant::now() >= deadline => {
+                panic!("the test API server cannot listen on {addr} again: {error}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
 }
 
 async fn sweep_loop(shared: Arc<Shared>) {

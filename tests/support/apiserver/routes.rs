@@ -2,6 +2,7 @@
 //! because they are the store seen through a query.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Request, State as AxumState};
 use axum::http::{Method, header};
@@ -147,8 +148,10 @@ fn request_verb(method: &Method, route: &Route, query: &Query) -> ApiResult<&'st
     }
 }
 
-/// Every request: counted, then refused while down, failed by an injected fault, or served.
+/// Every request: late by the request latency, counted, then refused while down, failed by an injected
+/// fault, or served.
 pub(super) async fn handle(AxumState(shared): AxumState<Arc<Shared>>, request: Request) -> Response {
+    pause(shared.dice.delay(shared.realism.request_latency)).await;
     let (parts, body) = request.into_parts();
     let query = Query::parse(parts.uri.query());
     let route = parse_route(parts.uri.path()).filter(|route| shared.lock().served(route.kind));
@@ -189,9 +192,20 @@ pub(super) async fn handle(AxumState(shared): AxumState<Arc<Shared>>, request: R
         .and_then(|v| v.split(';').next())
         .unwrap_or("")
         .trim();
-    match shared.serve(verb, &route, &query, content_type, &body) {
+    let reply = shared.serve(verb, &route, &query, content_type, &body);
+    // A slow list shows the state as of the request, so its answer is held after it was taken.
+    if verb == "list" && query.get("continue").is_none_or(str::is_empty) {
+        pause(shared.realism.list_delay(route.kind.plural)).await;
+    }
+    match reply {
         Ok((code, body)) => json_response(code, body),
         Err(error) => error_response(&error),
+    }
+}
+
+async fn pause(delay: Duration) {
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
     }
 }
 

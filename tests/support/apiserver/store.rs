@@ -11,8 +11,6 @@ use super::kinds::{Kind, Special, kind_of};
 use super::meta::{meta_mut, name_of, namespace_of};
 use super::selectors::Filter;
 
-/// Watch events kept per resource for watches that resume from a resourceVersion.
-const HISTORY_LIMIT: usize = 10_000;
 /// Paginated list snapshots kept for `continue` tokens.
 const LIST_SNAPSHOTS: usize = 64;
 
@@ -57,9 +55,10 @@ pub(super) struct GracefulPod {
     pub uid: String,
 }
 
-#[derive(Default)]
 pub(super) struct State {
     pub rv: u64,
+    /// Changes kept per resource for watches that resume from a resourceVersion.
+    history_limit: usize,
     pub buckets: HashMap<&'static str, Bucket>,
     pub pages: VecDeque<(u64, Arc<Page>)>,
     next_page: u64,
@@ -71,6 +70,17 @@ fn object_key(namespace: &str, name: &str) -> String {
 }
 
 impl State {
+    pub fn new(history_limit: usize) -> Self {
+        State {
+            rv: 0,
+            history_limit,
+            buckets: HashMap::new(),
+            pages: VecDeque::new(),
+            next_page: 0,
+            graceful: Vec::new(),
+        }
+    }
+
     pub fn bucket(&mut self, kind: &Kind) -> &mut Bucket {
         self.buckets.entry(kind.plural).or_default()
     }
@@ -118,6 +128,7 @@ impl State {
         meta_mut(&mut object).insert("resourceVersion".into(), rv.to_string().into());
         let key = object_key(namespace_of(&object), name_of(&object));
         let object = Arc::new(object);
+        let history_limit = self.history_limit;
         let bucket = self.bucket(kind);
         if event == EventType::Deleted {
             bucket.objects.remove(&key);
@@ -131,7 +142,7 @@ impl State {
             previous,
         });
         bucket.history.push_back(change.clone());
-        if bucket.history.len() > HISTORY_LIMIT
+        if bucket.history.len() > history_limit
             && let Some(dropped) = bucket.history.pop_front()
         {
             bucket.compacted = dropped.rv;

@@ -1,6 +1,8 @@
 //! WATCH: a resourceVersion to resume from (replayed from the resource's history, or `410 Expired` as the
 //! stream's only event when it is too old), synthetic ADDED events when there is none, selectors applied to
-//! both sides of a change, periodic bookmarks and `timeoutSeconds`.
+//! both sides of a change, periodic bookmarks and `timeoutSeconds`. In realistic mode: events late by the watch
+//! latency (in order), initial events late by the resource's list delay, and an end after a random lifetime,
+//! sometimes with `410 Expired`.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -42,19 +44,26 @@ pub(super) struct WatchSession {
     kind: &'static Kind,
     namespace: Option<String>,
     filter: Filter,
-    pending: VecDeque<Pending>,
-    /// None for a watch that only reports an error.
+    /// What is to be sent, each with the time it may be sent at (never before the one ahead of it).
+    pending: VecDeque<(Instant, Pending)>,
+    /// When the last queued item may be sent.
+    last_due: Instant,
+    /// None for a watch that only reports an error, or that has ended with one.
     changes: Option<mpsc::Receiver<Arc<Change>>>,
     /// The newest resourceVersion this watch has passed on or filtered out.
     seen: u64,
     bookmarks: bool,
     next_bookmark: Instant,
+    /// The end of the watch: `timeoutSeconds`, or its lifetime in realistic mode.
     deadline: Instant,
+    /// Whether the watch ends with `410 Expired` at its deadline.
+    expires_at_deadline: bool,
 }
 
 enum Wake {
     Change(Option<Arc<Change>>),
-    Timeout,
+    Due,
+    Deadline,
     Bookmark,
 }
 
@@ -81,6 +90,15 @@ impl Shared {
             .number::<u64>("timeoutSeconds")?
             .map_or(DEFAULT_WATCH_TIMEOUT, Duration::from_secs)
             .min(DEFAULT_WATCH_TIMEOUT);
+        let realism = &self.realism;
+        let (lifetime, expires_at_deadline) = match realism.watch_lifetime {
+            Some(lifetime) => {
+                let lifetime = self.dice.delay(lifetime);
+                let expires = lifetime < timeout && self.dice.chance(realism.expiry_chance);
+                (lifetime.min(timeout), expires)
+            }
+            None => (timeout, false),
+        };
 
         let (sender, changes) = mpsc::channel(WATCH_BUFFER);
         let mut state = self.lock();
@@ -93,14 +111,24 @@ impl Shared {
             Some(_) => Vec::new(),
         };
         let bucket = state.bucket(kind);
-        let mut pending: VecDeque<Pending> = objects.into_iter().map(Pending::Added).collect();
+        let now = Instant::now();
+        // A watch from "now" starts with the objects, late when the resource's lists are.
+        let initial_due = match from {
+            None => now + realism.list_delay(kind.plural),
+            Some(_) => now,
+        };
+        let mut pending: VecDeque<(Instant, Pending)> = objects
+            .into_iter()
+            .map(|object| (initial_due, Pending::Added(object)))
+            .collect();
         let mut changes = Some(changes);
+        let newest = bucket.history.back().map_or(0, |c| c.rv);
         match from {
-            Some(rv) if rv < bucket.compacted => {
+            Some(rv) if rv < bucket.compacted || (rv < newest && self.dice.chance(realism.expiry_chance)) => {
                 // The real server answers 200 and reports the expiry as the stream's only event.
                 let oldest = bucket.history.front().map_or(start_rv, |c| c.rv);
                 let error = ApiError::expired(format!("too old resource version: {rv} ({oldest})"));
-                pending.push_back(Pending::Error(error.status()));
+                pending.push_back((now, Pending::Error(error.status())));
                 changes = None;
             }
             Some(rv) => pending.extend(
@@ -108,8 +136,7 @@ impl Shared {
                     .history
                     .iter()
                     .filter(|c| c.rv > rv)
-                    .cloned()
-                    .map(Pending::Change),
+                    .map(|c| (now, Pending::Change(c.clone()))),
             ),
             None => {}
         }
@@ -117,19 +144,28 @@ impl Shared {
             bucket.watchers.push(sender);
         }
         drop(state);
-        let now = Instant::now();
         Ok(WatchSession {
             shared: self.clone(),
             kind,
             namespace: route.namespace.clone(),
             filter,
             pending,
+            last_due: initial_due,
             changes,
             seen: start_rv,
             bookmarks: query.flag("allowWatchBookmarks"),
             next_bookmark: now + BOOKMARK_INTERVAL,
-            deadline: now + timeout,
+            deadline: now + lifetime,
+            expires_at_deadline,
         })
+    }
+}
+
+/// The next change, or never when there is no channel.
+async fn next_change(changes: Option<&mut mpsc::Receiver<Arc<Change>>>) -> Option<Arc<Change>> {
+    match changes {
+        Some(changes) => changes.recv().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -152,42 +188,78 @@ impl WatchSession {
             if self.changes.as_ref().is_some_and(mpsc::Receiver::is_closed) {
                 return None;
             }
-            if let Some(pending) = self.pending.pop_front() {
+            let next_due = self.pending.front().map(|(due, _)| *due);
+            if next_due.is_some_and(|due| due <= Instant::now()) {
+                let (_, pending) = self.pending.pop_front()?;
                 match self.encode(pending) {
                     Some(line) => return Some(line),
                     None => continue,
                 }
             }
-            let changes = self.changes.as_mut()?;
+            if self.changes.is_none() && next_due.is_none() {
+                return None;
+            }
+            let (deadline, next_bookmark) = (self.deadline, self.next_bookmark);
+            let bookmarks = self.bookmarks && self.changes.is_some();
             let wake = tokio::select! {
-                change = changes.recv() => Wake::Change(change),
-                () = tokio::time::sleep_until(self.deadline) => Wake::Timeout,
-                () = tokio::time::sleep_until(self.next_bookmark), if self.bookmarks => Wake::Bookmark,
+                change = next_change(self.changes.as_mut()) => Wake::Change(change),
+                () = tokio::time::sleep_until(next_due.unwrap_or(deadline)), if next_due.is_some() => Wake::Due,
+                () = tokio::time::sleep_until(deadline), if self.changes.is_some() => Wake::Deadline,
+                () = tokio::time::sleep_until(next_bookmark), if bookmarks => Wake::Bookmark,
             };
             match wake {
                 Wake::Change(Some(change)) => {
                     self.seen = self.seen.max(change.rv);
-                    self.pending.push_back(Pending::Change(change));
+                    self.schedule(Pending::Change(change));
                 }
-                Wake::Change(None) | Wake::Timeout => return None,
+                Wake::Change(None) => return None,
+                Wake::Due => {}
+                Wake::Deadline if self.expires_at_deadline => self.expire(),
+                Wake::Deadline => return None,
                 Wake::Bookmark => self.queue_bookmark(),
             }
         }
     }
 
+    /// Queues `pending` behind everything queued, late by the watch latency.
+    fn schedule(&mut self, pending: Pending) {
+        let latency = self.shared.dice.delay(self.shared.realism.watch_latency);
+        let due = self.last_due.max(Instant::now() + latency);
+        self.last_due = due;
+        self.pending.push_back((due, pending));
+    }
+
+    /// Ends the watch with `410 Expired`, as a real server does when its history no longer reaches back to
+    /// where this watch is: what was not sent yet is lost, and the client must list again.
+    fn expire(&mut self) {
+        self.changes = None;
+        self.pending.clear();
+        let error = ApiError::expired(format!("too old resource version: {}", self.seen));
+        self.pending
+            .push_back((Instant::now(), Pending::Error(error.status())));
+    }
+
     /// A bookmark promises every change up to its resourceVersion was sent. Changes are handed to watchers
-    /// under the state lock, so all those up to the current resourceVersion are in the channel by now.
+    /// under the state lock, so all those up to the current resourceVersion are in the channel by now; the
+    /// bookmark goes behind them.
     fn queue_bookmark(&mut self) {
         self.next_bookmark = Instant::now() + BOOKMARK_INTERVAL;
         let current = self.shared.lock().rv;
         let Some(changes) = self.changes.as_mut() else {
             return;
         };
+        let mut drained = Vec::new();
         while let Ok(change) = changes.try_recv() {
-            self.seen = self.seen.max(change.rv);
-            self.pending.push_back(Pending::Change(change));
+            drained.push(change);
         }
-        self.pending.push_back(Pending::Bookmark(current.max(self.seen)));
+        for change in drained {
+            self.seen = self.seen.max(change.rv);
+            self.schedule(Pending::Change(change));
+        }
+        let due = self.last_due.max(Instant::now());
+        self.last_due = due;
+        self.pending
+            .push_back((due, Pending::Bookmark(current.max(self.seen))));
     }
 
     fn in_scope(&self, object: &Value) -> bool {
