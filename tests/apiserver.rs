@@ -8,11 +8,15 @@ use std::future::Future;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodSpec};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Pod, PodSpec, Secret};
 use k8s_openapi::api::events::v1::Event as EventsV1Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::core::ObjectMeta;
+use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::events::{Event as RecorderEvent, EventType, Recorder, Reporter};
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -20,11 +24,14 @@ use kube::{Client, CustomResourceExt, Resource, ResourceExt};
 use redlock_operator::api::{DistributedLock, RedisQuorum};
 use serde_json::json;
 use support::apiserver::TestApiServer;
+use support::apiserver::realism::{Jitter, Realism, seed_from};
+use tokio::time::Instant;
 
 const UPPER_BOUND: Duration = Duration::from_secs(10);
 
-fn config_map(name: &str, labels: &[(&str, &str)]) -> ConfigMap {
-    ConfigMap {
+/// A Secret: the plain built-in kind here (no status, no generation, unconditional PUT allowed).
+fn secret(name: &str, labels: &[(&str, &str)]) -> Secret {
+    Secret {
         metadata: ObjectMeta {
             name: Some(name.into()),
             labels: Some(
@@ -35,8 +42,8 @@ fn config_map(name: &str, labels: &[(&str, &str)]) -> ConfigMap {
             ),
             ..ObjectMeta::default()
         },
-        data: Some(BTreeMap::from([("key".to_string(), "value".to_string())])),
-        ..ConfigMap::default()
+        string_data: Some(BTreeMap::from([("key".to_string(), "value".to_string())])),
+        ..Secret::default()
     }
 }
 
@@ -50,6 +57,17 @@ fn lock(name: &str) -> DistributedLock {
     .expect("a DistributedLock")
 }
 
+/// A suspended Job that never started, with one container.
+fn suspended_job(name: &str) -> Job {
+    serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": { "suspend": true, "template": { "spec": {
+            "restartPolicy": "Never", "containers": [{ "name": "main", "image": "busybox:1.36" }]
+        } } }
+    }))
+    .expect("a Job")
+}
+
 /// What a real cluster needs before custom resources can be used, done the same way.
 async fn install_crds(client: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -61,10 +79,24 @@ async fn install_crds(client: &Client) {
 }
 
 async fn started() -> (TestApiServer, Client) {
-    let server = TestApiServer::start().await;
+    with_crds(TestApiServer::start().await).await
+}
+
+async fn started_with(realism: Realism) -> (TestApiServer, Client) {
+    with_crds(TestApiServer::start_with(realism).await).await
+}
+
+async fn with_crds(server: TestApiServer) -> (TestApiServer, Client) {
     let client = server.client();
     install_crds(&client).await;
     (server, client)
+}
+
+/// A client that does not retry, to see what the server answers.
+fn no_retry_client(server: &TestApiServer) -> Client {
+    let mut config = kube::Config::new(server.url().parse().unwrap());
+    config.default_retry = false;
+    Client::try_from(config).unwrap()
 }
 
 fn api_error(result: Result<impl std::fmt::Debug, kube::Error>) -> (u16, String) {
@@ -80,12 +112,9 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let deadline = tokio::time::Instant::now() + UPPER_BOUND;
+    let deadline = Instant::now() + UPPER_BOUND;
     while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -99,32 +128,26 @@ fn names<K: ResourceExt>(items: impl IntoIterator<Item = K>) -> Vec<String> {
 #[tokio::test]
 async fn create_get_list_with_selectors() {
     let (_server, client) = started().await;
-    let default: Api<ConfigMap> = Api::default_namespaced(client.clone());
-    let other: Api<ConfigMap> = Api::namespaced(client.clone(), "other");
+    let default: Api<Secret> = Api::default_namespaced(client.clone());
+    let other: Api<Secret> = Api::namespaced(client.clone(), "other");
     let pp = PostParams::default();
     default
-        .create(&pp, &config_map("a", &[("app", "x"), ("tier", "web")]))
+        .create(&pp, &secret("a", &[("app", "x"), ("tier", "web")]))
         .await
         .unwrap();
-    default
-        .create(&pp, &config_map("b", &[("app", "y")]))
-        .await
-        .unwrap();
-    default.create(&pp, &config_map("c", &[])).await.unwrap();
-    other
-        .create(&pp, &config_map("a", &[("app", "x")]))
-        .await
-        .unwrap();
+    default.create(&pp, &secret("b", &[("app", "y")])).await.unwrap();
+    default.create(&pp, &secret("c", &[])).await.unwrap();
+    other.create(&pp, &secret("a", &[("app", "x")])).await.unwrap();
 
     let got = default.get("a").await.unwrap();
     assert_eq!(got.metadata.namespace.as_deref(), Some("default"));
     assert!(got.metadata.uid.is_some() && got.metadata.creation_timestamp.is_some());
     assert!(
         got.metadata.generation.is_none(),
-        "ConfigMaps do not track generation"
+        "Secrets do not track generation"
     );
 
-    let list = |api: Api<ConfigMap>, lp: ListParams| async move { names(api.list(&lp).await.unwrap()) };
+    let list = |api: Api<Secret>, lp: ListParams| async move { names(api.list(&lp).await.unwrap()) };
     let labels = |s: &str| ListParams::default().labels(s);
     assert_eq!(list(default.clone(), labels("app=x")).await, ["a"]);
     assert_eq!(list(default.clone(), labels("app!=x")).await, ["b", "c"]);
@@ -132,7 +155,7 @@ async fn create_get_list_with_selectors() {
     assert_eq!(list(default.clone(), labels("app notin (x)")).await, ["b", "c"]);
     assert_eq!(list(default.clone(), labels("app")).await, ["a", "b"]);
     assert_eq!(list(default.clone(), labels("!app")).await, ["c"]);
-    let all: Api<ConfigMap> = Api::all(client.clone());
+    let all: Api<Secret> = Api::all(client.clone());
     assert_eq!(list(all.clone(), labels("app=x")).await, ["a", "a"]);
     let fields = |s: &str| ListParams::default().fields(s);
     assert_eq!(list(all.clone(), fields("metadata.namespace=other")).await, ["a"]);
@@ -143,6 +166,7 @@ async fn create_get_list_with_selectors() {
     // limit/continue pages through one consistent snapshot.
     let first = default.list(&ListParams::default().limit(2)).await.unwrap();
     assert_eq!(first.items.len(), 2);
+    assert_eq!(first.metadata.remaining_item_count, Some(1));
     let token = first.metadata.continue_.clone().expect("a continue token");
     let rest = default
         .list(&ListParams::default().limit(2).continue_token(&token))
@@ -151,57 +175,108 @@ async fn create_get_list_with_selectors() {
     assert_eq!(names(first.items.into_iter().chain(rest.items)), ["a", "b", "c"]);
     assert!(rest.metadata.continue_.is_none_or(|c| c.is_empty()));
     assert!(rest.metadata.resource_version.is_some());
+    let (code, _) = api_error(default.list(&ListParams::default().continue_token("99:1")).await);
+    assert_eq!(code, 410, "an unknown continue token has expired");
 
-    let (code, reason) = api_error(default.create(&pp, &config_map("a", &[])).await);
+    let (code, reason) = api_error(default.create(&pp, &secret("a", &[])).await);
     assert_eq!((code, reason.as_str()), (409, "AlreadyExists"));
     let (code, reason) = api_error(default.get("missing").await);
     assert_eq!((code, reason.as_str()), (404, "NotFound"));
     assert!(default.get_opt("missing").await.unwrap().is_none());
 
-    let generated = ConfigMap {
+    let generated = Secret {
         metadata: ObjectMeta {
             generate_name: Some("gen-".into()),
             ..ObjectMeta::default()
         },
-        ..ConfigMap::default()
+        ..Secret::default()
     };
     let created = default.create(&pp, &generated).await.unwrap();
     assert!(created.name_any().starts_with("gen-") && created.name_any().len() == 9);
+
+    // stringData is write-only: folded into data.
+    let stored = default.get("a").await.unwrap();
+    assert!(stored.string_data.is_none());
+    assert_eq!(
+        stored.data.unwrap().get("key"),
+        Some(&ByteString(b"value".to_vec()))
+    );
+
+    let mut versioned = secret("versioned", &[]);
+    versioned.metadata.resource_version = Some("1".into());
+    let (code, _) = api_error(default.create(&pp, &versioned).await);
+    assert_eq!(
+        code, 500,
+        "a resourceVersion on create is the storage layer's error"
+    );
 }
 
 #[tokio::test]
 async fn stale_resource_versions_conflict() {
     let (_server, client) = started().await;
-    let maps: Api<ConfigMap> = Api::default_namespaced(client.clone());
-    let created = maps
-        .create(&PostParams::default(), &config_map("cm", &[]))
+    let secrets: Api<Secret> = Api::default_namespaced(client.clone());
+    let created = secrets
+        .create(&PostParams::default(), &secret("s", &[]))
         .await
         .unwrap();
     let mut fresh = created.clone();
-    fresh.data = Some(BTreeMap::from([("key".into(), "v2".into())]));
-    let updated = maps.replace("cm", &PostParams::default(), &fresh).await.unwrap();
+    fresh.data = Some(BTreeMap::from([("key".into(), ByteString(b"v2".to_vec()))]));
+    let updated = secrets
+        .replace("s", &PostParams::default(), &fresh)
+        .await
+        .unwrap();
     assert_ne!(updated.resource_version(), created.resource_version());
 
     // `created` is now stale.
-    let (code, reason) = api_error(maps.replace("cm", &PostParams::default(), &created).await);
+    let (code, reason) = api_error(secrets.replace("s", &PostParams::default(), &created).await);
     assert_eq!((code, reason.as_str()), (409, "Conflict"));
-    let stale = json!({"metadata": {"resourceVersion": created.resource_version()}, "data": {"key": "v3"}});
+    let stale =
+        json!({"metadata": {"resourceVersion": created.resource_version()}, "stringData": {"key": "v3"}});
     let (code, _) = api_error(
-        maps.patch("cm", &PatchParams::default(), &Patch::Merge(&stale))
+        secrets
+            .patch("s", &PatchParams::default(), &Patch::Merge(&stale))
             .await,
     );
     assert_eq!(code, 409, "a resourceVersion in a patch is a precondition");
-    let current = json!({"metadata": {"resourceVersion": updated.resource_version()}, "data": {"key": "v3"}});
-    maps.patch("cm", &PatchParams::default(), &Patch::Merge(&current))
+    let current =
+        json!({"metadata": {"resourceVersion": updated.resource_version()}, "stringData": {"key": "v3"}});
+    secrets
+        .patch("s", &PatchParams::default(), &Patch::Merge(&current))
         .await
         .unwrap();
 
-    // ConfigMaps allow an unconditional PUT; custom resources do not.
-    let mut unconditional = maps.get("cm").await.unwrap();
+    // Secrets allow an unconditional PUT; custom resources do not.
+    let mut unconditional = secrets.get("s").await.unwrap();
     unconditional.metadata.resource_version = None;
-    maps.replace("cm", &PostParams::default(), &unconditional)
+    secrets
+        .replace("s", &PostParams::default(), &unconditional)
         .await
         .unwrap();
+    let mut other_uid = secrets.get("s").await.unwrap();
+    other_uid.metadata.uid = Some("00000000-0000-4000-8000-000000000000".into());
+    let (code, reason) = api_error(secrets.replace("s", &PostParams::default(), &other_uid).await);
+    assert_eq!(
+        (code, reason.as_str()),
+        (409, "Conflict"),
+        "a uid in the body is a precondition"
+    );
+    let leases: Api<Lease> = Api::default_namespaced(client.clone());
+    let mut lease = leases
+        .create(
+            &PostParams::default(),
+            &Lease {
+                metadata: ObjectMeta {
+                    name: Some("lease".into()),
+                    ..ObjectMeta::default()
+                },
+                ..Lease::default()
+            },
+        )
+        .await
+        .unwrap();
+    lease.metadata.resource_version = None;
+    let (code, _) = api_error(leases.replace("lease", &PostParams::default(), &lease).await);
+    assert_eq!(code, 422, "leases need a resourceVersion to be replaced");
     let locks: Api<DistributedLock> = Api::default_namespaced(client);
     let mut dl = locks.create(&PostParams::default(), &lock("l")).await.unwrap();
     dl.metadata.resource_version = None;
@@ -276,19 +351,20 @@ async fn status_subresource_and_generation() {
 #[tokio::test]
 async fn finalizers_hold_deletion() {
     let (_server, client) = started().await;
-    let maps: Api<ConfigMap> = Api::default_namespaced(client);
-    let mut cm = config_map("cm", &[]);
-    cm.metadata.finalizers = Some(vec!["test/one".into()]);
-    maps.create(&PostParams::default(), &cm).await.unwrap();
+    let secrets: Api<Secret> = Api::default_namespaced(client);
+    let mut object = secret("s", &[]);
+    object.metadata.finalizers = Some(vec!["test/one".into()]);
+    secrets.create(&PostParams::default(), &object).await.unwrap();
 
-    let pending = maps.delete("cm", &DeleteParams::default()).await.unwrap();
+    let pending = secrets.delete("s", &DeleteParams::default()).await.unwrap();
     let pending = pending.left().expect("the object while finalizers are pending");
     assert!(pending.metadata.deletion_timestamp.is_some());
     assert_eq!(pending.metadata.deletion_grace_period_seconds, Some(0));
 
     let add = json!({"metadata": {"finalizers": ["test/one", "test/two"]}});
     let (code, _) = api_error(
-        maps.patch("cm", &PatchParams::default(), &Patch::Merge(&add))
+        secrets
+            .patch("s", &PatchParams::default(), &Patch::Merge(&add))
             .await,
     );
     assert_eq!(code, 422, "no new finalizers once deletion started");
@@ -299,21 +375,23 @@ async fn finalizers_hold_deletion() {
         {"op": "remove", "path": "/metadata/finalizers/0"},
     ]))
     .unwrap();
-    maps.patch("cm", &PatchParams::default(), &Patch::Json::<()>(remove))
+    secrets
+        .patch("s", &PatchParams::default(), &Patch::Json::<()>(remove))
         .await
         .unwrap();
     assert!(
-        maps.get_opt("cm").await.unwrap().is_none(),
+        secrets.get_opt("s").await.unwrap().is_none(),
         "gone with its last finalizer"
     );
 
     // Without finalizers, a delete removes at once and answers with a Status.
-    maps.create(&PostParams::default(), &config_map("plain", &[]))
+    secrets
+        .create(&PostParams::default(), &secret("plain", &[]))
         .await
         .unwrap();
-    let status = maps.delete("plain", &DeleteParams::default()).await.unwrap();
+    let status = secrets.delete("plain", &DeleteParams::default()).await.unwrap();
     assert!(status.right().is_some());
-    assert!(maps.get_opt("plain").await.unwrap().is_none());
+    assert!(secrets.get_opt("plain").await.unwrap().is_none());
 }
 
 #[tokio::test]
@@ -393,9 +471,9 @@ async fn server_side_apply_creates_and_updates() {
 #[tokio::test]
 async fn recorder_publishes_events() {
     let (_server, client) = started().await;
-    let maps: Api<ConfigMap> = Api::default_namespaced(client.clone());
-    let cm = maps
-        .create(&PostParams::default(), &config_map("cm", &[]))
+    let secrets: Api<Secret> = Api::default_namespaced(client.clone());
+    let object = secrets
+        .create(&PostParams::default(), &secret("s", &[]))
         .await
         .unwrap();
     let reporter = Reporter {
@@ -410,7 +488,7 @@ async fn recorder_publishes_events() {
         action: "Acquire".into(),
         secondary: None,
     };
-    let reference = cm.object_ref(&());
+    let reference = object.object_ref(&());
     recorder.publish(&event, &reference).await.unwrap();
     // The same event again becomes a series, sent as a merge patch.
     recorder.publish(&event, &reference).await.unwrap();
@@ -420,14 +498,8 @@ async fn recorder_publishes_events() {
     assert_eq!(published.len(), 1);
     assert_eq!(published[0].note.as_deref(), Some("lock acquired"));
     assert_eq!(published[0].series.as_ref().map(|s| s.count), Some(2));
-    // One storage, two views: the core/v1 view names the fields its own way.
-    let core: Api<k8s_openapi::api::core::v1::Event> = Api::default_namespaced(client);
-    let by_object = ListParams::default().fields("involvedObject.name=cm");
-    let core_events = core.list(&by_object).await.unwrap().items;
-    assert_eq!(core_events.len(), 1);
-    assert_eq!(core_events[0].message.as_deref(), Some("lock acquired"));
     assert_eq!(
-        core_events[0].reporting_component.as_deref(),
+        published[0].reporting_controller.as_deref(),
         Some("redlock-operator")
     );
 }
@@ -435,21 +507,23 @@ async fn recorder_publishes_events() {
 #[tokio::test]
 async fn fail_next_fails_exactly_n_requests() {
     let (server, client) = started().await;
-    let maps: Api<ConfigMap> = Api::default_namespaced(client);
-    maps.create(&PostParams::default(), &config_map("cm", &[]))
+    let secrets: Api<Secret> = Api::default_namespaced(client);
+    secrets
+        .create(&PostParams::default(), &secret("s", &[]))
         .await
         .unwrap();
-    server.fail_next("get", "configmaps", 500, 2);
-    server.fail_next("patch", "configmaps/status", 409, 1);
-    let before = server.request_count("get", "configmaps");
-    assert_eq!(api_error(maps.get("cm").await).0, 500);
-    assert_eq!(api_error(maps.get("cm").await).0, 500);
-    maps.get("cm").await.expect("the third get succeeds");
-    maps.list(&ListParams::default())
+    server.fail_next("get", "secrets", 500, 2);
+    server.fail_next("patch", "secrets/status", 409, 1);
+    let before = server.request_count("get", "secrets");
+    assert_eq!(api_error(secrets.get("s").await).0, 500);
+    assert_eq!(api_error(secrets.get("s").await).0, 500);
+    secrets.get("s").await.expect("the third get succeeds");
+    secrets
+        .list(&ListParams::default())
         .await
         .expect("other verbs are unaffected");
-    assert_eq!(server.request_count("get", "configmaps") - before, 3);
-    assert_eq!(server.request_count("list", "configmaps"), 1);
+    assert_eq!(server.request_count("get", "secrets") - before, 3);
+    assert_eq!(server.request_count("list", "secrets"), 1);
     assert!(server.request_count("*", "*") >= 6);
 }
 
@@ -502,15 +576,10 @@ async fn pod_deletion_is_graceful_once_scheduled() {
 #[tokio::test]
 async fn a_started_jobs_template_is_immutable() {
     let (_server, client) = started().await;
-    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::default_namespaced(client);
-    let job = serde_json::from_value(json!({
-        "metadata": { "name": "work" },
-        "spec": { "suspend": true, "template": { "spec": {
-            "restartPolicy": "Never", "containers": [{ "name": "main", "image": "busybox:1.36" }]
-        } } }
-    }))
-    .unwrap();
-    jobs.create(&PostParams::default(), &job).await.unwrap();
+    let jobs: Api<Job> = Api::default_namespaced(client);
+    jobs.create(&PostParams::default(), &suspended_job("work"))
+        .await
+        .unwrap();
     let merge = |patch: serde_json::Value| Patch::Merge(patch);
     let annotate = |value: &str| {
         merge(json!({ "spec": { "template": { "metadata": { "annotations": { "a": value } } } } }))
@@ -543,26 +612,29 @@ async fn a_started_jobs_template_is_immutable() {
 #[tokio::test]
 async fn raw_watch_sends_events_in_order() {
     let (_server, client) = started().await;
-    let maps: Api<ConfigMap> = Api::default_namespaced(client);
-    let list = maps.list(&ListParams::default()).await.unwrap();
+    let secrets: Api<Secret> = Api::default_namespaced(client);
+    let list = secrets.list(&ListParams::default()).await.unwrap();
     let rv = list.metadata.resource_version.unwrap();
     let wp = WatchParams::default().labels("app=x").timeout(5);
-    let mut stream = maps.watch(&wp, &rv).await.unwrap().boxed();
+    let mut stream = secrets.watch(&wp, &rv).await.unwrap().boxed();
 
     let pp = PostParams::default();
-    maps.create(&pp, &config_map("a", &[("app", "x")])).await.unwrap();
-    maps.create(&pp, &config_map("ignored", &[("app", "y")]))
+    secrets.create(&pp, &secret("a", &[("app", "x")])).await.unwrap();
+    secrets
+        .create(&pp, &secret("ignored", &[("app", "y")]))
         .await
         .unwrap();
     let relabel = json!({"metadata": {"labels": {"app": "y"}}});
-    maps.patch(
-        "a",
-        &PatchParams::default(),
-        &Patch::Merge(&json!({"data": {"k": "v"}})),
-    )
-    .await
-    .unwrap();
-    maps.patch("a", &PatchParams::default(), &Patch::Merge(&relabel))
+    secrets
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"stringData": {"k": "v"}})),
+        )
+        .await
+        .unwrap();
+    secrets
+        .patch("a", &PatchParams::default(), &Patch::Merge(&relabel))
         .await
         .unwrap();
 
@@ -574,9 +646,9 @@ async fn raw_watch_sends_events_in_order() {
             .unwrap()
             .unwrap();
         match event {
-            WatchEvent::Added(cm) => seen.push(("ADDED", cm.name_any())),
-            WatchEvent::Modified(cm) => seen.push(("MODIFIED", cm.name_any())),
-            WatchEvent::Deleted(cm) => seen.push(("DELETED", cm.name_any())),
+            WatchEvent::Added(s) => seen.push(("ADDED", s.name_any())),
+            WatchEvent::Modified(s) => seen.push(("MODIFIED", s.name_any())),
+            WatchEvent::Deleted(s) => seen.push(("DELETED", s.name_any())),
             WatchEvent::Bookmark(_) => {}
             WatchEvent::Error(e) => panic!("watch error {e:?}"),
         }
@@ -630,48 +702,41 @@ async fn watcher_sees_changes_in_order() {
     assert_eq!(seen, ["apply l gen 1", "apply l gen 2", "delete l"]);
 }
 
-/// A reflector's store converges on the server's state, across an API server outage, for both initial list
-/// strategies.
-async fn reflector_converges(config: watcher::Config) {
-    let (server, client) = started().await;
-    let maps: Api<ConfigMap> = Api::default_namespaced(client);
+/// A reflector's store converges on the server's state, across an API server outage.
+async fn reflector_converges(server: TestApiServer, client: Client) {
+    let secrets: Api<Secret> = Api::default_namespaced(client);
     let pp = PostParams::default();
-    maps.create(&pp, &config_map("before", &[])).await.unwrap();
+    secrets.create(&pp, &secret("before", &[])).await.unwrap();
 
-    let (store, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(maps.clone(), config).default_backoff());
-    let task = tokio::spawn(stream.for_each(|_| async {}));
-    store.wait_until_ready().await.unwrap();
-    maps.create(&pp, &config_map("during", &[])).await.unwrap();
-    let state = |store: &reflector::Store<ConfigMap>| names(store.state().iter().map(|o| (**o).clone()));
+    let (store, task) = reflect(&secrets).await;
+    secrets.create(&pp, &secret("during", &[])).await.unwrap();
     eventually("the store to see both", || async {
-        state(&store) == ["before", "during"]
+        stored(&store) == ["before", "during"]
     })
     .await;
 
-    let watches = server.request_count("watch", "configmaps");
+    let watches = server.request_count("watch", "secrets");
     server.set_down(true);
     // kube's default client retries 503 with a growing backoff, so look at the answer without retries.
-    let mut no_retry = kube::Config::new(server.url().parse().unwrap());
-    no_retry.default_retry = false;
-    let raw: Api<ConfigMap> = Api::default_namespaced(Client::try_from(no_retry).unwrap());
+    let raw: Api<Secret> = Api::default_namespaced(no_retry_client(&server));
     assert_eq!(api_error(raw.get("before").await).0, 503);
     server.set_down(false);
-    maps.delete("before", &DeleteParams::default()).await.unwrap();
-    maps.create(&pp, &config_map("after", &[])).await.unwrap();
-    let data = json!({"data": {"key": "changed"}});
-    maps.patch("during", &PatchParams::default(), &Patch::Merge(&data))
+    secrets.delete("before", &DeleteParams::default()).await.unwrap();
+    secrets.create(&pp, &secret("after", &[])).await.unwrap();
+    let data = json!({"stringData": {"key": "changed"}});
+    secrets
+        .patch("during", &PatchParams::default(), &Patch::Merge(&data))
         .await
         .unwrap();
     eventually("the store to converge", || async {
-        let changed = store.find(|cm| cm.name_any() == "during").is_some_and(|cm| {
-            cm.data.as_ref().and_then(|d| d.get("key")).map(String::as_str) == Some("changed")
+        let changed = store.find(|s| s.name_any() == "during").is_some_and(|s| {
+            s.data.as_ref().and_then(|d| d.get("key")) == Some(&ByteString(b"changed".to_vec()))
         });
-        state(&store) == ["after", "during"] && changed
+        stored(&store) == ["after", "during"] && changed
     })
     .await;
     assert!(
-        server.request_count("watch", "configmaps") > watches,
+        server.request_count("watch", "secrets") > watches,
         "the outage ended the watch"
     );
     task.abort();
@@ -679,12 +744,19 @@ async fn reflector_converges(config: watcher::Config) {
 
 #[tokio::test]
 async fn reflector_converges_with_list_watch() {
-    reflector_converges(watcher::Config::default()).await;
+    let (server, client) = started().await;
+    reflector_converges(server, client).await;
 }
 
 #[tokio::test]
-async fn reflector_converges_with_streaming_lists() {
-    reflector_converges(watcher::Config::default().streaming_lists()).await;
+async fn reflector_converges_in_the_typical_realistic_mode() {
+    let seed = seed_from(
+        std::env::var(support::apiserver::realism::SEED_ENV)
+            .ok()
+            .as_deref(),
+    );
+    let (server, client) = started_with(Realism::typical(seed)).await;
+    reflector_converges(server, client).await;
 }
 
 #[tokio::test]
@@ -695,8 +767,6 @@ async fn custom_resources_need_their_crd() {
     assert_eq!(api_error(locks.list(&ListParams::default()).await).0, 404);
     install_crds(&client).await;
     locks.create(&PostParams::default(), &lock("l")).await.unwrap();
-    let version = client.apiserver_version().await.unwrap();
-    assert_eq!(version.major, "1");
     let kubeconfig = tempfile::NamedTempFile::new().unwrap();
     server.write_kubeconfig(kubeconfig.path()).unwrap();
     let loaded = kube::config::Kubeconfig::read_from(kubeconfig.path()).unwrap();
@@ -704,4 +774,572 @@ async fn custom_resources_need_their_crd() {
         loaded.clusters[0].cluster.as_ref().unwrap().server.as_deref(),
         Some(server.url().as_str())
     );
+}
+
+#[tokio::test]
+async fn deletion_start_bumps_generation_once() {
+    let (_server, client) = started().await;
+    let locks: Api<DistributedLock> = Api::default_namespaced(client);
+    let mut finalized = lock("l");
+    finalized.metadata.finalizers = Some(vec!["test/hold".into()]);
+    locks.create(&PostParams::default(), &finalized).await.unwrap();
+    let deleting = locks.delete("l", &DeleteParams::default()).await.unwrap();
+    let deleting = deleting.left().expect("held by its finalizer");
+    assert_eq!(deleting.metadata.generation, Some(2));
+    let again = locks.delete("l", &DeleteParams::default()).await.unwrap();
+    let again = again.left().expect("still held");
+    assert_eq!(again.metadata.generation, Some(2));
+    assert_eq!(again.resource_version(), deleting.resource_version());
+}
+
+#[tokio::test]
+async fn built_in_status_writes_change_status_and_metadata_only() {
+    let (_server, client) = started().await;
+    let jobs: Api<Job> = Api::default_namespaced(client);
+    let created = jobs
+        .create(&PostParams::default(), &suspended_job("work"))
+        .await
+        .unwrap();
+    // The job strategy's generated selector and template labels.
+    let uid = created.uid().unwrap();
+    let spec = created.spec.as_ref().unwrap();
+    let selector = spec
+        .selector
+        .as_ref()
+        .and_then(|s| s.match_labels.as_ref())
+        .unwrap();
+    assert_eq!(selector.get("batch.kubernetes.io/controller-uid"), Some(&uid));
+    let template_labels = spec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.as_ref())
+        .unwrap();
+    assert_eq!(template_labels.get("job-name").map(String::as_str), Some("work"));
+    assert_eq!(template_labels.get("controller-uid"), Some(&uid));
+
+    let params = PatchParams::default();
+    let status_write = json!({
+        "metadata": { "labels": { "seen": "yes" } },
+        "spec": { "suspend": false },
+        "status": { "active": 1 },
+    });
+    let after = jobs
+        .patch_status("work", &params, &Patch::Merge(&status_write))
+        .await
+        .unwrap();
+    assert_eq!(after.status.as_ref().and_then(|s| s.active), Some(1));
+    assert_eq!(after.labels().get("seen").map(String::as_str), Some("yes"));
+    assert_eq!(
+        after.spec.as_ref().and_then(|s| s.suspend),
+        Some(true),
+        "spec is not status"
+    );
+    assert_eq!(after.metadata.generation, Some(1));
+
+    let main_write = json!({ "spec": { "suspend": false }, "status": { "active": 5 } });
+    let after = jobs
+        .patch("work", &params, &Patch::Merge(&main_write))
+        .await
+        .unwrap();
+    assert_eq!(after.spec.as_ref().and_then(|s| s.suspend), Some(false));
+    assert_eq!(
+        after.status.as_ref().and_then(|s| s.active),
+        Some(1),
+        "status is not spec"
+    );
+    assert_eq!(after.metadata.generation, Some(2));
+}
+
+#[tokio::test]
+async fn the_sweep_finishes_a_graceful_pod_deletion() {
+    let (_server, client) = started().await;
+    let pods: Api<Pod> = Api::default_namespaced(client);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "p" },
+        "spec": { "nodeName": "node-1", "terminationGracePeriodSeconds": 1,
+                  "containers": [{ "name": "main", "image": "busybox:1.36" }] }
+    }))
+    .unwrap();
+    let created = pods.create(&PostParams::default(), &pod).await.unwrap();
+    assert_eq!(created.metadata.generation, Some(1));
+    let terminating = pods.delete("p", &DeleteParams::default()).await.unwrap();
+    let terminating = terminating.left().expect("the pod while it terminates");
+    assert_eq!(terminating.metadata.deletion_grace_period_seconds, Some(1));
+    assert_eq!(terminating.metadata.generation, Some(2));
+    eventually("the kubelet's final delete", || async {
+        pods.get_opt("p").await.unwrap().is_none()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn deletecollection_deletes_what_the_selector_selects() {
+    let (_server, client) = started().await;
+    let secrets: Api<Secret> = Api::default_namespaced(client);
+    let pp = PostParams::default();
+    secrets.create(&pp, &secret("a", &[("app", "x")])).await.unwrap();
+    secrets.create(&pp, &secret("b", &[("app", "x")])).await.unwrap();
+    secrets.create(&pp, &secret("c", &[("app", "y")])).await.unwrap();
+    let deleted = secrets
+        .delete_collection(
+            &DeleteParams::background(),
+            &ListParams::default().labels("app=x"),
+        )
+        .await
+        .unwrap();
+    let deleted = deleted.left().expect("the deleted objects");
+    assert_eq!(names(deleted.items), ["a", "b"]);
+    assert_eq!(names(secrets.list(&ListParams::default()).await.unwrap()), ["c"]);
+}
+
+#[tokio::test]
+async fn built_in_kinds_drop_nulls_custom_resources_keep_them() {
+    let (_server, client) = started().await;
+    let secrets: Api<Secret> = Api::default_namespaced(client.clone());
+    secrets
+        .create(&PostParams::default(), &secret("s", &[]))
+        .await
+        .unwrap();
+    let add_null = |path: &str| {
+        Patch::Json::<()>(
+            serde_json::from_value(json!([{"op": "add", "path": path, "value": null}])).unwrap(),
+        )
+    };
+    let params = PatchParams::default();
+    secrets.patch("s", &params, &add_null("/type")).await.unwrap();
+    let raw: Api<DynamicObject> =
+        Api::default_namespaced_with(client.clone(), &ApiResource::erase::<Secret>(&()));
+    assert!(
+        !raw.get("s")
+            .await
+            .unwrap()
+            .data
+            .as_object()
+            .unwrap()
+            .contains_key("type")
+    );
+
+    let locks: Api<DistributedLock> = Api::default_namespaced(client.clone());
+    locks.create(&PostParams::default(), &lock("l")).await.unwrap();
+    locks.patch("l", &params, &add_null("/spec/extra")).await.unwrap();
+    let raw: Api<DynamicObject> =
+        Api::default_namespaced_with(client, &ApiResource::erase::<DistributedLock>(&()));
+    let stored = raw.get("l").await.unwrap();
+    assert!(stored.data["spec"].as_object().unwrap().contains_key("extra"));
+}
+
+#[tokio::test]
+async fn what_the_server_does_not_model_is_refused() {
+    let (_server, client) = started().await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some("ns".into()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    namespaces
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+    assert_eq!(
+        api_error(namespaces.delete("ns", &DeleteParams::default()).await).0,
+        405
+    );
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    assert_eq!(
+        api_error(
+            crds.delete("distributedlocks.redlock.io", &DeleteParams::default())
+                .await
+        )
+        .0,
+        405
+    );
+    let mut misnamed = DistributedLock::crd();
+    misnamed.metadata.name = Some("locks.redlock.io".into());
+    assert_eq!(
+        api_error(crds.create(&PostParams::default(), &misnamed).await).0,
+        422
+    );
+
+    let secrets: Api<Secret> = Api::default_namespaced(client.clone());
+    secrets
+        .create(&PostParams::default(), &secret("s", &[]))
+        .await
+        .unwrap();
+    let label = json!({"metadata": {"labels": {"a": "b"}}});
+    let (code, _) = api_error(
+        secrets
+            .patch("s", &PatchParams::default(), &Patch::Strategic(&label))
+            .await,
+    );
+    assert_eq!(code, 415, "strategic merge patch is not served");
+    let (code, _) = api_error(
+        secrets
+            .patch("s", &PatchParams::default().dry_run(), &Patch::Merge(&label))
+            .await,
+    );
+    assert_eq!(code, 400, "dryRun");
+    let preconditions = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some("x".into()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    assert_eq!(api_error(secrets.delete("s", &preconditions).await).0, 400);
+    let streaming = WatchParams::streaming_lists();
+    assert_eq!(api_error(secrets.watch(&streaming, "0").await.map(drop)).0, 400);
+    let exact = ListParams::default()
+        .at("1")
+        .matching(kube::api::VersionMatch::Exact);
+    assert_eq!(api_error(secrets.list(&exact).await).0, 400);
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::default_namespaced(client);
+    assert_eq!(api_error(config_maps.list(&ListParams::default()).await).0, 404);
+}
+
+#[tokio::test]
+async fn a_watch_from_zero_starts_with_the_objects_and_bookmarks() {
+    let (_server, client) = started().await;
+    let secrets: Api<Secret> = Api::default_namespaced(client);
+    let created = secrets
+        .create(&PostParams::default(), &secret("s", &[]))
+        .await
+        .unwrap();
+    let created_rv: u64 = created.resource_version().unwrap().parse().unwrap();
+    let params = WatchParams::default().timeout(60);
+    let mut stream = secrets.watch(&params, "0").await.unwrap().boxed();
+    let mut next = async || {
+        tokio::time::timeout(UPPER_BOUND, stream.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+    };
+    assert!(matches!(next().await, WatchEvent::Added(s) if s.name_any() == "s"));
+    match next().await {
+        WatchEvent::Bookmark(bookmark) => {
+            let rv: u64 = bookmark.metadata.resource_version.parse().unwrap();
+            assert!(rv >= created_rv, "a bookmark covers what was sent");
+        }
+        other => panic!("expected a bookmark, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_watch_ends_after_its_timeout() {
+    let (_server, client) = started().await;
+    let secrets: Api<Secret> = Api::default_namespaced(client);
+    let params = WatchParams::default().disable_bookmarks().timeout(1);
+    let mut stream = secrets.watch(&params, "0").await.unwrap().boxed();
+    let end = tokio::time::timeout(UPPER_BOUND, stream.try_next())
+        .await
+        .unwrap();
+    assert!(matches!(end, Ok(None)), "the stream ends, got {end:?}");
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// The realistic mode
+// ------------------------------------------------------------------------------------------------------------
+
+/// The quick mode's settings with a fresh seed, for a test to change what it looks at.
+fn realism() -> Realism {
+    Realism {
+        seed: seed_from(None),
+        ..Realism::quick()
+    }
+}
+
+/// A server in `realism`'s mode and its Secrets in `default`.
+async fn secrets_with(realism: Realism) -> (TestApiServer, Api<Secret>) {
+    let (server, client) = started_with(realism).await;
+    (server, Api::default_namespaced(client))
+}
+
+async fn create_secrets(secrets: &Api<Secret>, names: &[&str]) {
+    for name in names {
+        secrets
+            .create(&PostParams::default(), &secret(name, &[]))
+            .await
+            .unwrap();
+    }
+}
+
+/// A reflector over `secrets` running in the background, once its store is ready.
+async fn reflect(secrets: &Api<Secret>) -> (reflector::Store<Secret>, tokio::task::JoinHandle<()>) {
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(
+        writer,
+        watcher(secrets.clone(), watcher::Config::default()).default_backoff(),
+    );
+    let task = tokio::spawn(stream.for_each(|_| async {}));
+    store.wait_until_ready().await.unwrap();
+    (store, task)
+}
+
+fn stored(store: &reflector::Store<Secret>) -> Vec<String> {
+    names(store.state().iter().map(|s| (**s).clone()))
+}
+
+type RawWatch<T> = futures::stream::BoxStream<'static, kube::Result<WatchEvent<T>>>;
+
+/// A raw watch from `rv`, without bookmarks (so every item is a change, an error or the end).
+async fn watch_from(secrets: &Api<Secret>, rv: &str) -> RawWatch<Secret> {
+    let params = WatchParams::default().disable_bookmarks();
+    secrets.watch(&params, rv).await.unwrap().boxed()
+}
+
+/// The next item of a watch stream, within the upper bound.
+async fn next_event<T>(stream: &mut RawWatch<T>) -> Option<WatchEvent<T>> {
+    tokio::time::timeout(UPPER_BOUND, stream.try_next())
+        .await
+        .expect("a watch event or the end of the stream in time")
+        .expect("a watch event")
+}
+
+fn is_expiry<T>(event: Option<WatchEvent<T>>) -> bool {
+    matches!(event, Some(WatchEvent::Error(error)) if error.code == 410)
+}
+
+fn is_added<T: ResourceExt>(event: Option<WatchEvent<T>>, name: &str) -> bool {
+    matches!(event, Some(WatchEvent::Added(object)) if object.name_any() == name)
+}
+
+async fn resource_version(secrets: &Api<Secret>) -> String {
+    let list = secrets.list(&ListParams::default()).await.unwrap();
+    list.metadata.resource_version.unwrap()
+}
+
+#[tokio::test]
+async fn requests_are_late_by_the_request_latency() {
+    let (_server, secrets) = secrets_with(Realism {
+        request_latency: Jitter::millis(200, 300),
+        ..realism()
+    })
+    .await;
+    let before = Instant::now();
+    assert!(secrets.get_opt("missing").await.unwrap().is_none());
+    assert!(before.elapsed() >= Duration::from_millis(200));
+}
+
+#[tokio::test]
+async fn watch_events_are_late_and_in_order() {
+    let (_server, secrets) = secrets_with(Realism {
+        watch_latency: Jitter::millis(100, 200),
+        ..realism()
+    })
+    .await;
+    let mut stream = watch_from(&secrets, &resource_version(&secrets).await).await;
+    let before = Instant::now();
+    let created: Vec<String> = (0..20).map(|i| format!("s{i:02}")).collect();
+    let created_refs: Vec<&str> = created.iter().map(String::as_str).collect();
+    create_secrets(&secrets, &created_refs).await;
+    let mut seen = Vec::new();
+    let mut versions = Vec::new();
+    while seen.len() < created.len() {
+        match next_event(&mut stream).await {
+            Some(WatchEvent::Added(s)) => {
+                if seen.is_empty() {
+                    assert!(
+                        before.elapsed() >= Duration::from_millis(100),
+                        "no event before the least latency"
+                    );
+                }
+                versions.push(s.resource_version().unwrap().parse::<u64>().unwrap());
+                seen.push(s.name_any());
+            }
+            other => panic!("expected ADDED, got {other:?}"),
+        }
+    }
+    assert_eq!(seen, created, "jitter does not reorder one watch");
+    assert!(versions.windows(2).all(|pair| pair[0] < pair[1]));
+}
+
+#[tokio::test]
+async fn a_delayed_list_comes_after_its_delay_while_other_resources_flow() {
+    let delay = Duration::from_secs(2);
+    let (_server, client) = started_with(Realism {
+        list_delays: vec![("pods", delay)],
+        ..realism()
+    })
+    .await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let early = Pod {
+        metadata: ObjectMeta {
+            name: Some("early".into()),
+            ..ObjectMeta::default()
+        },
+        ..Pod::default()
+    };
+    pods.create(&PostParams::default(), &early).await.unwrap();
+
+    let requested = Instant::now();
+    let pod_list = tokio::spawn(async move {
+        let mut events = watcher(pods, watcher::Config::default()).boxed();
+        let mut listed = Vec::new();
+        loop {
+            match events.try_next().await.unwrap().unwrap() {
+                watcher::Event::InitApply(pod) => listed.push(pod.name_any()),
+                watcher::Event::InitDone => return (Instant::now(), listed),
+                _ => {}
+            }
+        }
+    });
+    // DistributedLocks are not delayed: their list and a new lock's event come through meanwhile.
+    let locks: Api<DistributedLock> = Api::default_namespaced(client);
+    let mut lock_events = watcher(locks.clone(), watcher::Config::default()).boxed();
+    let mut next_lock = async || {
+        tokio::time::timeout(UPPER_BOUND, lock_events.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+    };
+    assert!(matches!(next_lock().await, watcher::Event::Init));
+    assert!(matches!(next_lock().await, watcher::Event::InitDone));
+    locks.create(&PostParams::default(), &lock("l")).await.unwrap();
+    assert!(matches!(next_lock().await, watcher::Event::Apply(l) if l.name_any() == "l"));
+
+    let (listed_at, listed) = tokio::time::timeout(UPPER_BOUND, pod_list)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(listed, ["early"]);
+    assert!(
+        listed_at - requested >= delay,
+        "the pods list cannot come before its delay"
+    );
+}
+
+#[tokio::test]
+async fn watches_end_after_their_lifetime_and_resume_without_a_relist() {
+    let (server, secrets) = secrets_with(Realism {
+        watch_lifetime: Some(Jitter::millis(100, 200)),
+        ..realism()
+    })
+    .await;
+    let (store, task) = reflect(&secrets).await;
+    let watches = server.request_count("watch", "secrets");
+    eventually("three watches to end and resume", || async {
+        server.request_count("watch", "secrets") >= watches + 3
+    })
+    .await;
+    create_secrets(&secrets, &["later"]).await;
+    eventually("the store to see it", || async { stored(&store) == ["later"] }).await;
+    assert_eq!(
+        server.request_count("list", "secrets"),
+        1,
+        "a watch that ends is resumed, not relisted"
+    );
+    task.abort();
+}
+
+#[tokio::test]
+async fn an_expired_watch_forces_a_relist_and_the_store_converges() {
+    let (server, secrets) = secrets_with(Realism {
+        watch_lifetime: Some(Jitter::millis(100, 200)),
+        expiry_chance: 1.0,
+        ..realism()
+    })
+    .await;
+    create_secrets(&secrets, &["before"]).await;
+
+    // The stream's last event is the expiry.
+    let mut raw = watch_from(&secrets, &resource_version(&secrets).await).await;
+    assert!(is_expiry(next_event(&mut raw).await));
+    assert!(next_event(&mut raw).await.is_none(), "and then it ends");
+
+    let (store, task) = reflect(&secrets).await;
+    let lists = server.request_count("list", "secrets");
+    create_secrets(&secrets, &["after"]).await;
+    secrets.delete("before", &DeleteParams::default()).await.unwrap();
+    eventually("a relist", || async {
+        server.request_count("list", "secrets") > lists
+    })
+    .await;
+    eventually("the store to converge", || async { stored(&store) == ["after"] }).await;
+    task.abort();
+}
+
+#[tokio::test]
+async fn a_resume_from_beyond_the_history_is_expired() {
+    let (_server, secrets) = secrets_with(Realism {
+        history: 2,
+        ..realism()
+    })
+    .await;
+    let old = resource_version(&secrets).await;
+    create_secrets(&secrets, &["a", "b", "c", "d"]).await;
+    assert!(is_expiry(next_event(&mut watch_from(&secrets, &old).await).await));
+
+    // Within the history, a resume replays what it missed.
+    let b = secrets.get("b").await.unwrap();
+    let mut resumed = watch_from(&secrets, &b.resource_version().unwrap()).await;
+    assert!(is_added(next_event(&mut resumed).await, "c"));
+    assert!(is_added(next_event(&mut resumed).await, "d"));
+}
+
+#[tokio::test]
+async fn a_resume_is_expired_by_chance_when_it_missed_changes() {
+    let (_server, secrets) = secrets_with(Realism {
+        expiry_chance: 1.0,
+        ..realism()
+    })
+    .await;
+    let old = resource_version(&secrets).await;
+    create_secrets(&secrets, &["a"]).await;
+    assert!(is_expiry(next_event(&mut watch_from(&secrets, &old).await).await));
+
+    // Nothing missed, nothing to expire.
+    let mut current = watch_from(&secrets, &resource_version(&secrets).await).await;
+    create_secrets(&secrets, &["b"]).await;
+    assert!(is_added(next_event(&mut current).await, "b"));
+}
+
+#[tokio::test]
+async fn an_outage_refuses_connections_then_listens_on_the_same_port() {
+    let (server, secrets) = secrets_with(realism()).await;
+    create_secrets(&secrets, &["before"]).await;
+    let (store, task) = reflect(&secrets).await;
+    let mut open = watch_from(&secrets, &resource_version(&secrets).await).await;
+    let addr = server.url().trim_start_matches("http://").to_owned();
+
+    server.set_unreachable(true).await;
+    let refused = tokio::net::TcpStream::connect(&addr).await;
+    assert_eq!(
+        refused.map(drop).unwrap_err().kind(),
+        std::io::ErrorKind::ConnectionRefused
+    );
+    let ended = tokio::time::timeout(UPPER_BOUND, open.try_next())
+        .await
+        .expect("the open watch ends");
+    assert!(
+        !matches!(ended, Ok(Some(_))),
+        "the open watch ends, got {ended:?}"
+    );
+    let raw: Api<Secret> = Api::default_namespaced(no_retry_client(&server));
+    let failed = raw.get("before").await;
+    assert!(
+        matches!(failed, Err(ref error) if !matches!(error, kube::Error::Api(_))),
+        "no answer at all while unreachable, got {failed:?}"
+    );
+
+    server.set_unreachable(false).await;
+    tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("listening again on the same port");
+    create_secrets(&secrets, &["after"]).await;
+    eventually("the store to converge after the outage", || async {
+        stored(&store) == ["after", "before"]
+    })
+    .await;
+    task.abort();
+}
+
+#[test]
+fn a_seed_is_taken_from_its_variable() {
+    assert_eq!(seed_from(Some("42")), 42);
+    assert_eq!(Realism::typical(7).seed, 7);
 }

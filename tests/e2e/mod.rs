@@ -50,7 +50,8 @@ fn suffix() -> String {
 }
 
 impl Env {
-    /// The real cluster when `REDLOCK_E2E_KUBECONFIG` is set, the in-process test API server otherwise.
+    /// The real cluster when `REDLOCK_E2E_KUBECONFIG` is set, the in-process test API server otherwise (see
+    /// [`Env::test_server`]).
     pub async fn new() -> Self {
         match std::env::var_os("REDLOCK_E2E_KUBECONFIG") {
             Some(path) => Self::real_cluster(Path::new(&path)).await,
@@ -58,9 +59,10 @@ impl Env {
         }
     }
 
-    /// Always the in-process test API server: a second, independent "cluster".
+    /// Always the in-process test API server: a second, independent "cluster". In its realistic mode when
+    /// `REDLOCK_E2E_REALISTIC=1` (seed from `REDLOCK_E2E_SEED`, printed otherwise).
     pub async fn test_server() -> Self {
-        let server = TestApiServer::start().await;
+        let server = TestApiServer::start_from_env().await;
         let dir = tempfile::tempdir().expect("tempdir");
         let kubeconfig = dir.path().join("kubeconfig");
         server.write_kubeconfig(&kubeconfig).expect("kubeconfig");

@@ -4,7 +4,8 @@
 //! real-cluster code paths (one shared API, their own namespaces, cleanup, no test-server controls); it says
 //! nothing about Kubernetes itself.
 //!
-//! `cargo run --example stand-in-cluster -- KUBECONFIG_PATH` serves until SIGTERM or Ctrl-C.
+//! `cargo run --example stand-in-cluster -- KUBECONFIG_PATH` serves until SIGTERM or Ctrl-C; with
+//! `REDLOCK_E2E_REALISTIC=1`, in the test server's realistic mode.
 
 #[path = "mod.rs"]
 mod support;
@@ -21,7 +22,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .nth(1)
         .ok_or("usage: stand-in-cluster KUBECONFIG_PATH")?
         .into();
-    let server = TestApiServer::start().await;
+    let server = TestApiServer::start_from_env().await;
     let _runtime = FakeJobRuntime::start(server.client(), None);
     // Written last, so a reader that sees the file can connect.
     let partial = path.with_extension("partial");
