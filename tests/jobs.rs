@@ -32,8 +32,72 @@ fn job_image() -> String {
 
 /// The cluster's side of Jobs: simulated next to the test server, the real controllers on a real cluster.
 fn job_runtime(env: &Env) -> Option<FakeJobRuntime> {
-    env.is_test_server()
-        .then(|| FakeJobRuntime::start(env.client.clone(), Some(&env.namespace)))
+    env.server
+        .as_ref()
+        .map(|server| FakeJobRuntime::start(server.controller_client(), Some(&env.namespace)))
+}
+
+const LOCKED_OUT_PASSWORD: &str = "locked-out";
+
+/// Closes every client connection of a master and makes new ones need a password the operator does not have:
+/// the master keeps running, and its keys expire on their own clock.
+async fn lock_out(url: &str) {
+    let mut conn = redis_connection(url).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg(LOCKED_OUT_PASSWORD)
+        .query_async(&mut conn)
+        .await
+        .expect("set a password");
+    let _: redis::Value = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .arg("SKIPME")
+        .arg("yes")
+        .query_async(&mut conn)
+        .await
+        .expect("close the other connections");
+}
+
+async fn let_in(url: &str) {
+    let mut conn =
+        redis_connection(&url.replacen("redis://", &format!("redis://:{LOCKED_OUT_PASSWORD}@"), 1)).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("")
+        .query_async(&mut conn)
+        .await
+        .expect("remove the password");
+}
+
+/// Gives `key` ten minutes on the master, wherever it still exists.
+async fn keep_key(url: &str, key: &str) {
+    let authed = url.replacen("redis://", &format!("redis://:{LOCKED_OUT_PASSWORD}@"), 1);
+    let mut conn = match redis::Client::open(authed.as_str())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+    {
+        Ok(conn) => conn,
+        Err(_) => redis_connection(url).await,
+    };
+    let _: i64 = redis::cmd("PEXPIRE")
+        .arg(key)
+        .arg(600_000)
+        .query_async(&mut conn)
+        .await
+        .expect("PEXPIRE");
+}
+
+async fn redis_connection(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to the master")
 }
 
 /// What a test Job's one pod does.
@@ -407,11 +471,19 @@ async fn a_fenced_job_resumes_with_its_own_token_when_the_lock_comes_back_in_tim
     // Fenced 4 s before the validity ends: the keys outlive the fencing by that much.
     let (quorum, running, shutdown) = first_running(&masters, &env, 34, 0, "6s", Some("4s")).await;
 
-    masters[0].stop();
-    masters[1].stop();
+    // The operator is locked out of two masters (they stay up; its connections are closed and new ones need a
+    // password), so it cannot extend and fences the Job. The keys are then made to outlive the wait for the
+    // fenced pod however long a loaded machine takes: this test is about the resume rule, not a race between
+    // stopping a pod and a key's expiry.
+    let key = format!("{}/batch", env.namespace);
+    lock_out(&masters[0].url()).await;
+    lock_out(&masters[1].url()).await;
+    for master in 0..3 {
+        keep_key(&masters[master].url(), &key).await;
+    }
     wait_for_suspension(&env, "first").await;
-    masters[0].cont();
-    masters[1].cont();
+    let_in(&masters[0].url()).await;
+    let_in(&masters[1].url()).await;
     wait_for_grant(&env, "first", 1).await;
     eventually("a Resumed event on the Job", || async {
         job_events(&env, "first")

@@ -54,7 +54,12 @@ pub fn next_keep_action(
         now + policy.retry_interval
     } else {
         let granted_at = valid_until.checked_sub(validity).unwrap_or(now);
-        granted_at + validity.mul_f64(policy.extend_after.clamp(0.0, 1.0))
+        let after_fraction = granted_at + validity.mul_f64(policy.extend_after.clamp(0.0, 1.0));
+        // A fence margin of more than two thirds of the validity would put the first attempt at the fence time
+        // itself, where the loss is signalled before anything is tried: attempt half-way to it at the latest, so
+        // that the other half is left for retries.
+        let half_way_to_fence = granted_at + fence_at.saturating_duration_since(granted_at) / 2;
+        after_fraction.min(half_way_to_fence)
     };
     KeepAction::ExtendAt(planned.max(now).min(fence_at))
 }
@@ -89,6 +94,21 @@ mod tests {
         let validity = Duration::from_millis(9_900);
         let action = next_keep_action(start, start + validity, validity, false, &policy());
         assert_eq!(action, KeepAction::ExtendAt(start + Duration::from_millis(3_300)));
+    }
+
+    #[test]
+    fn a_wide_fence_margin_brings_the_first_attempt_forward_to_half_way_to_the_fence() {
+        let start = Instant::now();
+        let validity = Duration::from_secs(6);
+        let wide = KeepPolicy {
+            fence_margin: Duration::from_secs(4),
+            ..KeepPolicy::for_ttl(validity, Duration::from_millis(50))
+        };
+        assert_eq!(
+            next_keep_action(start, start + validity, validity, false, &wide),
+            KeepAction::ExtendAt(start + Duration::from_secs(1)),
+            "the fence is 2 s after the grant: tried at 1 s, retried until 2 s"
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok_or("usage: stand-in-cluster KUBECONFIG_PATH")?
         .into();
     let server = TestApiServer::start_from_env().await;
-    let _runtime = FakeJobRuntime::start(server.client(), None);
+    let _runtime = FakeJobRuntime::start(server.controller_client(), None);
     // Written last, so a reader that sees the file can connect.
     let partial = path.with_extension("partial");
     server.write_kubeconfig(&partial)?;

@@ -182,6 +182,18 @@ impl TestApiServer {
         kube::Client::try_from(kube::Config::new(uri)).expect("kube client")
     }
 
+    /// A client for the cluster's own controllers played next to this server (the Job controller and kubelet):
+    /// their informers are long synced on a real cluster, so the realistic mode's late lists, which model the
+    /// operator's informers starting up, do not apply to them. Request latency still does.
+    pub fn controller_client(&self) -> kube::Client {
+        let mut config = kube::Config::new(self.url().parse().expect("server URL"));
+        config.headers.push((
+            axum::http::HeaderName::from_static(routes::SYNCED_CONTROLLER_HEADER),
+            axum::http::HeaderValue::from_static("true"),
+        ));
+        kube::Client::try_from(config).expect("kube client")
+    }
+
     /// Writes a kubeconfig pointing at this server (context `test-apiserver`, namespace `default`).
     pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
         let kubeconfig = format!(

@@ -148,11 +148,15 @@ fn request_verb(method: &Method, route: &Route, query: &Query) -> ApiResult<&'st
     }
 }
 
+/// Marks requests of the cluster's own controllers played next to the server: no late lists for them.
+pub(crate) const SYNCED_CONTROLLER_HEADER: &str = "x-redlock-test-synced-controller";
+
 /// Every request: late by the request latency, counted, then refused while down, failed by an injected
 /// fault, or served.
 pub(super) async fn handle(AxumState(shared): AxumState<Arc<Shared>>, request: Request) -> Response {
     pause(shared.dice.delay(shared.realism.request_latency)).await;
     let (parts, body) = request.into_parts();
+    let synced_controller = parts.headers.contains_key(SYNCED_CONTROLLER_HEADER);
     let query = Query::parse(parts.uri.query());
     let route = parse_route(parts.uri.path()).filter(|route| shared.lock().served(route.kind));
     let verb = route
@@ -194,7 +198,7 @@ pub(super) async fn handle(AxumState(shared): AxumState<Arc<Shared>>, request: R
         .trim();
     let reply = shared.serve(verb, &route, &query, content_type, &body);
     // A slow list shows the state as of the request, so its answer is held after it was taken.
-    if verb == "list" && query.get("continue").is_none_or(str::is_empty) {
+    if verb == "list" && query.get("continue").is_none_or(str::is_empty) && !synced_controller {
         pause(shared.realism.list_delay(route.kind.plural)).await;
     }
     match reply {
