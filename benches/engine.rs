@@ -2,7 +2,9 @@
 //! local masters — a raw parallel `SET NX PX` fan-out and a raw parallel compare-and-delete on the same kind of
 //! multiplexed connections. Run with `cargo bench --bench engine`; the last line is the SUMMARY.
 //!
-//! Raw and engine measurements alternate in small blocks, so that machine noise hits both alike.
+//! Sequential acquire/release is measured on a current-thread and on a multi-thread runtime, each against the
+//! raw fan-out on the same runtime; then the figures with two of five masters paused, the whole `lock`
+//! process, and throughput. `ENGINE_BENCH_SCALE=0.2` makes a quick run.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -18,25 +20,163 @@ use support::redis_server::RedisCluster;
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(10);
-const BLOCKS: usize = 20;
-const PER_BLOCK: usize = 100;
 const RELEASE_SCRIPT: &str =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
 
 type BoxError = Box<dyn std::error::Error>;
 
-fn main() -> Result<(), BoxError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(bench())
+/// `ENGINE_BENCH_SCALE` (default 1) scales every sample count and duration, for quick runs on a busy machine.
+fn scale() -> f64 {
+    std::env::var("ENGINE_BENCH_SCALE")
+        .ok()
+        .and_then(|value| value.parse::<f64>().ok())
+        .filter(|scale| *scale > 0.0)
+        .unwrap_or(1.0)
 }
 
-async fn bench() -> Result<(), BoxError> {
+fn scaled(count: usize) -> usize {
+    ((count as f64 * scale()).round() as usize).max(1)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Flavor {
+    CurrentThread,
+    MultiThread,
+}
+
+impl Flavor {
+    fn name(self) -> &'static str {
+        match self {
+            Self::CurrentThread => "current-thread",
+            Self::MultiThread => "multi-thread",
+        }
+    }
+
+    fn runtime(self) -> std::io::Result<tokio::runtime::Runtime> {
+        match self {
+            Self::CurrentThread => tokio::runtime::Builder::new_current_thread(),
+            Self::MultiThread => tokio::runtime::Builder::new_multi_thread(),
+        }
+        .enable_all()
+        .build()
+    }
+}
+
+/// Sequential acquire/release against the raw fan-outs on one runtime.
+struct Core {
+    raw_quorum: Vec<Duration>,
+    raw_all: Vec<Duration>,
+    raw_release: Vec<Duration>,
+    acquire: Vec<Duration>,
+    release: Vec<Duration>,
+}
+
+fn main() -> Result<(), BoxError> {
     let cluster = RedisCluster::start(5)?;
+    let mut cores = Vec::new();
+    for flavor in [Flavor::CurrentThread, Flavor::MultiThread] {
+        let core = flavor.runtime()?.block_on(core(&cluster))?;
+        cores.push((flavor, core));
+    }
+    let (sequential, concurrent, raw_concurrent) =
+        Flavor::MultiThread.runtime()?.block_on(throughput(&cluster))?;
+    let (mut paused_acquire, mut paused_release) =
+        Flavor::CurrentThread.runtime()?.block_on(paused(&cluster))?;
+    let (mut lock_up, mut lock_paused) = lock_processes(&cluster)?;
+
+    let p = |samples: &mut Vec<Duration>, q: f64| percentile(samples, q);
+    let mut best: Option<(Flavor, f64)> = None;
+    let mut raw_current_thread = Duration::ZERO;
+    let mut release_ratio = 0.0;
+    for (flavor, core) in &mut cores {
+        let raw_q50 = p(&mut core.raw_quorum, 0.5);
+        let acq50 = p(&mut core.acquire, 0.5);
+        let raw_rel50 = p(&mut core.raw_release, 0.5);
+        let rel50 = p(&mut core.release, 0.5);
+        println!("{} runtime:", flavor.name());
+        println!(
+            "  raw SET NX PX fan-out: 3rd reply p50 {} p99 {}, 5th reply p50 {} p99 {}",
+            ms(raw_q50),
+            ms(p(&mut core.raw_quorum, 0.99)),
+            ms(p(&mut core.raw_all, 0.5)),
+            ms(p(&mut core.raw_all, 0.99))
+        );
+        println!(
+            "  raw compare-and-delete fan-out (all replies): p50 {} p99 {}",
+            ms(raw_rel50),
+            ms(p(&mut core.raw_release, 0.99))
+        );
+        println!(
+            "  acquire: p50 {} p99 {} ({:.2}x the raw 3rd reply)",
+            ms(acq50),
+            ms(p(&mut core.acquire, 0.99)),
+            acq50.as_secs_f64() / raw_q50.as_secs_f64()
+        );
+        println!(
+            "  release: p50 {} p99 {} ({:.2}x the raw delete fan-out)",
+            ms(rel50),
+            ms(p(&mut core.release, 0.99)),
+            rel50.as_secs_f64() / raw_rel50.as_secs_f64()
+        );
+        if *flavor == Flavor::CurrentThread {
+            raw_current_thread = raw_q50;
+            release_ratio = rel50.as_secs_f64() / raw_rel50.as_secs_f64();
+        }
+        if best.is_none_or(|(_, best)| acq50.as_secs_f64() < best) {
+            best = Some((*flavor, acq50.as_secs_f64()));
+        }
+    }
+    let (best_flavor, best_acquire) = best.unwrap_or((Flavor::CurrentThread, 0.0));
+    let best_ratio = best_acquire / raw_current_thread.as_secs_f64();
+    println!(
+        "best acquire p50: {} runtime, {:.2}x the raw current-thread fan-out's 3rd reply",
+        best_flavor.name(),
+        best_ratio
+    );
+    println!(
+        "with 2 of 5 masters paused (current-thread): acquire p50 {} p99 {}, release p50 {} p99 {}",
+        ms(p(&mut paused_acquire, 0.5)),
+        ms(p(&mut paused_acquire, 0.99)),
+        ms(p(&mut paused_release, 0.5)),
+        ms(p(&mut paused_release, 0.99))
+    );
+    let (up50, paused50) = (p(&mut lock_up, 0.5), p(&mut lock_paused, 0.5));
+    println!(
+        "`lock -- true`, whole process: all masters up p50 {} p99 {}, 2 of 5 paused p50 {} p99 {} (+{})",
+        ms(up50),
+        ms(p(&mut lock_up, 0.99)),
+        ms(paused50),
+        ms(p(&mut lock_paused, 0.99)),
+        ms(paused50.saturating_sub(up50))
+    );
+    println!(
+        "acquire+release pairs/s (multi-thread): sequential {sequential:.0}, 64 concurrent tasks {concurrent:.0}"
+    );
+    println!(
+        "raw SET+delete fan-out pairs/s with 64 concurrent tasks: {raw_concurrent:.0} (ours {:.2}x of it)",
+        concurrent / raw_concurrent
+    );
+    println!(
+        "SUMMARY best_acquire_p50_vs_raw_current_thread={best_ratio:.2} release_p50_vs_raw={release_ratio:.2} paused2_acquire_p50_ms={:.3} paused2_release_p50_ms={:.3} lock_process_p50_ms_up={:.1} lock_process_p50_ms_paused2={:.1} concurrent_pairs_per_s={concurrent:.0} sequential_pairs_per_s={sequential:.0}",
+        p(&mut paused_acquire, 0.5).as_secs_f64() * 1e3,
+        p(&mut paused_release, 0.5).as_secs_f64() * 1e3,
+        up50.as_secs_f64() * 1e3,
+        paused50.as_secs_f64() * 1e3,
+    );
+    Ok(())
+}
+
+async fn engine_on(cluster: &RedisCluster) -> Result<Redlock, BoxError> {
     let mut config = RedlockConfig::from_urls(&cluster.urls())?;
     config.max_ttl = TTL;
     config.assume_durable = true; // fresh masters: skip the quarantine wait, it is not what we measure
     config.retry.attempts = 1;
-    let engine = Redlock::connect(config).await?;
+    Ok(Redlock::connect(config).await?)
+}
+
+/// Raw and engine measurements alternate in small blocks, so that machine noise hits both alike.
+async fn core(cluster: &RedisCluster) -> Result<Core, BoxError> {
+    let engine = engine_on(cluster).await?;
     let mut raw = Vec::new();
     for url in cluster.urls() {
         let client = redis::Client::open(url.as_str())?;
@@ -56,7 +196,7 @@ async fn bench() -> Result<(), BoxError> {
     }
 
     // Warm-up, not recorded.
-    for i in 0..200 {
+    for i in 0..scaled(200) {
         raw_fan_out(&raw, &format!("warm-raw-{i}"), &release_sha).await?;
         let lease = engine
             .acquire(&format!("warm-{i}"), TTL, "bench", AcquireOptions::default())
@@ -64,86 +204,117 @@ async fn bench() -> Result<(), BoxError> {
         engine.release(&lease).await;
     }
 
-    let (mut raw_quorum, mut raw_all, mut raw_release) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut acquire, mut release) = (Vec::new(), Vec::new());
+    let mut core = Core {
+        raw_quorum: Vec::new(),
+        raw_all: Vec::new(),
+        raw_release: Vec::new(),
+        acquire: Vec::new(),
+        release: Vec::new(),
+    };
     let mut key = 0u64;
-    for _ in 0..BLOCKS {
-        for _ in 0..PER_BLOCK {
+    for _ in 0..scaled(20) {
+        for _ in 0..100 {
             key += 1;
             let (quorum, all, release_time) = raw_fan_out(&raw, &format!("raw-{key}"), &release_sha).await?;
-            raw_quorum.push(quorum);
-            raw_all.push(all);
-            raw_release.push(release_time);
+            core.raw_quorum.push(quorum);
+            core.raw_all.push(all);
+            core.raw_release.push(release_time);
         }
-        for _ in 0..PER_BLOCK {
+        for _ in 0..100 {
             key += 1;
             let started = Instant::now();
             let lease = engine
                 .acquire(&format!("ours-{key}"), TTL, "bench", AcquireOptions::default())
                 .await?;
-            acquire.push(started.elapsed());
+            core.acquire.push(started.elapsed());
             let started = Instant::now();
             engine.release(&lease).await;
-            release.push(started.elapsed());
+            core.release.push(started.elapsed());
         }
     }
+    engine.settle().await;
+    Ok(core)
+}
 
-    let sequential = sequential_pairs(&engine, Duration::from_secs(2)).await?;
-    let concurrent = concurrent_pairs(&engine, 64, Duration::from_secs(2)).await;
-    let raw_concurrent = raw_concurrent_pairs(&raw, &release_sha, 64, Duration::from_secs(2)).await;
+async fn throughput(cluster: &RedisCluster) -> Result<(f64, f64, f64), BoxError> {
+    let engine = engine_on(cluster).await?;
+    let mut raw = Vec::new();
+    for url in cluster.urls() {
+        raw.push(
+            redis::Client::open(url.as_str())?
+                .get_multiplexed_async_connection()
+                .await?,
+        );
+    }
+    let release_sha = redis::Script::new(RELEASE_SCRIPT).get_hash().to_owned();
+    let seconds = Duration::from_secs_f64(2.0 * scale());
+    let sequential = sequential_pairs(&engine, seconds).await?;
+    let concurrent = concurrent_pairs(&engine, 64, seconds).await;
+    let raw_concurrent = raw_concurrent_pairs(&raw, &release_sha, 64, seconds).await;
+    Ok((sequential, concurrent, raw_concurrent))
+}
 
+/// Acquire and release on an engine connected before two masters were paused: their requests are sent and
+/// never answered while paused.
+async fn paused(cluster: &RedisCluster) -> Result<(Vec<Duration>, Vec<Duration>), BoxError> {
+    let engine = engine_on(cluster).await?;
     cluster[3].stop();
     cluster[4].stop();
-    let mut paused = Vec::new();
-    for i in 0..500 {
+    let (mut acquire, mut release) = (Vec::new(), Vec::new());
+    for i in 0..scaled(500) {
         let started = Instant::now();
         let lease = engine
             .acquire(&format!("paused-{i}"), TTL, "bench", AcquireOptions::default())
             .await?;
-        paused.push(started.elapsed());
+        acquire.push(started.elapsed());
+        let started = Instant::now();
         engine.release(&lease).await;
+        release.push(started.elapsed());
     }
     cluster[3].cont();
     cluster[4].cont();
+    engine.settle().await;
+    Ok((acquire, release))
+}
 
-    let p = |samples: &mut Vec<Duration>, q: f64| percentile(samples, q);
-    let raw_q50 = p(&mut raw_quorum, 0.5);
-    let raw_rel50 = p(&mut raw_release, 0.5);
-    let acq50 = p(&mut acquire, 0.5);
-    let rel50 = p(&mut release, 0.5);
-    println!(
-        "raw SET NX PX fan-out: 3rd reply p50 {} p99 {}, 5th reply p50 {} p99 {}",
-        ms(raw_q50),
-        ms(p(&mut raw_quorum, 0.99)),
-        ms(p(&mut raw_all, 0.5)),
-        ms(p(&mut raw_all, 0.99))
-    );
-    println!(
-        "raw compare-and-delete fan-out: p50 {} p99 {}",
-        ms(raw_rel50),
-        ms(p(&mut raw_release, 0.99))
-    );
-    println!("acquire: p50 {} p99 {}", ms(acq50), ms(p(&mut acquire, 0.99)));
-    println!("release: p50 {} p99 {}", ms(rel50), ms(p(&mut release, 0.99)));
-    println!(
-        "acquire with 2 of 5 masters paused: p50 {} p99 {}",
-        ms(p(&mut paused, 0.5)),
-        ms(p(&mut paused, 0.99))
-    );
-    println!("acquire+release pairs/s: sequential {sequential:.0}, 64 concurrent tasks {concurrent:.0}");
-    println!(
-        "raw SET+delete fan-out pairs/s with 64 concurrent tasks: {raw_concurrent:.0} (ours {:.2}x of it)",
-        concurrent / raw_concurrent
-    );
-    println!(
-        "SUMMARY acquire_p50_vs_raw_quorum={:.2} release_p50_vs_raw={:.2} paused2_acquire_p50_ms={:.3} concurrent_pairs_per_s={:.0} sequential_pairs_per_s={:.0}",
-        acq50.as_secs_f64() / raw_q50.as_secs_f64(),
-        rel50.as_secs_f64() / raw_rel50.as_secs_f64(),
-        p(&mut paused, 0.5).as_secs_f64() * 1e3,
-        concurrent,
-        sequential
-    );
-    Ok(())
+/// The whole `redlock-operator lock -- true` process, with every master up and with two of five paused before
+/// it starts (it never connected to them), alternating.
+fn lock_processes(cluster: &RedisCluster) -> Result<(Vec<Duration>, Vec<Duration>), BoxError> {
+    let run = |key: &str| -> Result<Duration, BoxError> {
+        let started = std::time::Instant::now();
+        let status = std::process::Command::new(env!("CARGO_BIN_EXE_redlock-operator"))
+            .args([
+                "lock",
+                "--ttl",
+                "1s",
+                "--max-ttl",
+                "1s",
+                "--assume-durable",
+                key,
+                "--",
+                "true",
+            ])
+            .env("REDLOCK_REDIS", cluster.urls().join(","))
+            .env_remove("RUST_LOG")
+            .stdin(std::process::Stdio::null())
+            .status()?;
+        let elapsed = started.elapsed();
+        if !status.success() {
+            return Err(format!("lock exited with {status}").into());
+        }
+        Ok(elapsed)
+    };
+    let (mut up, mut paused) = (Vec::new(), Vec::new());
+    for i in 0..scaled(60) {
+        up.push(run(&format!("process-up-{i}"))?);
+        cluster[3].stop();
+        cluster[4].stop();
+        let result = run(&format!("process-paused-{i}"));
+        cluster[3].cont();
+        cluster[4].cont();
+        paused.push(result?);
+    }
+    Ok((up, paused))
 }
 
 /// One raw fan-out of `SET NX PX` to all masters: time to the 3rd and the 5th reply; then a raw

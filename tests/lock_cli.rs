@@ -270,3 +270,84 @@ fn the_command_dies_with_a_killed_lock_process() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Issue 16, item 1: two of five masters hung (SIGSTOP) before `lock` starts. It runs the command without
+/// waiting for their connections, and says what became of them.
+#[test]
+fn a_hung_minority_does_not_hold_the_command_up() {
+    let cluster = start_cluster();
+    cluster[3].stop();
+    cluster[4].stop();
+    let mut args = SHORT.to_vec();
+    args.extend(["-v", "hung-minority"]);
+    let output = run(lock(&cluster, &args, &["true"]));
+    cluster[3].cont();
+    cluster[4].cont();
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{err}");
+    let acquire = err
+        .lines()
+        .skip_while(|line| !line.contains("acquire: "))
+        .take(6)
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(acquire.contains("3/5 votes"), "{acquire}");
+    for url in &cluster.urls()[3..] {
+        let line = acquire
+            .lines()
+            .find(|line| line.contains(url.as_str()))
+            .unwrap_or_default();
+        // Had `lock` waited for their connect timeout, the reason would say so instead.
+        assert!(
+            line.contains("unavailable: connecting"),
+            "the hung master is reported, not waited for: {acquire}"
+        );
+    }
+}
+
+/// Issue 16, item 2: two masters hang while the command runs. `lock` decides its release at a majority, and
+/// the deletes it sends the hung masters are not lost when it exits: they reach them once they resume.
+#[test]
+fn deletes_to_hung_masters_survive_the_exit_of_lock() {
+    let cluster = start_cluster();
+    let key = "late-release";
+    // A TTL far longer than the test, so that a key found gone was deleted, not expired.
+    let args = ["--ttl", "30s", "--max-ttl", "30s", "--assume-durable", "-v", key];
+    // By the time the command runs every master has the key, or has its SET queued ahead of the delete.
+    let script = format!("kill -STOP {} {}", cluster[3].pid(), cluster[4].pid());
+    let output = run(lock(&cluster, &args, &["sh", "-c", &script]));
+    let err = stderr(&output);
+    cluster[3].cont();
+    cluster[4].cont();
+    assert_eq!(output.status.code(), Some(0), "{err}");
+    let release = err
+        .lines()
+        .find(|line| line.contains("release: "))
+        .unwrap_or_default();
+    assert!(release.contains("3/5 votes"), "decided at a majority: {err}");
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = cluster
+            .urls()
+            .iter()
+            .filter(|url| {
+                runtime
+                    .block_on(support::redis_server::raw_get(url, key))
+                    .is_some()
+            })
+            .count();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} master(s) kept the key after `lock` exited: {err}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

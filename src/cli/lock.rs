@@ -107,14 +107,29 @@ async fn run_inner(args: LockArgs) -> Result<i32, Failure> {
     let config = config_from(&args)?;
     let holder = args.holder.clone().unwrap_or_else(default_holder);
     let node_timeout = config.node_timeout;
-    let engine = Redlock::connect(config)
+    // Work starts once a majority is verified: a hung master must not hold the command up for the connect
+    // timeout. The others join in the background.
+    let engine = Redlock::connect_majority(config)
         .await
         .map_err(|err| (exit_code::USAGE, err.to_string()))?;
+    let result = hold(&engine, &args, &holder, node_timeout).await;
+    // Releases are decided at a majority; the deletes still on their way to slower masters are waited for
+    // (at most a node timeout), or those masters would keep the key until it expires.
+    engine.settle().await;
+    result
+}
+
+async fn hold(
+    engine: &Redlock,
+    args: &LockArgs,
+    holder: &str,
+    node_timeout: Duration,
+) -> Result<i32, Failure> {
     let options = AcquireOptions {
         attempts: (args.wait.is_zero()).then_some(1),
         deadline: Some(Instant::now() + args.wait),
     };
-    let lease = match engine.acquire(&args.resource, args.ttl, &holder, options).await {
+    let lease = match engine.acquire(&args.resource, args.ttl, holder, options).await {
         Ok(lease) => lease,
         Err(err) => {
             if args.verbose
@@ -135,7 +150,7 @@ async fn run_inner(args: LockArgs) -> Result<i32, Failure> {
     }
     let env = [
         ("REDLOCK_RESOURCE", args.resource.clone()),
-        ("REDLOCK_HOLDER", holder.clone()),
+        ("REDLOCK_HOLDER", holder.to_owned()),
         ("REDLOCK_VALIDITY_MS", validity_ms),
     ];
     let kept = engine.keep(lease, policy);

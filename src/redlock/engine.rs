@@ -7,12 +7,13 @@ use rand::Rng;
 use redis::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::node::{Node, Ready, maintain};
 use super::quorum::Tally;
 use super::{
-    AcquireError, ConfigError, ExtendError, FailureKind, KeepPolicy, KeptLock, LockValue, NodeOutcome,
-    NodeReport, NodeStatus, OperationReport, RedlockConfig, scripts,
+    AcquireError, ConfigError, ExtendError, FailureKind, KeepPolicy, KeptLock, LockValue, NodeHealth,
+    NodeOutcome, NodeReport, NodeStatus, OperationReport, RedlockConfig, scripts,
 };
 
 /// A Redlock client over N independent masters. Cheap to clone; every clone shares the connections.
@@ -27,7 +28,15 @@ pub(super) struct Inner {
     pub(super) extend_script: redis::Script,
     pub(super) extend_only_script: redis::Script,
     release_script: redis::Script,
+    /// Work that outlives the call that started it: the deletes of a release decided at a majority.
+    background: TaskTracker,
     shutdown: CancellationToken,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ConnectWait {
+    Majority,
+    Every,
 }
 
 impl Drop for Inner {
@@ -136,11 +145,55 @@ pub(super) enum Op {
     Release,
 }
 
+impl Op {
+    /// Whether this answer counts towards the majority that decides the operation. A release is done on a
+    /// master that answered at all: it deleted our value, or the value was not there (expired, or never set).
+    fn counts(self, outcome: &NodeOutcome) -> bool {
+        match self {
+            Self::Release => matches!(outcome, NodeOutcome::Granted | NodeOutcome::NotHeld),
+            Self::Acquire { .. } | Self::Extend { .. } => outcome.is_vote(),
+        }
+    }
+}
+
+/// Background deletes of one release; says so if they are dropped unfinished (the runtime shut down before
+/// [`Redlock::settle`]), since those masters then keep the key until it expires.
+struct Straggler {
+    resource: Arc<str>,
+    left: usize,
+}
+
+impl Drop for Straggler {
+    fn drop(&mut self) {
+        if self.left > 0 {
+            tracing::warn!(
+                resource = %self.resource,
+                masters = self.left,
+                "release abandoned before every master answered; the key expires there by its TTL"
+            );
+        }
+    }
+}
+
 impl Redlock {
-    /// Validates the configuration, connects to every master at once (bounded by the connect timeout) and
-    /// keeps reconnecting in the background to those that did not answer. Unreachable masters are not an
-    /// error here: operations report them.
+    /// Validates the configuration and connects to every master at once; returns once every master's first
+    /// attempt has ended (each bounded by the connect timeout), so that [`Redlock::masters`] describes them
+    /// all. For long-lived users that report on every master (the operator's quorum status). Unreachable
+    /// masters are not an error here: operations report them, and they keep being retried in the background.
     pub async fn connect(config: RedlockConfig) -> Result<Self, ConfigError> {
+        Self::start(config, ConnectWait::Every).await
+    }
+
+    /// Like [`Redlock::connect`], but returns as soon as a majority of masters is connected, verified (the
+    /// restart check); the others keep connecting in the background and join when verified. For
+    /// short-lived users such as the `lock` command, which would otherwise wait out the connect timeout of
+    /// every hung master. A master counts once verified, even if quarantined (operations report that). Without
+    /// a majority it waits for every first attempt, so that failures are explained.
+    pub async fn connect_majority(config: RedlockConfig) -> Result<Self, ConfigError> {
+        Self::start(config, ConnectWait::Majority).await
+    }
+
+    async fn start(config: RedlockConfig, wait: ConnectWait) -> Result<Self, ConfigError> {
         config.validate()?;
         let nodes = config
             .endpoints
@@ -148,20 +201,44 @@ impl Redlock {
             .map(|endpoint| Node::new(endpoint.clone(), &config).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
         let shutdown = CancellationToken::new();
-        futures::future::join_all(nodes.iter().map(|node| node.connect())).await;
+        let (attempted, mut attempts) = tokio::sync::mpsc::unbounded_channel();
         for node in &nodes {
-            tokio::spawn(maintain(node.clone(), shutdown.clone()));
+            let (node, shutdown, attempted) = (node.clone(), shutdown.clone(), attempted.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = node.connect() => {}
+                    () = shutdown.cancelled() => return,
+                }
+                // The receiver is gone once `start` returned: nobody waits for this attempt any more.
+                let _ = attempted.send(());
+                drop(attempted);
+                maintain(node, shutdown).await;
+            });
         }
-        Ok(Self {
+        drop(attempted);
+        let engine = Self {
             inner: Arc::new(Inner {
                 config,
                 nodes,
                 extend_script: redis::Script::new(scripts::EXTEND),
                 extend_only_script: redis::Script::new(scripts::EXTEND_ONLY),
                 release_script: redis::Script::new(scripts::RELEASE),
+                background: TaskTracker::new(),
                 shutdown,
             }),
-        })
+        };
+        let quorum = engine.quorum();
+        loop {
+            // Verified, not necessarily voting: a quarantined master is reported as such by the operations,
+            // and waiting for the hung ones would not end its quarantine any sooner.
+            if wait == ConnectWait::Majority && engine.verified() >= quorum {
+                break;
+            }
+            if attempts.recv().await.is_none() {
+                break;
+            }
+        }
+        Ok(engine)
     }
 
     pub fn config(&self) -> &RedlockConfig {
@@ -184,6 +261,16 @@ impl Redlock {
             .nodes
             .iter()
             .filter(|node| node.ready(now).is_ok())
+            .count()
+    }
+
+    /// Masters connected and verified by the restart check, whether quarantined or not.
+    fn verified(&self) -> usize {
+        let now = Instant::now();
+        self.inner
+            .nodes
+            .iter()
+            .filter(|node| node.status(now).health != NodeHealth::Down)
             .count()
     }
 
@@ -398,20 +485,48 @@ impl Redlock {
         result
     }
 
-    /// Deletes the key on every connected master where it still holds this lease's value, all at once,
-    /// bounded by the per-node timeout.
+    /// Deletes the key on every connected master where it still holds this lease's value, all at once. Returns
+    /// as soon as a majority answered — from then on no majority holds the value, and a contender can acquire —
+    /// while the deletes still on their way finish in the background, each bounded by the per-node timeout
+    /// (their outcomes show as `Pending`). Short-lived processes call [`Redlock::settle`] before they exit.
     pub async fn release(&self, lease: &Lease) -> OperationReport {
-        self.fan_out(Op::Release, &lease.resource, &lease.value, false, None)
-            .await
-            .report
+        self.release_value(&lease.resource, lease.value.clone()).await
     }
 
-    /// Deletes `value` from `resource` wherever it is still the value: for a lock whose lease this process
-    /// never had (a predecessor's acquisition, rebuilt from a derived value).
+    /// Deletes `value` from `resource` wherever it is still the value, as [`Redlock::release`] does: for a lock
+    /// whose lease this process never had (a predecessor's acquisition, rebuilt from a derived value).
     pub async fn release_value(&self, resource: &str, value: LockValue) -> OperationReport {
-        self.fan_out(Op::Release, &resource.into(), &value, false, None)
-            .await
-            .report
+        let resource: Arc<str> = resource.into();
+        let FanOut { report, pending, .. } = self.fan_out(Op::Release, &resource, &value, true, None).await;
+        self.finish_in_background(resource, pending);
+        report
+    }
+
+    /// Waits until the work left to the background (the deletes of releases decided at a majority) is done:
+    /// at most one per-node timeout after the last release. A process that exits right after releasing calls
+    /// this first, so that a slow master still gets its delete instead of keeping the key until it expires.
+    pub async fn settle(&self) {
+        let background = &self.inner.background;
+        background.close();
+        background.wait().await;
+        background.reopen();
+    }
+
+    fn finish_in_background(&self, resource: Arc<str>, mut pending: FuturesUnordered<NodeFuture>) {
+        if pending.is_empty() {
+            return;
+        }
+        let mut straggler = Straggler {
+            resource,
+            left: pending.len(),
+        };
+        // Runs on its own clones of the connections: dropping the engine does not cut it short.
+        self.inner.background.spawn(async move {
+            while let Some((_, outcome, _)) = pending.next().await {
+                straggler.left -= 1;
+                tracing::debug!(resource = %straggler.resource, %outcome, "late answer to a release");
+            }
+        });
     }
 
     /// Keeps `lease` extended in the background and tells the owner at once when it is lost.
@@ -465,7 +580,7 @@ impl Redlock {
             let Some((index, outcome, latency)) = pending.next().await else {
                 break;
             };
-            tally.record(outcome.is_vote());
+            tally.record(op.counts(&outcome));
             reports[index].outcome = outcome;
             reports[index].latency = latency;
             decision = tally.decided();
