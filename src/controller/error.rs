@@ -24,6 +24,11 @@ pub enum Error {
 }
 
 impl Error {
+    /// A request whose answer never came (the connection failed): it may or may not have been carried out.
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(self, Self::Kube(err) if !matches!(err, kube::Error::Api(_)))
+    }
+
     /// The `error` label of `redlock_reconcile_errors_total`.
     pub fn metric_label(&self) -> &'static str {
         match self {

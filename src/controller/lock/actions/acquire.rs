@@ -71,6 +71,12 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, token: i6
                     release_held(ctx, &target.lref, Some(&target.settings.quorum)).await;
                     Ok(Action::requeue(Duration::from_secs(1)))
                 }
+                Err(err) if err.outcome_unknown() => {
+                    // The write may have landed (the connection broke before its answer): keep the lock; the
+                    // next look at status settles it, and releasing could empty a lock status shows as held.
+                    tracing::warn!(lock = %target.lref, token, error = %err, "the status write's outcome is unknown: keeping the lock");
+                    Err(err)
+                }
                 Err(err) => {
                     release_held(ctx, &target.lref, Some(&target.settings.quorum)).await;
                     Err(err)
@@ -100,7 +106,14 @@ pub async fn refresh_status(
     holder: &str,
     held: &HeldView,
 ) -> Result<Action, Error> {
-    if show_held(target, ctx, holder, &held.lease, held.token, false).await? {
+    // Status still showing an older token means the acquisition's own write did not land: this one is it.
+    let shown = target
+        .lock
+        .status
+        .as_ref()
+        .and_then(|status| status.fencing_token);
+    let new_token = shown.unwrap_or(0) < held.token;
+    if show_held(target, ctx, holder, &held.lease, held.token, new_token).await? {
         return Ok(Action::requeue(RESYNC));
     }
     // Status shows a newer token than ours: this acquisition is stale for everyone who fences on the token. Give

@@ -17,8 +17,12 @@ use crate::controller::lock::status;
 use crate::controller::lock::status_write::write_status;
 use crate::redlock::OperationReport;
 
-/// Stops keeping the lock and deletes its key where it is still ours.
+/// Stops keeping the lock and deletes its key where it is still ours. Only the active replica releases: one that
+/// lost its leadership leaves the lock to the keeper (which may still extend it) and to its successor.
 pub async fn release_held(ctx: &Context, lref: &LockRef, quorum: Option<&str>) -> Option<OperationReport> {
+    if !ctx.leadership.is_leader() {
+        return None;
+    }
     let lease = ctx.keeper.remove(lref).await?;
     match ctx.engines.lookup(quorum?) {
         QuorumLookup::Ready(engine) => Some(engine.engine.release(&lease).await),
@@ -116,6 +120,7 @@ pub async fn release_from_status(
     lock: &DistributedLock,
     ctx: &Context,
 ) -> Result<Option<OperationReport>, Error> {
+    ctx.ensure_leader()?;
     let Some(status) = &lock.status else {
         return Ok(None);
     };
