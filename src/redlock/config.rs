@@ -247,14 +247,14 @@ impl RedlockConfig {
         if ttl > self.max_ttl {
             return Err(ConfigError::InvalidTtl(format!(
                 "ttl {} exceeds max-ttl {}; restarted masters are only kept out for max-ttl, so a longer lock could be granted twice",
-                humantime::format_duration(ttl),
-                humantime::format_duration(self.max_ttl)
+                crate::duration::format(ttl),
+                crate::duration::format(self.max_ttl)
             )));
         }
         if self.drift(ttl) >= ttl {
             return Err(ConfigError::InvalidTtl(format!(
                 "ttl {} leaves no validity after the clock-drift allowance",
-                humantime::format_duration(ttl)
+                crate::duration::format(ttl)
             )));
         }
         Ok(())

@@ -223,7 +223,7 @@ impl Node {
             Ok(Err(message)) => message,
             Err(_) => format!(
                 "no answer within the connect timeout ({})",
-                humantime::format_duration(self.settings.connect_timeout)
+                crate::duration::format(self.settings.connect_timeout)
             ),
         };
         self.state().last_error = Some(outcome.clone());

@@ -63,7 +63,7 @@ impl fmt::Display for NodeOutcome {
             Self::Quarantined { remaining } => write!(
                 f,
                 "quarantined for {} more (restarted recently)",
-                humantime::format_duration(round_ms(*remaining))
+                crate::duration::format(round_ms(*remaining))
             ),
             other => f.write_str(other.label()),
         }
