@@ -17,7 +17,8 @@ use crate::redlock::OperationReport;
 pub struct HeldFacts<'a> {
     pub holder: &'a str,
     pub token: i64,
-    /// A new acquisition (needs a higher token than status shows), not a refresh (needs no newer one).
+    /// A new acquisition (needs a higher token than status shows), not a refresh (needs no newer one). A refresh
+    /// over an older token counts as the acquisition: that acquisition's own write did not land.
     pub new_token: bool,
     pub renewed_at: Timestamp,
     pub valid_until: Timestamp,
@@ -46,7 +47,7 @@ pub fn held(
         return None;
     }
     let mut next = current.clone();
-    if facts.new_token {
+    if shown < facts.token {
         next.transitions = next.transitions.saturating_add(1);
         next.acquired_at = Some(Time(stamp.now));
     }
@@ -334,6 +335,18 @@ mod tests {
         assert!(
             held(&first, &facts(0, false, &granted), &none, margin, stamp(101)).is_none(),
             "never back"
+        );
+        let unrecorded = held(
+            &DistributedLockStatus::default(),
+            &facts(1, false, &granted),
+            &none,
+            margin,
+            stamp(100),
+        )
+        .expect("a refresh over an older token");
+        assert_eq!(
+            unrecorded.transitions, 1,
+            "counts the acquisition whose own write did not land"
         );
         let refreshed =
             held(&first, &facts(1, false, &granted), &none, margin, stamp(105)).expect("a refresh");

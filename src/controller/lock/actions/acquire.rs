@@ -106,14 +106,7 @@ pub async fn refresh_status(
     holder: &str,
     held: &HeldView,
 ) -> Result<Action, Error> {
-    // Status still showing an older token means the acquisition's own write did not land: this one is it.
-    let shown = target
-        .lock
-        .status
-        .as_ref()
-        .and_then(|status| status.fencing_token);
-    let new_token = shown.unwrap_or(0) < held.token;
-    if show_held(target, ctx, holder, &held.lease, held.token, new_token).await? {
+    if show_held(target, ctx, holder, &held.lease, held.token, false).await? {
         return Ok(Action::requeue(RESYNC));
     }
     // Status shows a newer token than ours: this acquisition is stale for everyone who fences on the token. Give
