@@ -41,7 +41,7 @@ echo "==> end-to-end tests in real-cluster mode, against a stand-in cluster"
 cargo build --locked --example stand-in-cluster
 kubeconfig="$PWD/target/stand-in-cluster.kubeconfig"
 rm -f "$kubeconfig"
-target/debug/examples/stand-in-cluster "$kubeconfig" 2>target/stand-in-cluster.log &
+"${CARGO_TARGET_DIR:-target}/debug/examples/stand-in-cluster" "$kubeconfig" 2>target/stand-in-cluster.log &
 stand_in=$!
 trap 'kill "$stand_in" 2>/dev/null || true' EXIT
 for _ in $(seq 100); do [ -f "$kubeconfig" ] && break; sleep 0.1; done
