@@ -28,6 +28,7 @@ pub struct RedisQuorumSpec {
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     #[x_kube(validation = Rule::new("self.all(e, e.startsWith('redis://') || e.startsWith('rediss://'))").message("endpoints must be redis:// or rediss:// URLs"))]
     #[x_kube(validation = Rule::new("self.all(e, !e.contains('@'))").message("put credentials in spec.auth, not in endpoint URLs"))]
+    #[x_kube(validation = Rule::new("self.all(e, !e.contains('#'))").message("endpoint URLs take no #fragment: #insecure (no certificate check) is refused; give the CA in spec.tls.caSecretName"))]
     pub endpoints: Vec<String>,
 
     /// Credentials from a Secret.

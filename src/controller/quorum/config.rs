@@ -26,6 +26,7 @@ impl std::fmt::Debug for QuorumSecrets {
 pub fn engine_config(spec: &RedisQuorumSpec, secrets: &QuorumSecrets) -> Result<RedlockConfig, String> {
     let mut endpoints = Vec::with_capacity(spec.endpoints.len());
     for raw in &spec.endpoints {
+        refuse_insecure(raw)?;
         let with_credentials = add_credentials(raw, secrets)?;
         endpoints.push(Endpoint::parse(&with_credentials).map_err(|err| err.to_string())?);
     }
@@ -63,6 +64,23 @@ pub fn engine_config(spec: &RedisQuorumSpec, secrets: &QuorumSecrets) -> Result<
     config.tls.ca_pem = secrets.ca_pem.clone();
     config.validate().map_err(|err| err.to_string())?;
     Ok(config)
+}
+
+/// `rediss://host#insecure` makes the Redis client skip the certificate check: anyone on the path could then
+/// pose as a master, collect the AUTH password and vote. Refused rather than offered as an option, because a
+/// private CA (spec.tls.caSecretName) covers self-signed masters safely.
+fn refuse_insecure(raw: &str) -> Result<(), String> {
+    match raw.split_once('#') {
+        Some((_, fragment)) if fragment == "insecure" => Err(format!(
+            "endpoint {}: #insecure would turn off the certificate check of the masters; it is refused: put the CA that signed them in the Secret named by spec.tls.caSecretName",
+            raw.split('#').next().unwrap_or_default()
+        )),
+        Some(_) => Err(format!(
+            "endpoint {}: URLs take no #fragment",
+            raw.split('#').next().unwrap_or_default()
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Puts the Secret's credentials into an endpoint URL, percent-encoded, so that passwords with `@`, `:` or `/`
@@ -118,6 +136,16 @@ mod tests {
         assert!(endpoint.is_tls());
         let shown = format!("{secrets:?}{config:?}");
         assert!(!shown.contains("p@ss") && !shown.contains("locker"), "{shown}");
+    }
+
+    #[test]
+    fn certificate_checks_cannot_be_turned_off() {
+        let err = engine_config(&spec(&["rediss://a:6380#insecure"]), &QuorumSecrets::default()).unwrap_err();
+        assert!(
+            err.contains("#insecure would turn off the certificate check"),
+            "{err}"
+        );
+        assert!(engine_config(&spec(&["redis://a:1#x"]), &QuorumSecrets::default()).is_err());
     }
 
     #[test]
