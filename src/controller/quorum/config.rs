@@ -71,14 +71,10 @@ pub fn engine_config(spec: &RedisQuorumSpec, secrets: &QuorumSecrets) -> Result<
 /// private CA (spec.tls.caSecretName) covers self-signed masters safely.
 fn refuse_insecure(raw: &str) -> Result<(), String> {
     match raw.split_once('#') {
-        Some((_, fragment)) if fragment == "insecure" => Err(format!(
-            "endpoint {}: #insecure would turn off the certificate check of the masters; it is refused: put the CA that signed them in the Secret named by spec.tls.caSecretName",
-            raw.split('#').next().unwrap_or_default()
+        Some((url, "insecure")) => Err(format!(
+            "endpoint {url}: #insecure would turn off the certificate check of the masters; it is refused: put the CA that signed them in the Secret named by spec.tls.caSecretName"
         )),
-        Some(_) => Err(format!(
-            "endpoint {}: URLs take no #fragment",
-            raw.split('#').next().unwrap_or_default()
-        )),
+        Some((url, _)) => Err(format!("endpoint {url}: URLs take no #fragment")),
         None => Ok(()),
     }
 }
