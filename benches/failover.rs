@@ -115,6 +115,7 @@ async fn bench() -> Result<(), BoxError> {
             election: None,
             secret: InstallationSecret::from_bytes(&[b'k'; 48])?,
             health_interval: Duration::from_secs(1),
+            secrets_namespace: NAMESPACE.into(),
             instance: "bench".into(),
         },
         shutdown.clone(),

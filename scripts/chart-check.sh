@@ -270,6 +270,15 @@ check_rejects "validator rejects an unknown field of a built-in kind" "readOnlyR
   validate_mutated "readOnlyRootFilesystem: true" "readOnlyRootFilesytem: true"
 check_rejects "validator rejects an admission policy that lets an unsuspended Job in" "expected deny, got allow" \
   validate_mutated "object.spec.suspend == true" "object.spec.suspend != true"
+check_rejects "validator rejects an admission policy that lets a user unsuspend a labelled Job" \
+  "a user unsuspends a labelled Job): expected deny, got allow" \
+  validate_mutated "variables.byOperator || variables.lock == '' || !variables.wasSuspended" "true"
+check_rejects "validator rejects an admission policy that lets a user label a running Job" \
+  "a user labels a running Job): expected deny, got allow" \
+  validate_mutated "variables.lock == variables.oldLock ||" "true ||"
+check_rejects "validator rejects #insecure in a RedisQuorum endpoint (CRD CEL rule)" "is refused; give the CA" \
+  validate_mutated "- redis://redlock-redlock-operator-redis-0" "- rediss://redlock-redlock-operator-redis-0:6379#insecure
+    - redis://redlock-redlock-operator-redis-0"
 check_rejects "validator rejects a RedisQuorum outside its CRD's schema" "driftFactor" \
   validate_mutated "driftFactor: 0.01" "driftFactor: 0.5"
 check_rejects "validator rejects credentials in a RedisQuorum endpoint (CRD CEL rule)" "put credentials in spec.auth" \

@@ -230,7 +230,9 @@ CEL = celpy.Environment()
 
 def cel_eval(expression, activation):
     program = CEL.program(CEL.compile(expression))
-    result = program.evaluate({name: celpy.json_to_cel(value) for name, value in activation.items()})
+    # Values already evaluated (a policy's variables) keep their CEL types; JSON is converted.
+    result = program.evaluate({name: value if isinstance(value, celpy.celtypes.MapType) else celpy.json_to_cel(value)
+                               for name, value in activation.items()})
     if isinstance(result, celpy.CELEvalError):
         raise ValueError(f"evaluation error: {result}")
     return result
@@ -325,14 +327,25 @@ def selector_matches(selector, labels):
     return True
 
 
-def admission_decision(policy, obj):
-    """None when the policy does not apply to obj; otherwise (allowed, message)."""
+def admission_decision(policy, obj, old=None, username="system:admin"):
+    """None when the policy does not apply to obj (a CREATE, or an UPDATE from old); otherwise (allowed, message)."""
     spec = policy["spec"]
     constraints = spec.get("matchConstraints") or {}
-    if "objectSelector" in constraints and not selector_matches(
-            constraints["objectSelector"], obj["metadata"].get("labels") or {}):
+    operation = "CREATE" if old is None else "UPDATE"
+    if not any(operation in rule.get("operations", []) for rule in constraints.get("resourceRules") or []):
         return None
-    activation = {"object": obj, "oldObject": None, "request": {"operation": "CREATE"}}
+    # On UPDATE the API server matches the selector against the old and the new object.
+    if "objectSelector" in constraints and not any(
+            selector_matches(constraints["objectSelector"], o["metadata"].get("labels") or {})
+            for o in filter(None, (obj, old))):
+        return None
+    activation = {"object": obj, "oldObject": old,
+                  "request": {"operation": operation, "userInfo": {"username": username}}}
+    variables = celpy.celtypes.MapType()
+    for variable in spec.get("variables") or []:
+        activation["variables"] = variables
+        variables[celpy.celtypes.StringType(variable["name"])] = cel_eval(variable["expression"], activation)
+    activation["variables"] = variables
     for condition in spec.get("matchConditions") or []:
         if not cel_eval(condition["expression"], activation):
             return None
@@ -348,7 +361,7 @@ def admission_decision(policy, obj):
 def check_admission_policy(policy):
     errors = []
     spec = policy["spec"]
-    expressions = [c["expression"] for c in spec.get("matchConditions") or []]
+    expressions = [c["expression"] for c in (spec.get("matchConditions") or []) + (spec.get("variables") or [])]
     for validation in spec.get("validations") or []:
         expressions += [validation["expression"], validation.get("messageExpression")]
     for expression in filter(None, expressions):
@@ -367,24 +380,43 @@ def check_admission_policy(policy):
             body["spec"]["suspend"] = suspend
         return body
 
+    operator = next((str(cel_eval(v["expression"], {})) for v in spec.get("variables") or []
+                     if v["name"] == "operator"), "")
+    if not operator.startswith("system:serviceaccount:"):
+        errors.append(f"the policy's operator variable is not a ServiceAccount user name: {operator!r}")
+        return errors
     lock = {"redlock.io/lock": "nightly-report"}
+    other = {"redlock.io/lock": "other-lock"}
+    plain = {"app": "x"}
+    # (name, new Job, old Job or None for CREATE, user, expected)
     cases = [
-        ("labelled, suspend: true", job(lock, True), "allow"),
-        ("labelled, suspend: false", job(lock, False), "deny"),
-        ("labelled, no spec.suspend", job(lock, None), "deny"),
-        ("unlabelled, suspend: false", job({"app": "x"}, False), "skip"),
+        ("create labelled, suspend: true", job(lock, True), None, "user", "allow"),
+        ("create labelled, suspend: false", job(lock, False), None, "user", "deny"),
+        ("create labelled, no spec.suspend", job(lock, None), None, "user", "deny"),
+        ("create unlabelled, suspend: false", job(plain, False), None, "user", "skip"),
+        ("a user unsuspends a labelled Job", job(lock, False), job(lock, True), "user", "deny"),
+        ("a user drops spec.suspend of a labelled Job", job(lock, None), job(lock, True), "user", "deny"),
+        ("the operator unsuspends a labelled Job", job(lock, False), job(lock, True), operator, "allow"),
+        ("a user labels a running Job", job(lock, False), job(plain, False), "user", "deny"),
+        ("a user moves a running Job to another lock", job(other, False), job(lock, False), "user", "deny"),
+        ("a user labels a suspended Job", job(lock, True), job(plain, True), "user", "allow"),
+        ("a user labels and unsuspends a Job at once", job(lock, False), job(plain, True), "user", "deny"),
+        ("a user suspends a running labelled Job", job(lock, True), job(lock, False), "user", "allow"),
+        ("a user edits a running labelled Job", job(lock, False), job(lock, False), "user", "allow"),
+        ("the operator labels a running Job", job(lock, False), job(plain, False), operator, "allow"),
+        ("a user unsuspends an unlabelled Job", job(plain, False), job(plain, True), "user", "skip"),
     ]
-    for name, sample, expected in cases:
+    for name, sample, old, user, expected in cases:
         try:
-            decision = admission_decision(policy, sample)
+            decision = admission_decision(policy, sample, old, user)
         except Exception as err:  # noqa: BLE001
             errors.append(f"sample Job ({name}): evaluation failed: {err}")
             continue
         got = "skip" if decision is None else ("allow" if decision[0] else "deny")
         if got != expected:
             errors.append(f"sample Job ({name}): expected {expected}, got {got}")
-        elif got == "deny" and ("suspend" not in decision[1] or "nightly-report" not in decision[1]):
-            errors.append(f"sample Job ({name}): the message does not say to create it suspended: {decision[1]!r}")
+        elif got == "deny" and ("suspend" not in decision[1] or "redlock.io/lock=" not in decision[1]):
+            errors.append(f"sample Job ({name}): the message does not say what to do: {decision[1]!r}")
     return errors
 
 
@@ -604,8 +636,13 @@ def check_quorum_endpoints(spec, objects, secrets):
         if in_cluster and int(s["spec"]["replicas"]) != in_cluster:
             errors.append(f"{in_cluster} in-cluster endpoints for {s['spec']['replicas']} StatefulSet replicas")
     auth = spec.get("auth")
-    if auth and (auth["secretNamespace"], auth["secretName"]) in secrets:
-        data = secrets[(auth["secretNamespace"], auth["secretName"])].get("data") or {}
+    # Quorum Secrets are read from the operator's namespace only (the chart's release namespace by default).
+    operator_namespace = next((o["metadata"].get("namespace") for o in objects if o["kind"] == "Deployment"), None)
+    if auth and auth.get("secretNamespace", operator_namespace) != operator_namespace:
+        errors.append(f"auth.secretNamespace {auth['secretNamespace']!r} is not the operator's namespace")
+    auth_ref = auth and (auth.get("secretNamespace", operator_namespace), auth["secretName"])
+    if auth and auth_ref in secrets:
+        data = secrets[auth_ref].get("data") or {}
         for key in ("passwordKey", "usernameKey"):
             if auth.get(key) and auth[key] not in data:
                 errors.append(f"auth.{key} {auth[key]!r} is not a key of Secret {auth['secretName']}")

@@ -304,7 +304,7 @@ async fn two_clusters_on_one_quorum_have_one_leader_between_them() {
     let mut running = Vec::new();
     for (env, seed) in [(&east, 24u8), (&west, 25u8)] {
         let quorum = env.unique("q");
-        env.create_quorum(&quorum, &masters.urls(), "3s").await;
+        env.create_sharing_quorum(&quorum, &masters.urls(), "3s").await;
         ready_pods(env, &["web-0"]).await;
         web_lock(env, &quorum, "3s", Some(&key)).await;
         running.push((operator(env, &installation_secret(seed), None).await, quorum));

@@ -280,7 +280,8 @@ async fn two_clusters_sharing_a_quorum_and_a_key_have_exactly_one_holder() {
     let mut quorums = Vec::new();
     for (env, seed, identity) in [(&east, 5u8, "east"), (&west, 6u8, "west")] {
         let quorum = env.unique("q");
-        env.create_quorum(&quorum, &masters.urls(), MAX_TTL).await;
+        // The two locks live in namespaces of different names: only shared keys can meet.
+        env.create_sharing_quorum(&quorum, &masters.urls(), MAX_TTL).await;
         env.create_lock_from(serde_json::json!({
             "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
             "metadata": { "name": "singleton" },

@@ -26,6 +26,8 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.resourceKey) == has(oldSelf.resourceKey) && (!has(self.resourceKey) || self.resourceKey == oldSelf.resourceKey)").message("resourceKey is immutable: create a new DistributedLock to lock another key"))]
+#[x_kube(validation = Rule::new("!has(self.holder.leaderElection) || !has(self.holder.leaderElection.fenceMargin) || duration(self.holder.leaderElection.fenceMargin) < duration(self.ttl)").message("holder.leaderElection.fenceMargin must be shorter than ttl"))]
+#[x_kube(validation = Rule::new("!has(self.holder.jobs) || !has(self.holder.jobs.fenceMargin) || duration(self.holder.jobs.fenceMargin) < duration(self.ttl)").message("holder.jobs.fenceMargin must be shorter than ttl"))]
 pub struct DistributedLockSpec {
     /// The `RedisQuorum` holding this lock.
     #[serde(default = "default_quorum")]
@@ -40,7 +42,7 @@ pub struct DistributedLockSpec {
 
     /// Time to live of the lock in Redis; it is extended well before it runs out. At most the quorum's maxTtl.
     #[serde(default = "default_ttl")]
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 64))]
     #[x_kube(validation = Rule::new("duration(self) >= duration('100ms') && duration(self) <= duration('1h')").message("ttl must be between 100ms and 1h"))]
     pub ttl: String,
 
@@ -75,19 +77,61 @@ pub struct HolderPolicy {
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.selector.matchLabels) || !(self.leaderLabel in self.selector.matchLabels)").message("leaderLabel must not be a key of selector.matchLabels: the operator removes it from every candidate but the leader"))]
+#[x_kube(validation = Rule::new("!has(self.selector.matchExpressions) || self.selector.matchExpressions.all(e, e.key != self.leaderLabel)").message("leaderLabel must not be a key of selector.matchExpressions: the operator removes it from every candidate but the leader"))]
 pub struct LeaderElectionPolicy {
     /// Candidate pods, in the lock's namespace.
+    #[schemars(schema_with = "bounded_label_selector")]
     pub selector: LabelSelector,
-    /// The label the leader carries (and no other pod).
+    /// The label the leader carries (and no other pod). A label key, and not a key of the selector: the operator
+    /// removes it from every other candidate.
     #[serde(default = "default_leader_label")]
+    #[schemars(length(min = 1, max = 317))]
+    #[schemars(regex(
+        pattern = r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+    ))]
     pub leader_label: String,
     /// Pod names preferred as leader, most preferred first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 253)))]
     pub preference: Vec<String>,
     /// Remove the leader label this long before the lock's validity ends when it cannot be extended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 64))]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("fenceMargin must be greater than 0"))]
     pub fence_margin: Option<String>,
+}
+
+/// `LabelSelector`'s schema with its lists and map bounded, so that the CEL rules reading them have a bounded
+/// cost and a selector cannot be made arbitrarily large.
+fn bounded_label_selector(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = <LabelSelector as schemars::JsonSchema>::json_schema(generator);
+    if let Some(properties) = schema
+        .get_mut("properties")
+        .and_then(|value| value.as_object_mut())
+    {
+        if let Some(labels) = properties
+            .get_mut("matchLabels")
+            .and_then(|value| value.as_object_mut())
+        {
+            labels.insert("maxProperties".into(), 32.into());
+        }
+        if let Some(expressions) = properties
+            .get_mut("matchExpressions")
+            .and_then(|value| value.as_object_mut())
+        {
+            expressions.insert("maxItems".into(), 32.into());
+            if let Some(values) = expressions
+                .get_mut("items")
+                .and_then(|item| item.get_mut("properties"))
+                .and_then(|item| item.get_mut("values"))
+                .and_then(|value| value.as_object_mut())
+            {
+                values.insert("maxItems".into(), 64.into());
+            }
+        }
+    }
+    schema
 }
 
 fn default_leader_label() -> String {
@@ -99,7 +143,8 @@ fn default_leader_label() -> String {
 pub struct JobsPolicy {
     /// Suspend the running Job this long before the lock's validity ends when it cannot be extended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 64))]
+    #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("fenceMargin must be greater than 0"))]
     pub fence_margin: Option<String>,
 }
 

@@ -1,11 +1,13 @@
 //! The custom resources (group `redlock.io`, version `v1alpha1`) and what they share.
 
 pub mod conditions;
+pub mod label_key;
+pub mod limits;
 pub mod lock;
 pub mod quorum;
 
 pub use lock::{DistributedLock, DistributedLockSpec, DistributedLockStatus, HolderPolicy, LockPhase};
-pub use quorum::{RedisQuorum, RedisQuorumSpec, RedisQuorumStatus};
+pub use quorum::{RedisQuorum, RedisQuorumSpec, RedisQuorumStatus, SharedKeys};
 
 use kube::CustomResourceExt;
 

@@ -28,6 +28,7 @@ pub struct RedisQuorumSpec {
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     #[x_kube(validation = Rule::new("self.all(e, e.startsWith('redis://') || e.startsWith('rediss://'))").message("endpoints must be redis:// or rediss:// URLs"))]
     #[x_kube(validation = Rule::new("self.all(e, !e.contains('@'))").message("put credentials in spec.auth, not in endpoint URLs"))]
+    #[x_kube(validation = Rule::new("self.all(e, !e.contains('#'))").message("endpoint URLs take no #fragment: #insecure (no certificate check) is refused; give the CA in spec.tls.caSecretName"))]
     pub endpoints: Vec<String>,
 
     /// Credentials from a Secret.
@@ -40,7 +41,8 @@ pub struct RedisQuorumSpec {
 
     /// How long one master may take to answer one command.
     #[serde(default = "default_node_timeout")]
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 64))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1ms') && duration(self) <= duration('10s')").message("nodeTimeout must be between 1ms and 10s"))]
     pub node_timeout: String,
 
     /// Clock drift allowance as a fraction of the TTL (plus 2ms).
@@ -51,7 +53,8 @@ pub struct RedisQuorumSpec {
     /// The longest TTL any lock on these masters may use. A master that restarted less than this ago does not
     /// vote, because it may have forgotten live locks.
     #[serde(default = "default_max_ttl")]
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 64))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('100ms') && duration(self) <= duration('24h')").message("maxTtl must be between 100ms and 24h"))]
     pub max_ttl: String,
 
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -60,6 +63,55 @@ pub struct RedisQuorumSpec {
     /// Skip the restart quarantine. Only for masters that fsync every write (`appendfsync always`).
     #[serde(default)]
     pub assume_durable: bool,
+
+    /// Namespaces whose locks may share keys. Without it, a lock's key is scoped by its namespace:
+    /// `<namespace>/<resourceKey or name>`, so no namespace can take another's key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_keys: Option<SharedKeys>,
+}
+
+/// Which namespaces use shared keys, and the prefix that keeps shared keys apart from namespaced ones.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SharedKeys {
+    /// Namespaces (or `*` for every namespace) whose locks with a `resourceKey` use the key
+    /// `<prefix><resourceKey>`, shared with every other such lock on these masters, in any cluster, and with
+    /// `redlock-operator lock --key <prefix><resourceKey>`. Their holder names are visible to each other.
+    #[schemars(length(max = 256), inner(length(min = 1, max = 63)))]
+    #[x_kube(validation = Rule::new("self.all(n, n == '*' || n.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'))").message("sharedKeys.namespaces must be namespace names or *"))]
+    pub namespaces: Vec<String>,
+    /// Put in front of every shared key. It must have a character that namespace names cannot have (not
+    /// `a-z`, `0-9`, `-`) before any `/`, so that no shared key can equal a namespace's own `<namespace>/...` key.
+    #[serde(default = "default_shared_prefix")]
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[a-z0-9-]*[^a-z0-9/-]"))]
+    pub prefix: String,
+}
+
+fn default_shared_prefix() -> String {
+    "shared:".into()
+}
+
+impl SharedKeys {
+    pub fn allows(&self, namespace: &str) -> bool {
+        self.namespaces
+            .iter()
+            .any(|allowed| allowed == "*" || allowed == namespace)
+    }
+
+    /// Why the prefix could make a shared key equal a namespaced key, if it could.
+    pub fn check_prefix(&self) -> Result<(), String> {
+        let first_other = self
+            .prefix
+            .chars()
+            .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'));
+        match first_other {
+            Some(c) if c != '/' => Ok(()),
+            _ => Err(format!(
+                "spec.sharedKeys.prefix `{}` needs a character other than a-z, 0-9 and - before any /, such as `shared:`; otherwise a shared key could equal a namespace's own key",
+                self.prefix
+            )),
+        }
+    }
 }
 
 fn default_node_timeout() -> String {
@@ -78,16 +130,21 @@ fn default_max_ttl() -> String {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct QuorumAuth {
-    /// Namespace of the Secret (RedisQuorum is cluster-scoped).
+    /// Deprecated and optional: the Secret is always read from the operator's Secrets namespace (its own, or
+    /// `--secrets-namespace`). When set, it must name that namespace, or the quorum is not used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63))]
-    pub secret_namespace: String,
+    pub secret_namespace: Option<String>,
+    /// The Secret, in the operator's Secrets namespace.
     #[schemars(length(min = 1, max = 253))]
     pub secret_name: String,
     /// Key holding the password.
     #[serde(default = "default_password_key")]
+    #[schemars(length(min = 1, max = 253))]
     pub password_key: String,
     /// Key holding the user name (Redis ACL); absent means the default user.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
     pub username_key: Option<String>,
 }
 
@@ -98,12 +155,18 @@ fn default_password_key() -> String {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct QuorumTls {
-    /// Secret (namespace/name) whose key `caKey` holds the PEM CA bundle; absent means the system roots.
+    /// Deprecated and optional, like `auth.secretNamespace`: when set, it must name the operator's Secrets
+    /// namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
     pub ca_secret_namespace: Option<String>,
+    /// Secret, in the operator's Secrets namespace, whose key `caKey` holds the PEM CA bundle; absent means the
+    /// system roots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
     pub ca_secret_name: Option<String>,
     #[serde(default = "default_ca_key")]
+    #[schemars(length(min = 1, max = 253))]
     pub ca_key: String,
 }
 
@@ -117,9 +180,11 @@ pub struct QuorumRetry {
     /// Attempts per acquisition, the first included.
     #[schemars(range(min = 1, max = 100))]
     pub attempts: Option<u32>,
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 64))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('0ms') && duration(self) <= duration('1m')").message("delayMin must be between 0ms and 1m"))]
     pub delay_min: Option<String>,
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 64))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('0ms') && duration(self) <= duration('1m')").message("delayMax must be between 0ms and 1m"))]
     pub delay_max: Option<String>,
 }
 

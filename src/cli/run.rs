@@ -38,6 +38,10 @@ pub struct RunArgs {
     /// from it so that a restarted or standby replica can resume held locks.
     #[arg(long, env = "REDLOCK_INSTALLATION_SECRET_FILE", value_name = "PATH")]
     pub installation_secret_file: Option<PathBuf>,
+    /// The one namespace RedisQuorum Secrets (auth, CA) are read from (default: the operator's own namespace,
+    /// like --namespace). The operator needs `get` on Secrets there, and nowhere else.
+    #[arg(long, env = "REDLOCK_SECRETS_NAMESPACE")]
+    pub secrets_namespace: Option<String>,
     /// How often each RedisQuorum's masters are checked and its status written.
     #[arg(long, default_value = "5s", value_parser = crate::duration::parse)]
     pub health_interval: Duration,
@@ -76,11 +80,17 @@ pub async fn run(args: RunArgs) -> i32 {
             .and_then(|name| name.into_string().ok())
             .unwrap_or_else(|| format!("redlock-operator-{}", std::process::id()))
     });
+    let own_namespace = args
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let secrets_namespace = args
+        .secrets_namespace
+        .clone()
+        .unwrap_or_else(|| own_namespace.clone());
+    tracing::info!(%secrets_namespace, "RedisQuorum Secrets are read from this namespace only");
     let election = (!args.no_leader_election).then(|| ElectionOptions {
-        namespace: args
-            .namespace
-            .clone()
-            .unwrap_or_else(|| client.default_namespace().to_owned()),
+        namespace: own_namespace,
         lease_name: args.lease_name.clone(),
         identity: identity.clone(),
         timing: LeaseTiming::for_lease_duration(args.lease_duration),
@@ -91,6 +101,7 @@ pub async fn run(args: RunArgs) -> i32 {
         election,
         secret,
         health_interval: args.health_interval,
+        secrets_namespace,
         instance: identity,
     };
     let running = match start(client, options, shutdown.clone()).await {

@@ -28,6 +28,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub recorder: Recorder,
     pub secret: InstallationSecret,
+    /// The one namespace quorum Secrets are read from.
+    pub secrets_namespace: String,
     /// How often quorum health is checked and written.
     pub health_interval: Duration,
     pub locks: Store<DistributedLock>,

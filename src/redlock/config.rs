@@ -71,7 +71,8 @@ impl fmt::Display for Endpoint {
     }
 }
 
-/// Replaces the password of a URL's userinfo (`user:password@` or `:password@`) with `***`.
+/// Replaces a URL's userinfo (`user:password@` or `:password@`) with `***`: the password, and the user name
+/// too, which names an ACL user of the masters and is as private as the Secret it came from.
 fn redact(raw: &str) -> String {
     let Some(scheme_end) = raw.find("://") else {
         return raw.to_owned();
@@ -85,12 +86,11 @@ fn redact(raw: &str) -> String {
         return raw.to_owned();
     };
     let userinfo = &authority[..at];
-    let user = userinfo.split(':').next().unwrap_or_default();
-    let masked = if userinfo.contains(':') {
-        format!("{user}:***")
+    let masked = if userinfo.contains(':') && !userinfo.starts_with(':') {
+        "***:***"
     } else {
-        // A lone userinfo component is treated as a password by redis URLs.
-        "***".to_owned()
+        // `:password`, or a lone userinfo component, which redis URLs treat as a password.
+        "***"
     };
     format!(
         "{}{}{}",
@@ -140,6 +140,14 @@ impl Default for RetryPolicy {
     }
 }
 
+/// Upper bounds of the settings, far above any sensible value: they keep every instant and timestamp computed
+/// from a setting (quarantine ends, deadlines, status times) inside the clocks' range, so that no configuration
+/// can make the arithmetic on them overflow.
+pub const LIMIT_NODE_TIMEOUT: Duration = Duration::from_secs(60);
+pub const LIMIT_MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+pub const LIMIT_RETRY_DELAY: Duration = Duration::from_secs(60);
+pub const LIMIT_RETRY_ATTEMPTS: u32 = 100;
+
 #[derive(Clone, Debug)]
 pub struct RedlockConfig {
     pub endpoints: Vec<Endpoint>,
@@ -188,25 +196,35 @@ impl RedlockConfig {
         if self.endpoints.is_empty() {
             return Err(ConfigError::NoEndpoints);
         }
-        if self.node_timeout.is_zero() {
-            return Err(ConfigError::Invalid("node timeout must be greater than 0".into()));
-        }
-        if self.connect_timeout.is_zero() {
-            return Err(ConfigError::Invalid(
-                "connect timeout must be greater than 0".into(),
-            ));
-        }
+        let within = |what: &str, value: Duration, limit: Duration| {
+            if value.is_zero() || value > limit {
+                Err(ConfigError::Invalid(format!(
+                    "{what} must be greater than 0 and at most {}",
+                    humantime::format_duration(limit)
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        within("node timeout", self.node_timeout, LIMIT_NODE_TIMEOUT)?;
+        within("connect timeout", self.connect_timeout, LIMIT_NODE_TIMEOUT)?;
         if !(0.0..0.5).contains(&self.drift_factor) {
             return Err(ConfigError::Invalid(format!(
                 "drift factor {} is outside [0, 0.5)",
                 self.drift_factor
             )));
         }
-        if self.max_ttl.is_zero() {
-            return Err(ConfigError::Invalid("max TTL must be greater than 0".into()));
+        within("max TTL", self.max_ttl, LIMIT_MAX_TTL)?;
+        if !(1..=LIMIT_RETRY_ATTEMPTS).contains(&self.retry.attempts) {
+            return Err(ConfigError::Invalid(format!(
+                "retry attempts must be between 1 and {LIMIT_RETRY_ATTEMPTS}"
+            )));
         }
-        if self.retry.attempts == 0 {
-            return Err(ConfigError::Invalid("retry attempts must be at least 1".into()));
+        if self.retry.delay_max > LIMIT_RETRY_DELAY {
+            return Err(ConfigError::Invalid(format!(
+                "retry delay must be at most {}",
+                humantime::format_duration(LIMIT_RETRY_DELAY)
+            )));
         }
         if self.retry.delay_min > self.retry.delay_max {
             return Err(ConfigError::Invalid(format!(
@@ -280,9 +298,10 @@ mod tests {
     #[test]
     fn passwords_never_reach_the_display_form() {
         let endpoint = Endpoint::parse("redis://alice:s3cret@127.0.0.1:6379/0").unwrap();
-        assert_eq!(endpoint.display(), "redis://alice:***@127.0.0.1:6379/0");
+        assert_eq!(endpoint.display(), "redis://***:***@127.0.0.1:6379/0");
+        assert!(!format!("{endpoint:?}{endpoint}").contains("alice"));
         let endpoint = Endpoint::parse("rediss://:s3cret@127.0.0.1:6380").unwrap();
-        assert_eq!(endpoint.display(), "rediss://:***@127.0.0.1:6380");
+        assert_eq!(endpoint.display(), "rediss://***@127.0.0.1:6380");
         assert!(endpoint.is_tls());
         assert!(!format!("{endpoint:?}").contains("s3cret"));
     }
@@ -314,6 +333,25 @@ mod tests {
         assert!(config.check_ttl(Duration::from_secs(61)).is_err());
         assert!(config.check_ttl(Duration::from_millis(2)).is_err());
         assert!(config.check_ttl(Duration::from_secs(10)).is_ok());
+    }
+
+    #[test]
+    fn settings_beyond_their_limits_are_rejected() {
+        let valid = RedlockConfig::from_urls(&["redis://127.0.0.1:1"]).unwrap();
+        let huge = Duration::from_secs(100_000_000 * 3600);
+        let mut config = valid.clone();
+        config.max_ttl = huge;
+        assert!(config.validate().unwrap_err().to_string().contains("max TTL"));
+        let mut config = valid.clone();
+        config.node_timeout = huge;
+        assert!(config.validate().is_err());
+        let mut config = valid.clone();
+        config.retry.delay_min = huge;
+        config.retry.delay_max = huge;
+        assert!(config.validate().is_err());
+        let mut config = valid;
+        config.retry.attempts = u32::MAX;
+        assert!(config.validate().is_err());
     }
 
     #[test]

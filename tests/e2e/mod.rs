@@ -204,6 +204,19 @@ impl Env {
         .await
     }
 
+    /// A quorum whose locks in every namespace share keys (`sharedKeys`): what locks sharing a key across
+    /// namespaces or clusters need.
+    pub async fn create_sharing_quorum(&self, name: &str, urls: &[String], max_ttl: &str) -> RedisQuorum {
+        self.create_quorum_from(serde_json::json!({
+            "apiVersion": "redlock.io/v1alpha1",
+            "kind": "RedisQuorum",
+            "metadata": { "name": name },
+            "spec": { "endpoints": urls, "maxTtl": max_ttl, "nodeTimeout": "100ms",
+                      "sharedKeys": { "namespaces": ["*"] } }
+        }))
+        .await
+    }
+
     pub async fn create_quorum_from(&self, object: serde_json::Value) -> RedisQuorum {
         let quorum: RedisQuorum = serde_json::from_value(object).expect("quorum object");
         self.quorums()
@@ -309,6 +322,7 @@ pub async fn operator_with_client(
         }),
         secret: InstallationSecret::from_bytes(secret).expect("secret"),
         health_interval: Duration::from_millis(500),
+        secrets_namespace: env.namespace.clone(),
         instance: identity.unwrap_or("single").to_owned(),
     };
     let running = start(client, options, shutdown.clone())

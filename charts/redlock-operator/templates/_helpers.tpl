@@ -48,6 +48,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: redis
 {{- end }}
 
+{{/* The one namespace quorum Secrets are read from (and the only one the operator may read Secrets in). */}}
+{{- define "redlock-operator.secretsNamespace" -}}
+{{- default .Release.Namespace .Values.operator.secretsNamespace }}
+{{- end }}
+
 {{- define "redlock-operator.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "redlock-operator.fullname" .) .Values.serviceAccount.name }}

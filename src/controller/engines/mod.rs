@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use self::problem::QuorumProblem;
+use crate::api::SharedKeys;
 use crate::redlock::Redlock;
 
 /// A connected engine and what it was built from.
@@ -14,6 +15,8 @@ pub struct QuorumEngine {
     pub engine: Redlock,
     /// Hash of the spec and Secret contents it was built from: a change means a rebuild.
     pub fingerprint: u64,
+    /// The quorum's `sharedKeys`: which namespaces' locks share keys (part of the fingerprint).
+    pub shared_keys: Option<SharedKeys>,
 }
 
 /// What a lock finds when it looks up its quorum.

@@ -3,6 +3,14 @@
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum QuorumProblem {
+    #[error(
+        "{field} names namespace `{requested}`, but the operator reads Secrets only from `{allowed}` (its Secrets namespace): move the Secret there and set {field} to `{allowed}` or remove it"
+    )]
+    SecretNamespaceNotAllowed {
+        field: &'static str,
+        requested: String,
+        allowed: String,
+    },
     #[error("Secret {namespace}/{name} does not exist")]
     SecretNotFound { namespace: String, name: String },
     #[error("the operator may not read Secret {namespace}/{name}: {message}")]
@@ -39,6 +47,7 @@ impl QuorumProblem {
     /// The condition reason (CamelCase).
     pub fn reason(&self) -> &'static str {
         match self {
+            Self::SecretNamespaceNotAllowed { .. } => "SecretNamespaceNotAllowed",
             Self::SecretNotFound { .. } => "SecretNotFound",
             Self::SecretForbidden { .. } => "SecretForbidden",
             Self::SecretUnreadable { .. } => "SecretUnreadable",

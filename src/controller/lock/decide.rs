@@ -94,7 +94,12 @@ pub fn resume_still_possible(status: &DistributedLockStatus, fence_margin: Durat
         return false;
     };
     let margin = SignedDuration::from_millis(i64::try_from(fence_margin.as_millis()).unwrap_or(i64::MAX));
-    now < valid_until.0 - margin
+    // `validUntil` is whatever status says, written by anyone allowed to: an out-of-range subtraction means
+    // the margin reaches before any time a timestamp can show, so no room is left.
+    valid_until
+        .0
+        .checked_sub(margin)
+        .is_ok_and(|fence_at| now < fence_at)
 }
 
 /// Pause before the next attempt on a contended lock: a fraction of the TTL, so a freed lock is taken soon

@@ -13,7 +13,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::actions::{self, Target};
 use super::decide::{LockAction, Wanted, current_holder, decide};
 use super::policy::{Policy, Turn};
-use super::settings::lock_settings;
+use super::settings::{QuorumRules, lock_settings};
 use super::{FINALIZER, RESYNC};
 use crate::api::{DistributedLock, LockPhase};
 use crate::controller::context::Context;
@@ -87,7 +87,11 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     };
     let namespace = lock.namespace().unwrap_or_default();
     let config = engine.engine.config();
-    let settings = match lock_settings(&lock.spec, &namespace, &lock.name_any(), config.max_ttl) {
+    let rules = QuorumRules {
+        max_ttl: config.max_ttl,
+        shared_keys: engine.shared_keys.as_ref(),
+    };
+    let settings = match lock_settings(&lock.spec, &namespace, &lock.name_any(), &rules) {
         Ok(settings) => settings,
         Err(invalid) => {
             return actions::wait::not_ready(

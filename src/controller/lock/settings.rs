@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use crate::api::lock::LeaderElectionPolicy;
-use crate::api::{DistributedLockSpec, HolderPolicy};
+use crate::api::{DistributedLockSpec, HolderPolicy, SharedKeys};
+use crate::api::{label_key, limits};
 use crate::duration;
 
 /// Who the lock is for, once validated.
@@ -34,17 +35,34 @@ pub struct Invalid {
     pub message: String,
 }
 
+/// What the lock's `RedisQuorum` decides for every lock on it.
+#[derive(Clone, Copy, Debug)]
+pub struct QuorumRules<'a> {
+    pub max_ttl: Duration,
+    pub shared_keys: Option<&'a SharedKeys>,
+}
+
+impl QuorumRules<'static> {
+    /// A quorum that shares no keys.
+    pub fn unshared(max_ttl: Duration) -> Self {
+        Self {
+            max_ttl,
+            shared_keys: None,
+        }
+    }
+}
+
 pub fn lock_settings(
     spec: &DistributedLockSpec,
     namespace: &str,
     name: &str,
-    quorum_max_ttl: Duration,
+    quorum: &QuorumRules<'_>,
 ) -> Result<LockSettings, Invalid> {
+    let quorum_max_ttl = quorum.max_ttl;
     let invalid = |reason, message: String| Invalid { reason, message };
-    let ttl = duration::parse(&spec.ttl).map_err(|err| invalid("InvalidTtl", format!("spec.ttl: {err}")))?;
-    if ttl.is_zero() {
-        return Err(invalid("InvalidTtl", "spec.ttl must be greater than 0".into()));
-    }
+    let ttl = limits::LOCK_TTL
+        .parse(&spec.ttl)
+        .map_err(|message| invalid("InvalidTtl", message))?;
     if ttl > quorum_max_ttl {
         return Err(invalid(
             "TtlAboveMaxTtl",
@@ -59,7 +77,10 @@ pub fn lock_settings(
     let policies = &spec.holder;
     let holder = match (&policies.identity, &policies.leader_election, &policies.jobs) {
         (Some(identity), None, None) if !identity.is_empty() => HolderKind::Identity(identity.clone()),
-        (None, Some(election), None) => HolderKind::LeaderElection(election.clone()),
+        (None, Some(election), None) => {
+            check_leader_label(election).map_err(|message| invalid("InvalidLeaderLabel", message))?;
+            HolderKind::LeaderElection(election.clone())
+        }
         (None, None, Some(_)) => HolderKind::Jobs,
         _ => {
             return Err(invalid(
@@ -100,10 +121,7 @@ pub fn lock_settings(
             Some(margin)
         }
     };
-    let key = spec
-        .resource_key
-        .clone()
-        .unwrap_or_else(|| format!("{namespace}/{name}"));
+    let key = redis_key(spec, namespace, name, quorum.shared_keys)?;
     Ok(LockSettings {
         key,
         ttl,
@@ -111,6 +129,60 @@ pub fn lock_settings(
         holder,
         fence_margin,
     })
+}
+
+/// The one place a lock's Redis key is made. Scoped by the namespace (`<namespace>/<resourceKey or name>`),
+/// so that a lock cannot take, or learn the holders of, another namespace's key; shared (`<prefix><resourceKey>`)
+/// only where the quorum lets the namespace share, and then in a key space scoped keys cannot reach (see
+/// `SharedKeys::check_prefix`).
+fn redis_key(
+    spec: &DistributedLockSpec,
+    namespace: &str,
+    name: &str,
+    shared_keys: Option<&SharedKeys>,
+) -> Result<String, Invalid> {
+    let shared = shared_keys.filter(|shared| shared.allows(namespace));
+    match (&spec.resource_key, shared) {
+        (Some(key), Some(shared)) => {
+            shared.check_prefix().map_err(|message| Invalid {
+                reason: "InvalidSharedKeys",
+                message,
+            })?;
+            Ok(format!("{}{key}", shared.prefix))
+        }
+        (Some(key), None) => Ok(format!("{namespace}/{key}")),
+        (None, _) => Ok(format!("{namespace}/{name}")),
+    }
+}
+
+/// The leader label is written to and removed from every candidate: it must be a valid key, and no key the
+/// candidates are selected by or Kubernetes manages, or removing it would take pods out of the selection (and
+/// out of their ReplicaSet).
+fn check_leader_label(election: &LeaderElectionPolicy) -> Result<(), String> {
+    let key = election.leader_label.as_str();
+    let field = "spec.holder.leaderElection.leaderLabel";
+    label_key::check(key).map_err(|err| format!("{field}: {err}"))?;
+    let selector = &election.selector;
+    let in_labels = selector
+        .match_labels
+        .as_ref()
+        .is_some_and(|labels| labels.contains_key(key));
+    let in_expressions = selector
+        .match_expressions
+        .iter()
+        .flatten()
+        .any(|expression| expression.key == key);
+    if in_labels || in_expressions {
+        return Err(format!(
+            "{field} `{key}` is a key of the selector: the operator removes it from every candidate but the leader, which would take them out of the selection; use another key, such as redlock.io/leader"
+        ));
+    }
+    if label_key::is_reserved(key) {
+        return Err(format!(
+            "{field} `{key}` is a key Kubernetes sets or reserves; use another key, such as redlock.io/leader"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -127,7 +199,7 @@ mod tests {
             &spec(serde_json::json!({"holder": {"identity": "batch"}})),
             "payments",
             "nightly",
-            Duration::from_secs(60),
+            &QuorumRules::unshared(Duration::from_secs(60)),
         )
         .unwrap();
         assert_eq!(settings.key, "payments/nightly");
@@ -137,12 +209,47 @@ mod tests {
     }
 
     #[test]
+    fn keys_are_scoped_by_namespace_unless_the_quorum_shares_them() {
+        let lock = spec(serde_json::json!({"resourceKey": "payments/db", "holder": {"identity": "x"}}));
+        let key = |rules: &QuorumRules<'_>| lock_settings(&lock, "team-a", "n", rules).map(|s| s.key);
+        let max_ttl = Duration::from_secs(60);
+        assert_eq!(
+            key(&QuorumRules::unshared(max_ttl)).unwrap(),
+            "team-a/payments/db"
+        );
+        let shared: SharedKeys =
+            serde_json::from_value(serde_json::json!({"namespaces": ["team-a"]})).unwrap();
+        let rules = QuorumRules {
+            max_ttl,
+            shared_keys: Some(&shared),
+        };
+        assert_eq!(key(&rules).unwrap(), "shared:payments/db");
+        assert_eq!(
+            lock_settings(&lock, "team-b", "n", &rules).unwrap().key,
+            "team-b/payments/db",
+            "a namespace not listed stays scoped"
+        );
+        let named = spec(serde_json::json!({"holder": {"identity": "x"}}));
+        assert_eq!(
+            lock_settings(&named, "team-a", "n", &rules).unwrap().key,
+            "team-a/n"
+        );
+        let everyone: SharedKeys =
+            serde_json::from_value(serde_json::json!({"namespaces": ["*"], "prefix": "global/"})).unwrap();
+        let rules = QuorumRules {
+            max_ttl,
+            shared_keys: Some(&everyone),
+        };
+        assert_eq!(key(&rules).unwrap_err().reason, "InvalidSharedKeys");
+    }
+
+    #[test]
     fn ttl_above_the_quorum_max_is_explained() {
         let err = lock_settings(
             &spec(serde_json::json!({"ttl": "2m", "holder": {"identity": "x"}})),
             "ns",
             "n",
-            Duration::from_secs(60),
+            &QuorumRules::unshared(Duration::from_secs(60)),
         )
         .unwrap_err();
         assert_eq!(err.reason, "TtlAboveMaxTtl");
@@ -155,7 +262,7 @@ mod tests {
             &spec(serde_json::json!({"holder": {"identity": "x", "jobs": {}}})),
             "ns",
             "n",
-            Duration::from_secs(60),
+            &QuorumRules::unshared(Duration::from_secs(60)),
         )
         .unwrap_err();
         assert_eq!(err.reason, "InvalidHolder");
@@ -163,9 +270,44 @@ mod tests {
             &spec(serde_json::json!({"holder": {"jobs": {}}})),
             "ns",
             "n",
-            Duration::from_secs(60),
+            &QuorumRules::unshared(Duration::from_secs(60)),
         );
         assert_eq!(jobs.unwrap().holder, HolderKind::Jobs);
+    }
+
+    #[test]
+    fn a_leader_label_must_be_a_free_valid_key() {
+        let with = |label: &str, selector: serde_json::Value| {
+            lock_settings(
+                &spec(serde_json::json!({"holder": {"leaderElection": {
+                    "selector": selector, "leaderLabel": label}}})),
+                "ns",
+                "n",
+                &QuorumRules::unshared(Duration::from_secs(60)),
+            )
+        };
+        let web = serde_json::json!({"matchLabels": {"app": "web"}});
+        assert!(with("redlock.io/leader", web.clone()).is_ok());
+        let err = with("app", web.clone()).unwrap_err();
+        assert_eq!(err.reason, "InvalidLeaderLabel");
+        assert!(
+            err.message.contains("is a key of the selector"),
+            "{}",
+            err.message
+        );
+        let expressions = serde_json::json!({"matchExpressions": [
+            {"key": "tier", "operator": "In", "values": ["a"]}]});
+        assert_eq!(
+            with("tier", expressions).unwrap_err().reason,
+            "InvalidLeaderLabel"
+        );
+        for bad in ["pod-template-hash", "not a label", "", "x/y/z"] {
+            assert_eq!(
+                with(bad, web.clone()).unwrap_err().reason,
+                "InvalidLeaderLabel",
+                "{bad}"
+            );
+        }
     }
 
     #[test]
@@ -176,7 +318,7 @@ mod tests {
                     "selector": {"matchLabels": {"app": "web"}}, "fenceMargin": margin}}})),
                 "ns",
                 "n",
-                Duration::from_secs(60),
+                &QuorumRules::unshared(Duration::from_secs(60)),
             )
         };
         assert_eq!(

@@ -2,7 +2,7 @@
 //! `Available` condition saying what to fix.
 
 use crate::api::RedisQuorumSpec;
-use crate::duration;
+use crate::api::limits;
 use crate::redlock::{Endpoint, RedlockConfig};
 
 /// What the quorum's Secrets hold, already read.
@@ -16,7 +16,7 @@ pub struct QuorumSecrets {
 impl std::fmt::Debug for QuorumSecrets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QuorumSecrets")
-            .field("username", &self.username)
+            .field("username", &self.username.as_ref().map(|_| "<redacted>"))
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("ca", &self.ca_pem.is_some())
             .finish()
@@ -24,31 +24,59 @@ impl std::fmt::Debug for QuorumSecrets {
 }
 
 pub fn engine_config(spec: &RedisQuorumSpec, secrets: &QuorumSecrets) -> Result<RedlockConfig, String> {
-    let field = |name: &str, text: &str| duration::parse(text).map_err(|err| format!("spec.{name}: {err}"));
     let mut endpoints = Vec::with_capacity(spec.endpoints.len());
     for raw in &spec.endpoints {
+        refuse_insecure(raw)?;
         let with_credentials = add_credentials(raw, secrets)?;
         endpoints.push(Endpoint::parse(&with_credentials).map_err(|err| err.to_string())?);
     }
     let mut config = RedlockConfig::new(endpoints);
-    config.node_timeout = field("nodeTimeout", &spec.node_timeout)?;
-    config.max_ttl = field("maxTtl", &spec.max_ttl)?;
+    config.node_timeout = limits::NODE_TIMEOUT.parse(&spec.node_timeout)?;
+    config.max_ttl = limits::MAX_TTL.parse(&spec.max_ttl)?;
+    // The schema's range; `contains` is also false for NaN.
+    if !(0.0..=0.2).contains(&spec.drift_factor) {
+        return Err(format!(
+            "spec.driftFactor must be between 0 and 0.2, got {}",
+            spec.drift_factor
+        ));
+    }
     config.drift_factor = spec.drift_factor;
     config.assume_durable = spec.assume_durable;
     if let Some(retry) = &spec.retry {
         if let Some(attempts) = retry.attempts {
+            if !(1..=100).contains(&attempts) {
+                return Err(format!(
+                    "spec.retry.attempts must be between 1 and 100, got {attempts}"
+                ));
+            }
             config.retry.attempts = attempts;
         }
         if let Some(min) = &retry.delay_min {
-            config.retry.delay_min = field("retry.delayMin", min)?;
+            config.retry.delay_min = limits::RETRY_DELAY_MIN.parse(min)?;
         }
         if let Some(max) = &retry.delay_max {
-            config.retry.delay_max = field("retry.delayMax", max)?;
+            config.retry.delay_max = limits::RETRY_DELAY_MAX.parse(max)?;
         }
+    }
+    if let Some(shared) = &spec.shared_keys {
+        shared.check_prefix()?;
     }
     config.tls.ca_pem = secrets.ca_pem.clone();
     config.validate().map_err(|err| err.to_string())?;
     Ok(config)
+}
+
+/// `rediss://host#insecure` makes the Redis client skip the certificate check: anyone on the path could then
+/// pose as a master, collect the AUTH password and vote. Refused rather than offered as an option, because a
+/// private CA (spec.tls.caSecretName) covers self-signed masters safely.
+fn refuse_insecure(raw: &str) -> Result<(), String> {
+    match raw.split_once('#') {
+        Some((url, "insecure")) => Err(format!(
+            "endpoint {url}: #insecure would turn off the certificate check of the masters; it is refused: put the CA that signed them in the Secret named by spec.tls.caSecretName"
+        )),
+        Some((url, _)) => Err(format!("endpoint {url}: URLs take no #fragment")),
+        None => Ok(()),
+    }
 }
 
 /// Puts the Secret's credentials into an endpoint URL, percent-encoded, so that passwords with `@`, `:` or `/`
@@ -100,9 +128,20 @@ mod tests {
         };
         let config = engine_config(&spec(&["rediss://a:6380"]), &secrets).unwrap();
         let endpoint = &config.endpoints[0];
-        assert_eq!(endpoint.display(), "rediss://locker:***@a:6380");
+        assert_eq!(endpoint.display(), "rediss://***:***@a:6380");
         assert!(endpoint.is_tls());
-        assert!(!format!("{secrets:?}{config:?}").contains("p@ss"));
+        let shown = format!("{secrets:?}{config:?}");
+        assert!(!shown.contains("p@ss") && !shown.contains("locker"), "{shown}");
+    }
+
+    #[test]
+    fn certificate_checks_cannot_be_turned_off() {
+        let err = engine_config(&spec(&["rediss://a:6380#insecure"]), &QuorumSecrets::default()).unwrap_err();
+        assert!(
+            err.contains("#insecure would turn off the certificate check"),
+            "{err}"
+        );
+        assert!(engine_config(&spec(&["redis://a:1#x"]), &QuorumSecrets::default()).is_err());
     }
 
     #[test]

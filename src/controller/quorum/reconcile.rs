@@ -133,7 +133,11 @@ async fn build(quorum: &RedisQuorum, ctx: &Context) -> Result<Arc<QuorumEngine>,
         .await
         .map_err(|err| QuorumProblem::InvalidSpec(err.to_string()))?;
     tracing::info!(quorum = %name, masters = quorum.spec.endpoints.len(), "connected to the quorum's masters");
-    let engine = Arc::new(QuorumEngine { engine, fingerprint });
+    let engine = Arc::new(QuorumEngine {
+        engine,
+        fingerprint,
+        shared_keys: quorum.spec.shared_keys.clone(),
+    });
     ctx.engines.set(&name, QuorumLookup::Ready(engine.clone()));
     ctx.wake_locks_on(&name);
     Ok(engine)

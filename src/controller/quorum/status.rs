@@ -2,7 +2,9 @@
 //! clock.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::SignedDuration;
+use std::time::Duration;
+
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use tokio::time::Instant;
 
 use crate::api::conditions::{self, Stamp, Update};
@@ -40,13 +42,9 @@ pub fn healthy_status(
                 .iter()
                 .find(|master| master.endpoint == node.endpoint)
                 .map(|master| master.state.as_str());
-            let quarantined_until = node.quarantined_until.map(|until| {
-                let left = until.saturating_duration_since(now);
-                Time(
-                    wall_now
-                        + SignedDuration::from_millis(i64::try_from(left.as_millis()).unwrap_or(i64::MAX)),
-                )
-            });
+            let quarantined_until = node
+                .quarantined_until
+                .map(|until| Time(wall_after(wall_now, until.saturating_duration_since(now))));
             if before != Some(state) {
                 match node.health {
                     NodeHealth::Quarantined => events.push(QuorumEvent::Quarantined {
@@ -133,6 +131,15 @@ pub fn unusable_status(
     status
 }
 
+/// `wall_now` plus `left`, clamped to the latest time a timestamp can show: a quarantine is bounded by the
+/// quorum's maxTtl, but status must not be where an unbounded one (a quorum admitted before the bound) panics.
+fn wall_after(wall_now: Timestamp, left: Duration) -> Timestamp {
+    SignedDuration::try_from(left)
+        .ok()
+        .and_then(|left| wall_now.checked_add(left).ok())
+        .unwrap_or(Timestamp::MAX)
+}
+
 /// `Available=True`: enough masters can vote.
 fn available(message: String) -> Update {
     Update::new("Available", true, "QuorumReachable", message)
@@ -175,10 +182,6 @@ fn describe_not_voting(nodes: &[NodeStatus]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
-    use k8s_openapi::jiff::Timestamp;
-
     use super::*;
 
     fn node(endpoint: &str, health: NodeHealth) -> NodeStatus {
@@ -251,6 +254,20 @@ mod tests {
                 .iter()
                 .all(|event| matches!(event, QuorumEvent::Recovered { .. }))
         );
+    }
+
+    #[test]
+    fn a_quarantine_beyond_the_calendar_is_shown_as_the_latest_time() {
+        let now = Instant::now();
+        let mut quarantined = node("redis://a", NodeHealth::Quarantined);
+        quarantined.quarantined_until = Some(now + Duration::from_secs(100_000_000 * 3600));
+        let stamp = Stamp {
+            generation: Some(1),
+            now: Timestamp::from_second(1_000).unwrap(),
+        };
+        let (status, _) = healthy_status(&RedisQuorumStatus::default(), &[quarantined], 1, now, stamp);
+        assert_eq!(status.masters[0].quarantined_until, Some(Time(Timestamp::MAX)));
+        assert_eq!(wall_after(Timestamp::MAX, Duration::MAX), Timestamp::MAX);
     }
 
     #[test]

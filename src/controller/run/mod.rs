@@ -51,6 +51,8 @@ pub struct RunOptions {
     pub election: Option<ElectionOptions>,
     pub secret: InstallationSecret,
     pub health_interval: Duration,
+    /// The one namespace quorum Secrets are read from.
+    pub secrets_namespace: String,
     /// Name shown as the reporting instance of Events.
     pub instance: String,
 }
@@ -137,6 +139,7 @@ pub async fn start(
         recorder,
         secret: options.secret,
         health_interval: options.health_interval,
+        secrets_namespace: options.secrets_namespace,
         locks: lock_store.clone(),
         quorums: quorum_store.clone(),
         pods: pod_store.clone(),

@@ -1,0 +1,399 @@
+//! End-to-end: what one tenant's resource can do to the operator and to other tenants — an out-of-range quorum,
+//! a leader label naming a selector key, a Secret in another namespace, a lock squatting another namespace's
+//! key — against the in-process test API server, or a real cluster when `REDLOCK_E2E_KUBECONFIG` is set.
+
+mod e2e;
+mod support;
+
+use e2e::*;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use redlock_operator::api::{DistributedLock, LockPhase};
+use support::redis_server::RedisCluster;
+
+const TTL: &str = "2s";
+const MAX_TTL: &str = "2s";
+
+fn available_condition(quorum: &redlock_operator::api::RedisQuorum) -> Option<(String, String, String)> {
+    let status = quorum.status.as_ref()?;
+    let available = condition(&status.conditions, "Available")?;
+    Some((
+        available.status.clone(),
+        available.reason.clone(),
+        available.message.clone(),
+    ))
+}
+
+/// A quorum admitted before the bounds existed (the test server does not run CEL, which is how such an
+/// object reaches the operator): it becomes `Available=False`, and the operator keeps other quorums' locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_out_of_range_quorum_is_unavailable_and_the_operator_keeps_the_others() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let good = env.unique("good");
+    let huge = env.unique("huge");
+    env.create_quorum(&good, &masters.urls(), MAX_TTL).await;
+    let huge_quorum = serde_json::json!({
+        "apiVersion": "redlock.io/v1alpha1",
+        "kind": "RedisQuorum",
+        "metadata": { "name": huge },
+        "spec": { "endpoints": masters.urls(), "maxTtl": "100000000h" }
+    });
+    if !env.is_test_server() {
+        // A real API server runs the CRD's CEL rules: the object never gets in.
+        let quorum: redlock_operator::api::RedisQuorum = serde_json::from_value(huge_quorum).expect("object");
+        let err = env
+            .quorums()
+            .create(&Default::default(), &quorum)
+            .await
+            .expect_err("maxTtl out of range is refused at admission");
+        assert!(
+            err.to_string().contains("maxTtl must be between 100ms and 24h"),
+            "{err}"
+        );
+        env.cleanup(&[&good]).await;
+        return;
+    }
+    let (running, shutdown) = operator(&env, &installation_secret(1), None).await;
+    quorum_available(&env, &good).await;
+    env.create_lock("kept", &good, "batch", TTL).await;
+    let held = lock_where(&env, "kept", "the lock on the good quorum to be held", |lock| {
+        phase(lock) == Some(LockPhase::Held)
+    })
+    .await;
+
+    env.create_quorum_from(huge_quorum).await;
+    env.create_lock("on-huge", &huge, "batch", TTL).await;
+    let unavailable = object_where(
+        &env.quorums(),
+        &huge,
+        "the huge quorum to be unavailable",
+        |quorum| available_condition(quorum).is_some_and(|(status, _, _)| status == "False"),
+    )
+    .await;
+    let (_, reason, message) = available_condition(&unavailable).expect("condition");
+    assert_eq!(reason, "InvalidSpec");
+    assert_eq!(
+        message,
+        "spec.maxTtl must be between 100ms and 24h, got 100000000h"
+    );
+    lock_where(&env, "on-huge", "the lock on the huge quorum to wait", |lock| {
+        phase(lock) == Some(LockPhase::Pending)
+            && lock.status.as_ref().is_some_and(|status| {
+                condition(&status.conditions, "Ready").is_some_and(|ready| ready.message.contains("maxTtl"))
+            })
+    })
+    .await;
+
+    // Several health intervals later the operator still runs and still extends the other lock.
+    let renewed = held
+        .status
+        .and_then(|status| status.renewed_at)
+        .expect("renewed_at");
+    lock_where(&env, "kept", "the other lock to be extended", |lock| {
+        phase(lock) == Some(LockPhase::Held)
+            && token(lock) == Some(1)
+            && lock
+                .status
+                .as_ref()
+                .and_then(|status| status.renewed_at.as_ref())
+                .is_some_and(|at| at.0 > renewed.0)
+    })
+    .await;
+    assert!(!running.task.is_finished(), "the operator stopped");
+    stop(running, shutdown).await;
+    env.cleanup(&[&good, &huge]).await;
+}
+
+/// A second namespace of the test, with its own locks; removed (finalizers first) on a real cluster.
+struct OtherNamespace {
+    name: String,
+}
+
+impl OtherNamespace {
+    async fn create(env: &Env, base: &str) -> Self {
+        let name = format!("{}-{base}", env.namespace);
+        let api: Api<Namespace> = Api::all(env.client.clone());
+        let namespace: Namespace =
+            serde_json::from_value(serde_json::json!({ "metadata": { "name": name } })).expect("namespace");
+        api.create(&PostParams::default(), &namespace)
+            .await
+            .expect("create namespace");
+        Self { name }
+    }
+
+    fn locks(&self, env: &Env) -> Api<DistributedLock> {
+        Api::namespaced(env.client.clone(), &self.name)
+    }
+
+    async fn cleanup(&self, env: &Env) {
+        if env.is_test_server() {
+            return;
+        }
+        if let Ok(locks) = self.locks(env).list(&Default::default()).await {
+            let unfinalize = Patch::Merge(serde_json::json!({ "metadata": { "finalizers": null } }));
+            for lock in locks.items {
+                let name = lock.name_any();
+                let _ = self
+                    .locks(env)
+                    .patch(&name, &PatchParams::default(), &unfinalize)
+                    .await;
+                let _ = self.locks(env).delete(&name, &DeleteParams::default()).await;
+            }
+        }
+        let api: Api<Namespace> = Api::all(env.client.clone());
+        let _ = api.delete(&self.name, &DeleteParams::default()).await;
+    }
+}
+
+fn identity_lock(name: &str, quorum: &str, identity: &str, key: Option<&str>) -> DistributedLock {
+    let mut spec = serde_json::json!({ "quorum": quorum, "ttl": TTL, "holder": { "identity": identity } });
+    if let Some(key) = key {
+        spec["resourceKey"] = serde_json::json!(key);
+    }
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+        "metadata": { "name": name }, "spec": spec
+    }))
+    .expect("lock object")
+}
+
+async fn held_lock(api: &Api<DistributedLock>, name: &str) -> DistributedLock {
+    object_where(api, name, "the lock to be held", |lock| {
+        phase(lock) == Some(LockPhase::Held)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_naming_a_secret_in_another_namespace_is_refused_without_reading_it() {
+    let masters = RedisCluster::start(1).expect("masters");
+    let env = Env::new().await;
+    let other = OtherNamespace::create(&env, "team-b").await;
+    // A Secret the operator could read (the test server and the e2e RBAC allow it): the refusal must come before.
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &other.name);
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "their-redis" }, "stringData": { "password": "theirs", "username": "their-user" }
+    }))
+    .expect("secret");
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("secret");
+    let quorum = env.unique("q");
+    env.create_quorum_from(serde_json::json!({
+        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
+        "spec": { "endpoints": masters.urls(), "maxTtl": MAX_TTL,
+                  "auth": { "secretNamespace": other.name, "secretName": "their-redis", "usernameKey": "username" } }
+    }))
+    .await;
+    let (running, shutdown) = operator(&env, &installation_secret(2), None).await;
+    let refused = object_where(&env.quorums(), &quorum, "the quorum to be refused", |quorum| {
+        available_condition(quorum).is_some_and(|(status, _, _)| status == "False")
+    })
+    .await;
+    let (_, reason, message) = available_condition(&refused).expect("condition");
+    assert_eq!(reason, "SecretNamespaceNotAllowed");
+    assert!(message.contains(&format!("`{}`", other.name)), "{message}");
+    assert!(message.contains(&format!("`{}`", env.namespace)), "{message}");
+    let shown = serde_json::to_string(&refused).expect("json");
+    assert!(
+        !shown.contains("their-user") && !shown.contains("theirs"),
+        "{shown}"
+    );
+    let reasons = event_reasons(&env.events(), Some("RedisQuorum"), &quorum).await;
+    assert!(
+        reasons.iter().all(|reason| reason == "SecretNamespaceNotAllowed"),
+        "{reasons:?}"
+    );
+    stop(running, shutdown).await;
+    other.cleanup(&env).await;
+    env.cleanup(&[&quorum]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_naming_another_namespaces_key_does_not_block_it() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let victim = OtherNamespace::create(&env, "payments").await;
+    let quorum = env.unique("q");
+    env.create_quorum(&quorum, &masters.urls(), MAX_TTL).await;
+    let (running, shutdown) = operator(&env, &installation_secret(3), None).await;
+    quorum_available(&env, &quorum).await;
+
+    // The squatter first, naming the victim's default key `<victim namespace>/payments`.
+    let squatted = format!("{}/payments", victim.name);
+    env.locks()
+        .create(
+            &PostParams::default(),
+            &identity_lock("squatter", &quorum, "squatter-holder", Some(&squatted)),
+        )
+        .await
+        .expect("squatter");
+    held_lock(&env.locks(), "squatter").await;
+    victim
+        .locks(&env)
+        .create(
+            &PostParams::default(),
+            &identity_lock("payments", &quorum, "payments-holder", None),
+        )
+        .await
+        .expect("victim lock");
+    let theirs = held_lock(&victim.locks(&env), "payments").await;
+    let status = theirs.status.expect("status");
+    assert_eq!(status.holder.as_deref(), Some("payments-holder"));
+    assert_eq!(status.blocked_by, None);
+
+    let (count, values) = key_on(&masters.urls(), &squatted).await;
+    assert!(
+        count >= 2 && values.iter().all(|value| value.starts_with("payments-holder|")),
+        "{values:?}"
+    );
+    let scoped = format!("{}/{squatted}", env.namespace);
+    let (count, values) = key_on(&masters.urls(), &scoped).await;
+    assert!(
+        count >= 2 && values.iter().all(|value| value.starts_with("squatter-holder|")),
+        "{values:?}"
+    );
+    stop(running, shutdown).await;
+    victim.cleanup(&env).await;
+    env.cleanup(&[&quorum]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_the_quorum_lets_share_keys_contend_for_one_lock() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let partner = OtherNamespace::create(&env, "partner").await;
+    let outsider = OtherNamespace::create(&env, "outsider").await;
+    let quorum = env.unique("q");
+    env.create_quorum_from(serde_json::json!({
+        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
+        "spec": { "endpoints": masters.urls(), "maxTtl": MAX_TTL, "nodeTimeout": "100ms",
+                  "sharedKeys": { "namespaces": [env.namespace, partner.name], "prefix": "global:" } }
+    }))
+    .await;
+    let (running, shutdown) = operator(&env, &installation_secret(4), None).await;
+    quorum_available(&env, &quorum).await;
+    let key = "reports";
+    env.locks()
+        .create(
+            &PostParams::default(),
+            &identity_lock("report", &quorum, "ours", Some(key)),
+        )
+        .await
+        .expect("our lock");
+    held_lock(&env.locks(), "report").await;
+    partner
+        .locks(&env)
+        .create(
+            &PostParams::default(),
+            &identity_lock("report", &quorum, "theirs", Some(key)),
+        )
+        .await
+        .expect("partner lock");
+    outsider
+        .locks(&env)
+        .create(
+            &PostParams::default(),
+            &identity_lock("report", &quorum, "outside", Some(key)),
+        )
+        .await
+        .expect("outsider lock");
+    let contended = object_where(&partner.locks(&env), "report", "the partner to wait", |lock| {
+        phase(lock) == Some(LockPhase::Contended)
+    })
+    .await;
+    assert_eq!(
+        contended.status.and_then(|status| status.blocked_by).as_deref(),
+        Some("ours"),
+        "a shared key shows its holder"
+    );
+    // Not listed: its key stays its own.
+    held_lock(&outsider.locks(&env), "report").await;
+    let (count, values) = key_on(&masters.urls(), &format!("global:{key}")).await;
+    assert!(
+        count >= 2 && values.iter().all(|value| value.starts_with("ours|")),
+        "{values:?}"
+    );
+    stop(running, shutdown).await;
+    partner.cleanup(&env).await;
+    outsider.cleanup(&env).await;
+    env.cleanup(&[&quorum]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_label_naming_a_selector_key_is_refused_and_no_pod_is_touched() {
+    let masters = RedisCluster::start(1).expect("masters");
+    let env = Env::new().await;
+    let quorum = env.unique("q");
+    env.create_quorum(&quorum, &masters.urls(), MAX_TTL).await;
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    let lock: DistributedLock = serde_json::from_value(serde_json::json!({
+        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock", "metadata": { "name": "web" },
+        "spec": { "quorum": quorum, "ttl": TTL, "holder": { "leaderElection": {
+            "selector": { "matchLabels": { "app": "web" } }, "leaderLabel": "app" } } }
+    }))
+    .expect("lock");
+    if !env.is_test_server() {
+        let err = env
+            .locks()
+            .create(&PostParams::default(), &lock)
+            .await
+            .expect_err("refused at admission");
+        assert!(
+            err.to_string()
+                .contains("leaderLabel must not be a key of selector.matchLabels"),
+            "{err}"
+        );
+        env.cleanup(&[&quorum]).await;
+        return;
+    }
+    for name in ["web-0", "web-1"] {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": name, "labels": { "app": "web" } },
+            "spec": { "nodeName": "redlock-e2e-no-such-node",
+                      "containers": [{ "name": "app", "image": "registry.invalid/app:1" }] }
+        }))
+        .expect("pod");
+        pods.create(&PostParams::default(), &pod).await.expect("pod");
+        let ready = serde_json::json!({ "status": { "phase": "Running",
+            "conditions": [{ "type": "Ready", "status": "True" }] } });
+        pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&ready))
+            .await
+            .expect("ready");
+    }
+    let (running, shutdown) = operator(&env, &installation_secret(5), None).await;
+    env.locks()
+        .create(&PostParams::default(), &lock)
+        .await
+        .expect("lock");
+    let invalid = lock_where(&env, "web", "the lock to be invalid", |lock| {
+        phase(lock) == Some(LockPhase::Invalid)
+    })
+    .await;
+    let ready = condition(&invalid.status.as_ref().expect("status").conditions, "Ready")
+        .expect("Ready")
+        .clone();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "InvalidLeaderLabel")
+    );
+    assert!(
+        ready.message.contains("is a key of the selector"),
+        "{}",
+        ready.message
+    );
+    for name in ["web-0", "web-1"] {
+        let pod = pods.get(name).await.expect("pod");
+        assert_eq!(
+            pod.labels().get("app").map(String::as_str),
+            Some("web"),
+            "{name} lost its label"
+        );
+    }
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
