@@ -144,6 +144,7 @@ async fn bench() -> Result<(), BoxError> {
                 timing: LeaseTiming::for_lease_duration(Duration::from_secs(4)),
             }),
             secret: InstallationSecret::from_bytes(&[b'k'; 48])?,
+            secrets_namespace: NAMESPACE.into(),
             health_interval: Duration::from_secs(5),
             instance: "bench".into(),
         },

@@ -200,7 +200,7 @@ impl RedlockConfig {
             if value.is_zero() || value > limit {
                 Err(ConfigError::Invalid(format!(
                     "{what} must be greater than 0 and at most {}",
-                    humantime::format_duration(limit)
+                    crate::duration::format(limit)
                 )))
             } else {
                 Ok(())
@@ -223,7 +223,7 @@ impl RedlockConfig {
         if self.retry.delay_max > LIMIT_RETRY_DELAY {
             return Err(ConfigError::Invalid(format!(
                 "retry delay must be at most {}",
-                humantime::format_duration(LIMIT_RETRY_DELAY)
+                crate::duration::format(LIMIT_RETRY_DELAY)
             )));
         }
         if self.retry.delay_min > self.retry.delay_max {
