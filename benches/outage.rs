@@ -112,6 +112,9 @@ async fn values(masters: &RedisCluster, keys: &[String]) -> Result<Vec<Vec<Optio
 }
 
 async fn bench() -> Result<(), BoxError> {
+    if std::env::var_os("RUST_LOG").is_some() {
+        redlock_operator::telemetry::init(redlock_operator::telemetry::LogFormat::Text, "warn");
+    }
     let count = setting("OUTAGE_BENCH_LOCKS", 1_000);
     let outage = Duration::from_secs(setting("OUTAGE_BENCH_SECONDS", 60));
     let masters = RedisCluster::start(3)?;
@@ -131,7 +134,7 @@ async fn bench() -> Result<(), BoxError> {
 
     let upstream = server.url().trim_start_matches("http://").parse()?;
     let proxy = FaultProxy::start(upstream).await?;
-    let proxied = Client::try_from(kube::Config::new(proxy.url().parse()?))?;
+    let proxied = Client::try_from(kube::Config::new(format!("http://{}", proxy.addr()).parse()?))?;
     let shutdown = CancellationToken::new();
     let running = start(
         proxied,
