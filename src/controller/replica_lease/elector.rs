@@ -42,17 +42,33 @@ impl Elector {
     pub async fn run(mut self, shutdown: CancellationToken) {
         loop {
             let attempt_started = Instant::now();
-            match tokio::time::timeout(self.timing.renew_deadline, self.try_once(attempt_started)).await {
-                Ok(Ok(())) => {}
+            let succeeded = match tokio::time::timeout(
+                self.timing.renew_deadline,
+                self.try_once(attempt_started),
+            )
+            .await
+            {
+                Ok(Ok(())) => true,
                 Ok(Err(err)) => {
-                    tracing::warn!(lease = %self.name, error = %err, "leader election attempt failed")
+                    tracing::warn!(lease = %self.name, error = %err, "leader election attempt failed");
+                    false
                 }
-                Err(_) => tracing::warn!(lease = %self.name, "leader election attempt timed out"),
-            }
+                Err(_) => {
+                    tracing::warn!(lease = %self.name, "leader election attempt timed out");
+                    false
+                }
+            };
             self.leadership.refresh();
+            // A replica that lost sight of its Lease while still extending its locks asks again sooner: the
+            // moment the API server answers, it renews and writes every lock's status afresh.
+            let pause = if !succeeded && self.leadership.is_unconfirmed() {
+                self.timing.retry_period / 4
+            } else {
+                self.timing.retry_period
+            };
             tokio::select! {
                 () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(self.timing.retry_period) => {}
+                () = tokio::time::sleep(pause) => {}
             }
         }
         self.release().await;
