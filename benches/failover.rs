@@ -7,13 +7,15 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+mod common;
+
 use std::time::Duration;
 
+use common::{BoxError, create, install_with_default_quorum};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client, CustomResourceExt};
-use redlock_operator::api::{DistributedLock, RedisQuorum};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, Client};
+use redlock_operator::api::DistributedLock;
 use redlock_operator::controller::installation_secret::InstallationSecret;
 use redlock_operator::controller::run::{RunOptions, start};
 use support::apiserver::TestApiServer;
@@ -21,23 +23,12 @@ use support::redis_server::RedisCluster;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
 const NAMESPACE: &str = "bench";
 const LABEL: &str = "redlock.io/leader";
 
 fn main() -> Result<(), BoxError> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(bench())
-}
-
-async fn create<K>(api: &Api<K>, value: serde_json::Value) -> Result<(), BoxError>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
-    let object: K = serde_json::from_value(value)?;
-    api.create(&PostParams::default(), &object).await?;
-    Ok(())
 }
 
 async fn set_ready(pods: &Api<Pod>, name: &str, ready: bool) -> Result<(), BoxError> {
@@ -86,16 +77,7 @@ async fn bench() -> Result<(), BoxError> {
     let masters = RedisCluster::start(3)?;
     let server = TestApiServer::start().await;
     let client: Client = server.client();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in [RedisQuorum::crd(), DistributedLock::crd()] {
-        crds.create(&PostParams::default(), &crd).await?;
-    }
-    create(
-        &Api::<RedisQuorum>::all(client.clone()),
-        serde_json::json!({ "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": "default" },
-            "spec": { "endpoints": masters.urls(), "maxTtl": "10s", "assumeDurable": true } }),
-    )
-    .await?;
+    install_with_default_quorum(&client, &masters).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     for name in ["web-0", "web-1"] {
         create(

@@ -10,15 +10,17 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+mod common;
+
 use std::time::Duration;
 
+use common::{BoxError, create, install_with_default_quorum};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ListParams, PostParams};
-use kube::{Api, Client, CustomResourceExt};
-use redlock_operator::api::{DistributedLock, LockPhase, RedisQuorum};
+use kube::api::ListParams;
+use kube::{Api, Client};
+use redlock_operator::api::{DistributedLock, LockPhase};
 use redlock_operator::controller::installation_secret::InstallationSecret;
 use redlock_operator::controller::replica_lease::LeaseTiming;
 use redlock_operator::controller::run::{ElectionOptions, RunOptions, start};
@@ -27,8 +29,6 @@ use support::fault_proxy::FaultProxy;
 use support::redis_server::RedisCluster;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const NAMESPACE: &str = "bench";
 
@@ -42,15 +42,6 @@ fn setting(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|value| value.parse().ok())
         .unwrap_or(default)
-}
-
-async fn create<K>(api: &Api<K>, value: serde_json::Value) -> Result<(), BoxError>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
-    let object: K = serde_json::from_value(value)?;
-    api.create(&PostParams::default(), &object).await?;
-    Ok(())
 }
 
 /// `count` writes, 64 at a time, from a plain client: the floor of refreshing that many statuses.
@@ -121,16 +112,7 @@ async fn bench() -> Result<(), BoxError> {
     let server = TestApiServer::start().await;
     let client: Client = server.client();
     let baseline = baseline_writes(&client, count).await?;
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in [RedisQuorum::crd(), DistributedLock::crd()] {
-        crds.create(&PostParams::default(), &crd).await?;
-    }
-    create(
-        &Api::<RedisQuorum>::all(client.clone()),
-        serde_json::json!({ "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": "default" },
-            "spec": { "endpoints": masters.urls(), "maxTtl": "10s", "assumeDurable": true } }),
-    )
-    .await?;
+    install_with_default_quorum(&client, &masters).await?;
 
     let upstream = server.url().trim_start_matches("http://").parse()?;
     let proxy = FaultProxy::start(upstream).await?;
