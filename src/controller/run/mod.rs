@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use self::routing::{lock_of_job, lock_trigger, locks_of_pod, pod_trigger};
-use self::watch_filter::changed_or_deleted;
+use self::watch_filter::{changed_or_deleted, watch_backoff, without_errors};
 use super::context::Context;
 use super::engines::Engines;
 use super::installation_secret::InstallationSecret;
@@ -148,17 +148,19 @@ pub async fn start(
     });
 
     let lock_health = health.clone();
-    let lock_events = watcher(locks_api, watcher::Config::default())
-        .default_backoff()
-        .reflect(lock_writer)
-        .inspect(move |event| record_watch(&lock_health, "distributedlocks", event))
-        .touched_objects()
-        .predicate_filter(lock_trigger, Default::default());
+    let lock_events = without_errors(
+        watcher(locks_api, watcher::Config::default())
+            .backoff(watch_backoff())
+            .reflect(lock_writer)
+            .inspect(move |event| record_watch(&lock_health, "distributedlocks", event))
+            .touched_objects()
+            .predicate_filter(lock_trigger, Default::default()),
+    );
     let quorum_health = health.clone();
     let quorum_engines = engines.clone();
     let deleted_ctx = ctx.clone();
     let quorum_events = watcher(quorums_api, watcher::Config::default())
-        .default_backoff()
+        .backoff(watch_backoff())
         .reflect(quorum_writer)
         .inspect(move |event| {
             record_watch(&quorum_health, "redisquorums", event);
@@ -171,28 +173,31 @@ pub async fn start(
         })
         .touched_objects()
         .predicate_filter(kube::runtime::predicates::generation, Default::default());
+    let quorum_events = without_errors(quorum_events);
 
     let pod_health = health.clone();
-    let pod_events = changed_or_deleted(
+    let pod_events = without_errors(changed_or_deleted(
         watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
-            .default_backoff()
+            .backoff(watch_backoff())
             .reflect(pod_writer)
             .inspect(move |event| record_watch(&pod_health, "pods", event)),
         pod_trigger,
-    );
+    ));
     let pod_locks = lock_store.clone();
     let locks_of_pod = move |pod: Pod| locks_of_pod(&pod_locks.state(), &pod);
 
     // Only Jobs that queue for a lock are watched.
     let job_health = health.clone();
-    let job_events = watcher(
-        Api::<Job>::all(client.clone()),
-        watcher::Config::default().labels(LOCK_LABEL),
-    )
-    .default_backoff()
-    .reflect(job_writer)
-    .inspect(move |event| record_watch(&job_health, "jobs", event))
-    .touched_objects();
+    let job_events = without_errors(
+        watcher(
+            Api::<Job>::all(client.clone()),
+            watcher::Config::default().labels(LOCK_LABEL),
+        )
+        .backoff(watch_backoff())
+        .reflect(job_writer)
+        .inspect(move |event| record_watch(&job_health, "jobs", event))
+        .touched_objects(),
+    );
 
     let became_leader = leader_edges(&leadership);
     let lock_controller = Controller::for_stream(lock_events, lock_store)
