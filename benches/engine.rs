@@ -5,6 +5,10 @@
 //! Sequential acquire/release is measured on a current-thread and on a multi-thread runtime, each against the
 //! raw fan-out on the same runtime; then the figures with two of five masters paused, the whole `lock`
 //! process, and throughput. `ENGINE_BENCH_SCALE=0.2` makes a quick run.
+//!
+//! With `NODE_REDLOCK_DIR` naming a directory where `benches/compare/node-redlock` is installed (the script
+//! `scripts/bench-vs-node-redlock.sh` does it), node-redlock v5 runs the same sequential pairs on the same
+//! masters in the same run, and its figures are printed beside ours.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -83,6 +87,7 @@ fn main() -> Result<(), BoxError> {
     let (mut paused_acquire, mut paused_release) =
         Flavor::CurrentThread.runtime()?.block_on(paused(&cluster))?;
     let (mut lock_up, mut lock_paused) = lock_processes(&cluster)?;
+    let node_redlock = node_redlock(&cluster)?;
 
     let p = |samples: &mut Vec<Duration>, q: f64| percentile(samples, q);
     let mut best: Option<(Flavor, f64)> = None;
@@ -156,6 +161,17 @@ fn main() -> Result<(), BoxError> {
         "raw SET+delete fan-out pairs/s with 64 concurrent tasks: {raw_concurrent:.0} (ours {:.2}x of it)",
         concurrent / raw_concurrent
     );
+    if let Some(line) = &node_redlock {
+        println!(
+            "node-redlock v5, same masters, {} sequential pairs: {line}",
+            scaled(2_000)
+        );
+        println!(
+            "ours beside it: best acquire p50 {} ({} runtime), sequential pairs/s {sequential:.0} (multi-thread)",
+            ms(Duration::from_secs_f64(best_acquire)),
+            best_flavor.name()
+        );
+    }
     println!(
         "SUMMARY best_acquire_p50_vs_raw_current_thread={best_ratio:.2} release_p50_vs_raw={release_ratio:.2} paused2_acquire_p50_ms={:.3} paused2_release_p50_ms={:.3} lock_process_p50_ms_up={:.1} lock_process_p50_ms_paused2={:.1} concurrent_pairs_per_s={concurrent:.0} sequential_pairs_per_s={sequential:.0}",
         p(&mut paused_acquire, 0.5).as_secs_f64() * 1e3,
@@ -315,6 +331,30 @@ fn lock_processes(cluster: &RedisCluster) -> Result<(Vec<Duration>, Vec<Duration
         paused.push(result?);
     }
     Ok((up, paused))
+}
+
+/// node-redlock v5's own figures on these masters, when it is installed (see the module's doc).
+fn node_redlock(cluster: &RedisCluster) -> Result<Option<String>, BoxError> {
+    let Some(dir) = std::env::var_os("NODE_REDLOCK_DIR") else {
+        return Ok(None);
+    };
+    let output = std::process::Command::new("node")
+        .arg("bench.mjs")
+        .arg(scaled(2_000).to_string())
+        .args(cluster.urls())
+        .current_dir(dir)
+        .output()?;
+    if !output.status.success() {
+        return Err(format!(
+            "node-redlock benchmark failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+        .into());
+    }
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find_map(|line| line.strip_prefix("NODE_REDLOCK "))
+        .map(str::to_owned))
 }
 
 /// One raw fan-out of `SET NX PX` to all masters: time to the 3rd and the 5th reply; then a raw

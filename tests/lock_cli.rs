@@ -50,13 +50,17 @@ fn runs_the_command_with_the_lock_environment_and_returns_its_status() {
         &[
             "sh",
             "-c",
-            "echo \"$REDLOCK_RESOURCE $REDLOCK_HOLDER $REDLOCK_VALIDITY_MS\"; exit 3",
+            "echo \"$REDLOCK_RESOURCE $REDLOCK_HOLDER $REDLOCK_VALIDITY_MS\" \"${REDLOCK_REDIS:-no-credentials}\"; exit 3",
         ],
     ));
     assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
     let fields: Vec<&str> = stdout.split_whitespace().collect();
     assert_eq!(&fields[..2], ["nightly-report", "batch-7"]);
+    assert_eq!(
+        fields[3], "no-credentials",
+        "the masters' URLs (and their passwords) are not passed on"
+    );
     let validity: u64 = fields[2].parse().expect("validity in ms");
     assert!(validity > 0 && validity < 1_000, "{validity}");
     let err = stderr(&output);
@@ -120,6 +124,7 @@ fn bad_usage_exits_64_with_one_line() {
     let cluster = start_cluster();
     let cases: Vec<Vec<&str>> = vec![
         vec!["--redis", "localhost:6379", "r"],
+        vec!["--redis", "rediss://127.0.0.1:6380#insecure", "r"],
         vec!["--ttl", "0s", "r"],
         vec!["--ttl", "2m", "--max-ttl", "1m", "r"],
         vec!["--ttl", "ten seconds", "r"],

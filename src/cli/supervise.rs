@@ -32,6 +32,8 @@ impl Child {
         };
         let mut cmd = Command::new(program);
         cmd.args(args)
+            // The masters' URLs may carry passwords: the command gets the lock, not the credentials to forge it.
+            .env_remove("REDLOCK_REDIS")
             .envs(env.iter().map(|(key, value)| (*key, value.as_str())))
             .stdin(Stdio::inherit())
             .stdout(Stdio::inherit())

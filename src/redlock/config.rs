@@ -31,6 +31,15 @@ impl Endpoint {
                 )));
             }
         }
+        if let Some((_, fragment)) = raw.split_once('#') {
+            // The Redis client reads `#insecure` as "skip the certificate check": anyone on the path could then
+            // answer for a master. No fragment is needed for anything else, so none is accepted.
+            return Err(invalid(&if fragment == "insecure" {
+                "#insecure would turn off the masters' certificate check; give the CA that signed them instead (`lock --redis-ca`, a quorum's spec.tls.caSecretName)".to_owned()
+            } else {
+                format!("unexpected #{fragment}: endpoint URLs take no fragment")
+            }));
+        }
         let rest = &raw[scheme_end + 3..];
         let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
         let host = authority.rsplit('@').next().unwrap_or_default();
@@ -314,6 +323,10 @@ mod tests {
         }
         let err = Endpoint::parse("redis://user:topsecret@").unwrap_err();
         assert!(!err.to_string().contains("topsecret"), "{err}");
+        let err = Endpoint::parse("rediss://127.0.0.1:6380#insecure").unwrap_err();
+        assert!(err.to_string().contains("certificate check"), "{err}");
+        let err = Endpoint::parse("redis://127.0.0.1:6380#x").unwrap_err();
+        assert!(err.to_string().contains("no fragment"), "{err}");
     }
 
     #[test]
