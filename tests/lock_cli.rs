@@ -125,6 +125,7 @@ fn bad_usage_exits_64_with_one_line() {
     let cases: Vec<Vec<&str>> = vec![
         vec!["--redis", "localhost:6379", "r"],
         vec!["--redis", "rediss://127.0.0.1:6380#insecure", "r"],
+        vec!["--ttl", "1s", "--node-timeout", "200ms", "r"],
         vec!["--ttl", "0s", "r"],
         vec!["--ttl", "2m", "--max-ttl", "1m", "r"],
         vec!["--ttl", "ten seconds", "r"],

@@ -473,3 +473,70 @@ async fn a_replica_cut_off_while_a_standby_takes_over_stops_once_the_standby_han
     stop(second, second_stop).await;
     env.cleanup(&[&quorum]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_with_hung_masters_delays_no_other_quorums_locks() {
+    let fast_masters = RedisCluster::start(3).expect("masters");
+    let slow_masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let fast = env.unique("fast");
+    let slow = env.unique("slow");
+    env.create_quorum(&fast, &fast_masters.urls(), "3s").await;
+    // Three-second node timeouts: every extension on it waits that long for the hung masters, longer than the
+    // fast lock can go without one (extended a second in, reported lost 2.4 s in).
+    env.create_quorum_from(serde_json::json!({
+        "apiVersion": "redlock.io/v1alpha1",
+        "kind": "RedisQuorum",
+        "metadata": { "name": slow },
+        "spec": { "endpoints": slow_masters.urls(), "maxTtl": "30s", "nodeTimeout": "3s", "assumeDurable": true }
+    }))
+    .await;
+    let (running, shutdown) = operator(&env, &installation_secret(17), None).await;
+    all_masters_voting(&env, &fast, 3).await;
+    all_masters_voting(&env, &slow, 3).await;
+    env.create_lock("on-fast", &fast, "app-fast", "3s").await;
+    env.create_lock("on-slow", &slow, "app-slow", "30s").await;
+    let held = lock_where(&env, "on-fast", "held", |lock| {
+        phase(lock) == Some(LockPhase::Held)
+    })
+    .await;
+    let first_token = token(&held);
+    lock_where(&env, "on-slow", "held", |lock| {
+        phase(lock) == Some(LockPhase::Held)
+    })
+    .await;
+
+    // A majority of the slow quorum hangs: its extensions each wait the full node timeout, then fail, until its
+    // lock is reported lost. All that time, the fast quorum's lock is extended on its own schedule.
+    slow_masters[0].stop();
+    slow_masters[1].stop();
+    let locks = env.locks();
+    eventually_within(
+        "the slow quorum's lock to be reported lost",
+        Duration::from_secs(90),
+        || {
+            let locks = locks.clone();
+            async move {
+                let fast_lock = locks.get("on-fast").await.ok()?;
+                assert_eq!(
+                    (phase(&fast_lock), token(&fast_lock)),
+                    (Some(LockPhase::Held), first_token),
+                    "the fast quorum's lock was lost while the slow quorum's masters hung"
+                );
+                let slow_lock = locks.get("on-slow").await.ok()?;
+                (phase(&slow_lock) != Some(LockPhase::Held)).then_some(())
+            }
+        },
+    )
+    .await;
+    assert!(
+        !event_reasons(&env.events(), Some("DistributedLock"), "on-fast")
+            .await
+            .contains(&"Lost".to_owned()),
+        "no loss of the fast lock, even between two looks"
+    );
+    slow_masters[0].cont();
+    slow_masters[1].cont();
+    stop(running, shutdown).await;
+    env.cleanup(&[&fast, &slow]).await;
+}

@@ -11,7 +11,7 @@ use super::exit_code;
 use super::supervise::{Child, Ended};
 use crate::redlock::{
     AcquireError, AcquireOptions, Endpoint, FailureKind, KeepPolicy, OperationReport, Redlock, RedlockConfig,
-    kill_grace,
+    kill_grace, shortest_ttl,
 };
 
 #[derive(Debug, Args)]
@@ -100,6 +100,14 @@ fn config_from(args: &LockArgs) -> Result<RedlockConfig, Failure> {
     }
     config.validate().map_err(|err| usage(err.to_string()))?;
     config.check_ttl(args.ttl).map_err(|err| usage(err.to_string()))?;
+    if args.ttl < shortest_ttl(args.node_timeout) {
+        return Err(usage(format!(
+            "--ttl {} is too short for --node-timeout {}: at least ten node timeouts ({}), or the lock is reported lost before it can be extended",
+            crate::duration::format(args.ttl),
+            crate::duration::format(args.node_timeout),
+            crate::duration::format(shortest_ttl(args.node_timeout))
+        )));
+    }
     Ok(config)
 }
 

@@ -26,5 +26,5 @@ pub use node::{NodeHealth, NodeStatus};
 pub use outcome::{NodeOutcome, NodeReport, OperationReport};
 pub use quarantine::quarantine_until;
 pub use quorum::quorum_of;
-pub use schedule::{KeepAction, next_keep_action};
+pub use schedule::{KeepAction, next_keep_action, shortest_ttl};
 pub use value::{LockValue, ValueError};

@@ -17,6 +17,16 @@ pub struct KeepPolicy {
     pub fence_margin: Duration,
 }
 
+/// The shortest TTL a lock may have on masters given `node_timeout` per command. The default fence margin is at
+/// least three node timeouts and must stay under a third of the TTL, when the first extension is planned;
+/// otherwise the owner is told the lock is lost before anything could extend it, and the lock flaps.
+pub fn shortest_ttl(node_timeout: Duration) -> Duration {
+    node_timeout.saturating_mul(SHORTEST_TTL_IN_NODE_TIMEOUTS)
+}
+
+/// Nine node timeouts, rounded up.
+const SHORTEST_TTL_IN_NODE_TIMEOUTS: u32 = 10;
+
 impl KeepPolicy {
     /// Defaults scaled to the lock's TTL: a margin of a fifth of the TTL (at least three per-node timeouts, at
     /// most 5 s) and retries every twentieth of the TTL (at least two per-node timeouts, at most 1 s).
@@ -72,6 +82,20 @@ pub(crate) fn fence_time(valid_until: Instant, policy: &KeepPolicy) -> Instant {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_shortest_ttl_leaves_room_for_the_fence_margin() {
+        for node_timeout in [
+            Duration::from_millis(1),
+            Duration::from_millis(50),
+            Duration::from_secs(10),
+        ] {
+            let ttl = shortest_ttl(node_timeout);
+            let policy = KeepPolicy::for_ttl(ttl, node_timeout);
+            assert!(policy.fence_margin < ttl / 3, "{node_timeout:?}: {policy:?}");
+        }
+        assert_eq!(shortest_ttl(Duration::MAX), Duration::MAX, "saturates");
+    }
+
     use super::*;
 
     fn policy() -> KeepPolicy {

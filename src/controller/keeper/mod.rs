@@ -1,7 +1,7 @@
-//! The locks this replica holds, kept extended by ONE task: every tick it takes the leases that are due from the
-//! [`table`], extends them per quorum as one batch (one pipeline per master, see `Redlock::extend_many`), and
-//! wakes the lock reconciler at once when a lock is lost — at the latest at its fence time, before its validity
-//! ends.
+//! The locks this replica holds, kept extended: every tick one task takes the leases that are due from the
+//! [`table`] and starts one batch per quorum (one pipeline per master, see `Redlock::extend_many`), at most one
+//! in flight per quorum, so a quorum with hung masters delays only its own locks; and it wakes the lock
+//! reconciler at once when a lock is lost — at the latest at its fence time, before its validity ends.
 
 pub mod table;
 
@@ -160,7 +160,7 @@ impl Keeper {
                 last_mode = mode;
             }
             match mode {
-                Some(mode) => self.tick(&engines, &leadership, mode).await,
+                Some(mode) => self.tick(&engines, &leadership, mode),
                 None if !self.is_empty() => {
                     self.forget_all();
                 }
@@ -195,8 +195,10 @@ impl Keeper {
         }
     }
 
-    /// One round: signal what reached its fence time, then extend what is due, one batch per quorum at once.
-    async fn tick(&self, engines: &Engines, leadership: &Leadership, mode: Mode) {
+    /// One round: signal what reached its fence time, then start one batch per quorum that has none in flight.
+    /// The batches run on their own: a quorum whose masters hang holds up neither the next round nor another
+    /// quorum's extensions and loss signals.
+    fn tick(self: &Arc<Self>, engines: &Arc<Engines>, leadership: &Arc<Leadership>, mode: Mode) {
         let now = Instant::now();
         let fenced = self.table().signal_fenced(now);
         self.metrics.locks_lost.inc_by(fenced.len() as u64);
@@ -207,17 +209,20 @@ impl Keeper {
         for lag in lags {
             self.metrics.extend_lag_seconds.observe(lag.as_secs_f64());
         }
-        if due.is_empty() {
-            return;
+        for batch in due {
+            let keeper = Arc::clone(self);
+            let engines = Arc::clone(engines);
+            let leadership = Arc::clone(leadership);
+            tokio::spawn(async move {
+                let quorum = batch.quorum.clone();
+                let (locks, results) = keeper
+                    .extend(engines.lookup(&quorum), batch, &leadership, mode)
+                    .await;
+                let applied = keeper.table().apply(&quorum, locks, results, Instant::now());
+                keeper.report(applied);
+                keeper.batch_done.notify_waiters();
+            });
         }
-        let batches = due
-            .into_iter()
-            .map(|batch| self.extend(engines.lookup(&batch.quorum), batch, leadership, mode));
-        for (locks, results) in futures::future::join_all(batches).await {
-            let applied = self.table().apply(locks, results, Instant::now());
-            self.report(applied);
-        }
-        self.batch_done.notify_waiters();
     }
 
     async fn extend(

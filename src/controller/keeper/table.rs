@@ -2,7 +2,7 @@
 //! takes the time it acts at, so the schedule, the application of extension results and the fence-time signal
 //! are tested with a paused clock and no master.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use kube::runtime::reflector::ObjectRef;
@@ -74,6 +74,9 @@ pub enum Removal {
 #[derive(Default)]
 pub struct Table {
     held: HashMap<LockRef, HeldLock>,
+    /// Quorums with a batch in flight: each quorum has at most one, so a quorum whose masters hang (up to its
+    /// node timeout per command) delays only its own locks, never another quorum's.
+    busy: HashSet<String>,
 }
 
 impl Table {
@@ -146,12 +149,14 @@ impl Table {
         self.held.is_empty()
     }
 
-    /// Leases due at `now`, grouped by quorum and marked in flight, with how late each one is.
+    /// Leases due at `now` on quorums with no batch in flight, grouped by quorum and marked in flight (and their
+    /// quorums busy until [`Self::batch_finished`]), with how late each one is.
     pub fn take_due(&mut self, now: Instant) -> (Vec<DueBatch>, Vec<Duration>) {
         let mut groups: HashMap<&str, DueBatch> = HashMap::new();
         let mut lags = Vec::new();
+        let busy = &self.busy;
         for (lock, held) in &mut self.held {
-            if held.lost.is_none() && !held.in_flight && held.next_at <= now {
+            if held.lost.is_none() && !held.in_flight && held.next_at <= now && !busy.contains(&held.quorum) {
                 held.in_flight = true;
                 lags.push(now.saturating_duration_since(held.next_at));
                 let batch = groups.entry(&held.quorum).or_insert_with(|| DueBatch {
@@ -163,16 +168,21 @@ impl Table {
                 batch.leases.push(held.lease.clone());
             }
         }
-        (groups.into_values().collect(), lags)
+        let batches: Vec<DueBatch> = groups.into_values().collect();
+        self.busy.extend(batches.iter().map(|batch| batch.quorum.clone()));
+        (batches, lags)
     }
 
-    /// Applies the results of one batch, in the order of its locks.
+    /// Applies the results of one batch on `quorum`, in the order of its locks; the quorum's next due leases may
+    /// then go.
     pub fn apply(
         &mut self,
+        quorum: &str,
         locks: Vec<LockRef>,
         results: Vec<Result<Lease, ExtendError>>,
         now: Instant,
     ) -> Applied {
+        self.busy.remove(quorum);
         let mut applied = Applied::default();
         for (lock, result) in locks.into_iter().zip(results) {
             // Removed while in flight: the reconciler is waiting to release it.
@@ -333,7 +343,7 @@ mod tests {
             "not removed under a running extension"
         );
 
-        let applied = table.apply(locks, vec![Ok(lease(third))], third);
+        let applied = table.apply("default", locks, vec![Ok(lease(third))], third);
         assert_eq!(applied.extended, 1);
         assert_eq!(
             applied.wake,
@@ -354,18 +364,55 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_quorum_with_a_batch_in_flight_holds_up_no_other_quorum() {
+        let start = Instant::now();
+        let mut table = table_holding(start);
+        let slow = ObjectRef::new("b").within("ns");
+        let holding = Holding {
+            quorum: "slow".into(),
+            key: "ns/b".into(),
+            token: 1,
+            policy: policy(),
+        };
+        assert!(table.insert(slow.clone(), lease(start), holding, start));
+        let third = start + TTL / 3;
+        let (due, _) = table.take_due(third);
+        assert_eq!(due.len(), 2, "one batch per quorum");
+        let fast = due
+            .into_iter()
+            .find(|batch| batch.quorum == "default")
+            .expect("default's batch");
+        // The slow quorum's batch never comes back; the default quorum's goes on extending on schedule.
+        let mut now = third;
+        let mut locks = fast.locks;
+        for _ in 0..5 {
+            let applied = table.apply("default", locks, vec![Ok(lease(now))], now);
+            assert_eq!(applied.extended, 1);
+            now += TTL / 3;
+            locks = take_one(&mut table, now).expect("default's next extension, on time");
+        }
+        let (due, _) = table.take_due(now + TTL);
+        assert!(
+            due.iter().all(|batch| batch.quorum != "slow"),
+            "at most one batch in flight per quorum"
+        );
+        let applied = table.apply("slow", vec![slow], vec![Err(no_quorum())], now);
+        assert_eq!(applied.extended, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn the_reconciler_is_woken_when_status_is_due_and_not_again_until_it_writes() {
         let start = Instant::now();
         let mut table = table_holding(start);
         table.status_written(&lock(), start + TTL);
         let third = start + TTL / 3;
         let locks = take_one(&mut table, third).expect("due");
-        let applied = table.apply(locks, vec![Ok(lease(third))], third);
+        let applied = table.apply("default", locks, vec![Ok(lease(third))], third);
         assert!(applied.wake.is_empty(), "status still shows two thirds of a TTL");
 
         let later = start + TTL * 2 / 3;
         let locks = take_one(&mut table, later).expect("due");
-        let applied = table.apply(locks, vec![Ok(lease(later))], later);
+        let applied = table.apply("default", locks, vec![Ok(lease(later))], later);
         assert_eq!(
             applied.wake,
             [lock()],
@@ -387,7 +434,7 @@ mod tests {
             let mut lost = table.signal_fenced(now).len();
             if let Some(locks) = take_one(&mut table, now) {
                 attempts += 1;
-                let applied = table.apply(locks, vec![Err(no_quorum())], now);
+                let applied = table.apply("default", locks, vec![Err(no_quorum())], now);
                 assert_eq!(applied.extended, 0);
                 lost += usize::try_from(applied.lost).unwrap_or(usize::MAX);
             }
@@ -444,13 +491,13 @@ mod tests {
                 quorum: 2,
             },
         };
-        let applied = table.apply(locks.clone(), vec![Err(taken)], third);
+        let applied = table.apply("default", locks.clone(), vec![Err(taken)], third);
         assert_eq!((applied.lost, applied.wake.len()), (1, 1));
         let view = table.view(&lock(), third).expect("held");
         assert!(matches!(view.lost, Some(LossReason::TakenOver { holder: Some(ref h) }) if h == "other"));
 
         assert!(matches!(table.remove(&lock()), Removal::Removed(_)));
-        let applied = table.apply(locks, vec![Ok(lease(third))], third);
+        let applied = table.apply("default", locks, vec![Ok(lease(third))], third);
         assert_eq!(
             applied,
             Applied::default(),

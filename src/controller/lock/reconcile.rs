@@ -89,6 +89,7 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     let config = engine.engine.config();
     let rules = QuorumRules {
         max_ttl: config.max_ttl,
+        node_timeout: config.node_timeout,
         shared_keys: engine.shared_keys.as_ref(),
     };
     let settings = match lock_settings(&lock.spec, &namespace, &lock.name_any(), &rules) {

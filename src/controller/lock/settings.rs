@@ -6,6 +6,7 @@ use crate::api::lock::LeaderElectionPolicy;
 use crate::api::{DistributedLockSpec, HolderPolicy, SharedKeys};
 use crate::api::{label_key, limits};
 use crate::duration;
+use crate::redlock::shortest_ttl;
 
 /// Who the lock is for, once validated.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,14 +40,17 @@ pub struct Invalid {
 #[derive(Clone, Copy, Debug)]
 pub struct QuorumRules<'a> {
     pub max_ttl: Duration,
+    /// How long one master may take per command: the TTL must leave room for the fence margin it implies.
+    pub node_timeout: Duration,
     pub shared_keys: Option<&'a SharedKeys>,
 }
 
 impl QuorumRules<'static> {
-    /// A quorum that shares no keys.
+    /// A quorum that shares no keys, with the default node timeout.
     pub fn unshared(max_ttl: Duration) -> Self {
         Self {
             max_ttl,
+            node_timeout: Duration::from_millis(50),
             shared_keys: None,
         }
     }
@@ -71,6 +75,19 @@ pub fn lock_settings(
                 spec.ttl,
                 duration::format(quorum_max_ttl),
                 spec.quorum
+            ),
+        ));
+    }
+    let shortest = shortest_ttl(quorum.node_timeout);
+    if ttl < shortest {
+        return Err(invalid(
+            "TtlBelowNodeTimeouts",
+            format!(
+                "spec.ttl {} is too short for the nodeTimeout {} of RedisQuorum {}: a lock must live at least ten node timeouts ({}), or it is reported lost before it can be extended; raise the ttl or lower the quorum's nodeTimeout",
+                spec.ttl,
+                duration::format(quorum.node_timeout),
+                spec.quorum,
+                duration::format(shortest)
             ),
         ));
     }
@@ -221,6 +238,7 @@ mod tests {
             serde_json::from_value(serde_json::json!({"namespaces": ["team-a"]})).unwrap();
         let rules = QuorumRules {
             max_ttl,
+            node_timeout: Duration::from_millis(50),
             shared_keys: Some(&shared),
         };
         assert_eq!(key(&rules).unwrap(), "shared:payments/db");
@@ -238,6 +256,7 @@ mod tests {
             serde_json::from_value(serde_json::json!({"namespaces": ["*"], "prefix": "global/"})).unwrap();
         let rules = QuorumRules {
             max_ttl,
+            node_timeout: Duration::from_millis(50),
             shared_keys: Some(&everyone),
         };
         assert_eq!(key(&rules).unwrap_err().reason, "InvalidSharedKeys");
@@ -254,6 +273,23 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.reason, "TtlAboveMaxTtl");
         assert!(err.message.contains("exceeds the maxTtl 60s"), "{}", err.message);
+    }
+
+    #[test]
+    fn a_ttl_shorter_than_ten_node_timeouts_is_refused() {
+        let rules = |node_timeout| QuorumRules {
+            node_timeout,
+            ..QuorumRules::unshared(Duration::from_secs(300))
+        };
+        let lock = spec(serde_json::json!({"ttl": "10s", "holder": {"identity": "x"}}));
+        let err = lock_settings(&lock, "ns", "n", &rules(Duration::from_secs(2))).unwrap_err();
+        assert_eq!(err.reason, "TtlBelowNodeTimeouts");
+        assert!(
+            err.message.contains("at least ten node timeouts (20s)"),
+            "{}",
+            err.message
+        );
+        assert!(lock_settings(&lock, "ns", "n", &rules(Duration::from_secs(1))).is_ok());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use crate::api::RedisQuorumSpec;
 use crate::api::limits;
-use crate::redlock::{Endpoint, RedlockConfig};
+use crate::redlock::{Endpoint, RedlockConfig, shortest_ttl};
 
 /// What the quorum's Secrets hold, already read.
 #[derive(Clone, Default)]
@@ -33,6 +33,13 @@ pub fn engine_config(spec: &RedisQuorumSpec, secrets: &QuorumSecrets) -> Result<
     let mut config = RedlockConfig::new(endpoints);
     config.node_timeout = limits::NODE_TIMEOUT.parse(&spec.node_timeout)?;
     config.max_ttl = limits::MAX_TTL.parse(&spec.max_ttl)?;
+    if config.max_ttl < shortest_ttl(config.node_timeout) {
+        return Err(format!(
+            "maxTtl {} is shorter than ten node timeouts ({}): no lock on this quorum could be kept; raise maxTtl or lower nodeTimeout",
+            spec.max_ttl,
+            crate::duration::format(shortest_ttl(config.node_timeout))
+        ));
+    }
     // The schema's range; `contains` is also false for NaN.
     if !(0.0..=0.2).contains(&spec.drift_factor) {
         return Err(format!(
@@ -150,6 +157,11 @@ mod tests {
         bad.max_ttl = "forever".into();
         let err = engine_config(&bad, &QuorumSecrets::default()).unwrap_err();
         assert!(err.starts_with("spec.maxTtl:"), "{err}");
+        let mut bad = spec(&["redis://a:1"]);
+        bad.max_ttl = "10s".into();
+        bad.node_timeout = "2s".into();
+        let err = engine_config(&bad, &QuorumSecrets::default()).unwrap_err();
+        assert!(err.contains("shorter than ten node timeouts (20s)"), "{err}");
         let mut bad = spec(&["redis://a:1"]);
         bad.retry =
             Some(serde_json::from_value(serde_json::json!({"delayMin": "2s", "delayMax": "1s"})).unwrap());
