@@ -1,11 +1,13 @@
 //! Operator scale benchmark: the real `redlock-operator run` binary holds N `DistributedLock`s (default
 //! 10,000, ttl 10s) on five local masters, against the in-process test API server. Run with
-//! `cargo bench --bench operator` (`OPERATOR_BENCH_LOCKS`, `OPERATOR_BENCH_SECONDS` to change the size and
-//! the measuring window).
+//! `cargo bench --bench operator` (`OPERATOR_BENCH_LOCKS`, `OPERATOR_BENCH_SECONDS`, `OPERATOR_BENCH_PODS` to
+//! change the size, the measuring window and the pods of other applications in the cluster). Memory is the
+//! operator's resident set (VmRSS): idle, with the pods, and with the pods and the held locks.
 //!
 //! The operator runs as a child process, so its CPU time (from /proc) is its own, not the API server's or the
 //! masters'. The baseline, measured in the same run, is the same binary idle with no lock. The last line is
-//! `SUMMARY locks=N cpu_cores_avg=X lost=N extend_lag_p99_ms=X create_to_held_p50_ms=X`.
+//! `SUMMARY locks=N pods=N cpu_cores_avg=X lost=N extend_lag_p99_ms=X create_to_held_p50_ms=X rss_mib_idle=X
+//! rss_mib_pods=X rss_mib_held=X`.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -51,6 +53,48 @@ fn cpu_seconds(pid: u32) -> Result<f64, BoxError> {
         + fields.get(12).ok_or("no stime")?.parse::<f64>()?;
     let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.unwrap_or(100) as f64;
     Ok(ticks / per_second)
+}
+
+/// Resident memory of a process, in MiB.
+fn rss_mib(pid: u32) -> Result<f64, BoxError> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .ok_or("no VmRSS")?
+        .parse()?;
+    Ok(kib / 1024.0)
+}
+
+/// `count` pods of a realistic size (a container with an environment, a status with conditions and container
+/// statuses), in a namespace of their own: what a cluster-wide pod watch caches besides the locks' own pods.
+async fn create_pods(client: &kube::Client, count: usize) -> Result<(), BoxError> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "other-apps");
+    futures::stream::iter(0..count)
+        .map(|index| {
+            let pods = pods.clone();
+            async move {
+                let env: Vec<serde_json::Value> = (0..20)
+                    .map(|n| serde_json::json!({ "name": format!("SETTING_{n}"), "value": "x".repeat(64) }))
+                    .collect();
+                let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+                    "metadata": { "name": format!("app-{index:05}"), "namespace": "other-apps",
+                                  "labels": { "app": "shop", "tier": "web" } },
+                    "spec": { "containers": [{ "name": "app", "image": "registry.invalid/shop:1.2.3", "env": env,
+                              "resources": { "requests": { "cpu": "100m", "memory": "128Mi" } } }] },
+                    "status": { "phase": "Running", "podIP": "10.0.0.1",
+                                "conditions": [{ "type": "Ready", "status": "True" }, { "type": "Initialized", "status": "True" }],
+                                "containerStatuses": [{ "name": "app", "image": "shop:1.2.3", "imageID": "sha256:0", "ready": true, "restartCount": 0 }] }
+                }))?;
+                pods.create(&PostParams::default(), &pod).await?;
+                Ok::<(), BoxError>(())
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
 }
 
 async fn cores_over(pid: u32, window: Duration) -> Result<f64, BoxError> {
@@ -104,6 +148,7 @@ fn histogram_quantile(text: &str, name: &str, quantile: f64) -> f64 {
 async fn bench() -> Result<(), BoxError> {
     let locks = env_number("OPERATOR_BENCH_LOCKS", 10_000) as usize;
     let window = Duration::from_secs(env_number("OPERATOR_BENCH_SECONDS", 60));
+    let pods = env_number("OPERATOR_BENCH_PODS", 10_000) as usize;
     let masters = RedisCluster::start(5)?;
     let server = TestApiServer::start().await;
     let client = server.client();
@@ -154,7 +199,16 @@ async fn bench() -> Result<(), BoxError> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let idle = cores_over(pid, Duration::from_secs(5)).await?;
-    println!("baseline: the operator idle with no lock uses {idle:.4} cores");
+    let rss_idle = rss_mib(pid)?;
+    println!("baseline: the operator idle with no lock uses {idle:.4} cores and {rss_idle:.1} MiB");
+    if pods > 0 {
+        println!("creating {pods} pods of other applications …");
+        create_pods(&client, pods).await?;
+        // Let the pod watch take them all in.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    let rss_pods = rss_mib(pid)?;
+    println!("with {pods} pods in the cluster: {rss_pods:.1} MiB");
 
     // Held instants, seen through a watch like any client would.
     let created: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
@@ -262,6 +316,7 @@ async fn bench() -> Result<(), BoxError> {
     let lag_p99_ms = histogram_quantile(&text, "redlock_extend_lag_seconds", 0.99) * 1000.0;
     let extensions = metric(&text, "redlock_extensions_total");
     let still_held = metric(&text, "redlock_locks_held");
+    let rss_held = rss_mib(pid)?;
     println!(
         "steady state: {cores:.3} cores ({:.1}x idle), {extensions:.0} extensions in all, locks held {still_held:.0}, lost during the window {}, status left Held {dropped} times",
         cores / idle.max(1e-6),
@@ -272,7 +327,10 @@ async fn bench() -> Result<(), BoxError> {
     }
     operator.start_kill()?;
     println!(
-        "SUMMARY locks={locks} cpu_cores_avg={cores:.3} lost={} extend_lag_p99_ms={lag_p99_ms:.1} create_to_held_p50_ms={p50:.0}",
+        "memory: {rss_idle:.1} MiB idle, {rss_pods:.1} MiB with {pods} pods, {rss_held:.1} MiB with them and {locks} held locks"
+    );
+    println!(
+        "SUMMARY locks={locks} pods={pods} cpu_cores_avg={cores:.3} lost={} extend_lag_p99_ms={lag_p99_ms:.1} create_to_held_p50_ms={p50:.0} rss_mib_idle={rss_idle:.1} rss_mib_pods={rss_pods:.1} rss_mib_held={rss_held:.1}",
         lost + dropped as u64
     );
     Ok(())

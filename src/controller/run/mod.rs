@@ -1,6 +1,7 @@
 //! `redlock-operator run`, as a library function: the metrics/health server, the Lease election, the keeper
 //! of held locks and the two controllers, stopped together by one token. Tests run exactly this in-process.
 
+pub mod pod_cache;
 pub mod routing;
 pub mod watch_filter;
 
@@ -20,6 +21,7 @@ use kube::{Client, ResourceExt};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use self::pod_cache::trim_pod;
 use self::routing::{lock_of_job, lock_trigger, locks_of_pod, pod_trigger};
 use self::watch_filter::{changed_or_deleted, watch_backoff, without_errors};
 use super::context::Context;
@@ -179,6 +181,7 @@ pub async fn start(
     let pod_events = without_errors(changed_or_deleted(
         watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
             .backoff(watch_backoff())
+            .modify(trim_pod)
             .reflect(pod_writer)
             .inspect(move |event| record_watch(&pod_health, "pods", event)),
         pod_trigger,
