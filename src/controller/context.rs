@@ -120,6 +120,7 @@ impl Context {
         Action::requeue(delay)
     }
 
+    /// Forgets the object's failures: it reconciled, or it is gone.
     pub fn succeeded<K: Resource<DynamicType = ()>>(&self, object: &ObjectRef<K>) {
         let mut failures = self
             .failures

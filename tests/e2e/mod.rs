@@ -18,7 +18,7 @@ use redlock_operator::controller::run::{ElectionOptions, RunOptions, Running, st
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::apiserver::TestApiServer;
+use crate::support::apiserver::{OPERATOR_HEADER, TestApiServer};
 use crate::support::fault_proxy::FaultProxy;
 use crate::support::redis_server::raw_get;
 
@@ -117,7 +117,7 @@ impl Env {
             .next()
             .expect("an API server address");
         let proxy = FaultProxy::start(upstream).await.expect("fault proxy");
-        let mut config = self.config.clone();
+        let mut config = self.operator_config();
         let scheme = if https { "https" } else { "http" };
         config.cluster_url = format!("{scheme}://{}{}", proxy.addr(), url.path())
             .parse()
@@ -127,6 +127,21 @@ impl Env {
             config.tls_server_name = Some(host);
         }
         (Client::try_from(config).expect("proxied client"), proxy)
+    }
+
+    /// The operator's own client: same API and credentials, with a header by which the test API server records
+    /// what the operator asks for (for the RBAC check; a real API server ignores it).
+    pub fn operator_client(&self) -> Client {
+        Client::try_from(self.operator_config()).expect("operator client")
+    }
+
+    fn operator_config(&self) -> Config {
+        let mut config = self.config.clone();
+        config.headers.push((
+            axum::http::HeaderName::from_static(OPERATOR_HEADER),
+            axum::http::HeaderValue::from_static("true"),
+        ));
+        config
     }
 
     pub fn is_test_server(&self) -> bool {
@@ -298,7 +313,7 @@ pub fn installation_secret(seed: u8) -> Vec<u8> {
 
 /// Starts the operator in-process, the same code path as `redlock-operator run`.
 pub async fn operator(env: &Env, secret: &[u8], identity: Option<&str>) -> (Running, CancellationToken) {
-    operator_with_client(env, env.client.clone(), secret, identity).await
+    operator_with_client(env, env.operator_client(), secret, identity).await
 }
 
 /// An operator replica talking to the API through `client` (one behind a fault proxy, say).

@@ -171,6 +171,7 @@ pub async fn start(
                 quorum_engines.remove(&quorum.name_any());
                 deleted_ctx.wake_locks_on(&quorum.name_any());
                 deleted_ctx.metrics.forget_quorum(&quorum.name_any());
+                deleted_ctx.succeeded(&kube::runtime::reflector::ObjectRef::from_obj(quorum));
             }
         })
         .touched_objects()

@@ -1,6 +1,8 @@
-//! Test controls: injected faults and request counts, per verb and resource.
+//! Test controls: injected faults and request counts, per verb and resource; and the record of what the
+//! operator asked for, for the RBAC check.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
 
 use super::Shared;
 use super::errors::ApiError;
@@ -17,7 +19,17 @@ struct Fault {
 pub(super) struct Control {
     faults: Vec<Fault>,
     counts: HashMap<(&'static str, String), u64>,
+    /// (API group, resource[/status], verb) the operator's client asked for.
+    operator_requests: HashSet<(&'static str, String, &'static str)>,
 }
+
+/// Marks the operator's own client in the end-to-end tests: its requests are recorded.
+pub const OPERATOR_HEADER: &str = "x-redlock-test-operator";
+
+/// With this variable naming a directory, each test process appends there (`requests-PID.txt`, one line per new
+/// `group resource verb`) what the operator asked for; `scripts/rbac_check.py` compares it with the chart's
+/// roles.
+const RECORD_DIR: &str = "REDLOCK_RBAC_RECORD_DIR";
 
 /// `pattern` is "*", a plural (which includes its status subresource) or `plural/status`.
 fn resource_matches(pattern: &str, resource: &str) -> bool {
@@ -48,6 +60,32 @@ impl Shared {
         let mut control = self.control();
         let count = control.counts.entry((verb, route.resource())).or_default();
         *count = count.saturating_add(1);
+    }
+
+    /// Records a request of the operator's client, once per (group, resource, verb).
+    pub(super) fn record_operator_request(&self, verb: &'static str, route: &Route) {
+        let entry = (route.kind.group, route.resource(), verb);
+        if !self.control().operator_requests.insert(entry.clone()) {
+            return;
+        }
+        let Some(dir) = std::env::var_os(RECORD_DIR) else {
+            return;
+        };
+        let path = std::path::Path::new(&dir).join(format!("requests-{}.txt", std::process::id()));
+        let group = if entry.0.is_empty() { "core" } else { entry.0 };
+        let written = std::fs::create_dir_all(&dir).and_then(|()| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .and_then(|mut file| writeln!(file, "{group} {} {verb}", entry.1))
+        });
+        if let Err(error) = written {
+            eprintln!(
+                "cannot record the operator's request in {}: {error}",
+                path.display()
+            );
+        }
     }
 
     /// Takes the first injected fault matching the request.

@@ -78,6 +78,8 @@
 
 mod apply;
 mod controls;
+#[allow(unused_imports)] // only the test binaries with end-to-end tests use it
+pub use controls::OPERATOR_HEADER;
 mod encode;
 mod errors;
 mod kinds;

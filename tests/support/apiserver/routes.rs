@@ -165,6 +165,9 @@ pub(super) async fn handle(AxumState(shared): AxumState<Arc<Shared>>, request: R
     // Counted even while down: a client hammering an unavailable server is what tests look for.
     if let (Some(route), Some(Ok(verb))) = (&route, &verb) {
         shared.count(verb, route);
+        if parts.headers.contains_key(super::controls::OPERATOR_HEADER) {
+            shared.record_operator_request(verb, route);
+        }
     }
     if shared.is_down() {
         return error_response(&ApiError::unavailable("set_down"));
