@@ -69,6 +69,10 @@ struct Core {
     raw_release: Vec<Duration>,
     acquire: Vec<Duration>,
     release: Vec<Duration>,
+    /// A key used before, proposing above the last token (the operator's path: its floor is in status).
+    reused_with_floor: Vec<Duration>,
+    /// A key used before, proposing token 1 (the `lock` command's path: refused, then proposed again).
+    reused_memoryless: Vec<Duration>,
 }
 
 fn main() -> Result<(), BoxError> {
@@ -117,6 +121,15 @@ fn main() -> Result<(), BoxError> {
             ms(rel50),
             ms(p(&mut core.release, 0.99)),
             rel50.as_secs_f64() / raw_rel50.as_secs_f64()
+        );
+        let floor50 = p(&mut core.reused_with_floor, 0.5);
+        let memoryless50 = p(&mut core.reused_memoryless, 0.5);
+        println!(
+            "  acquire of a key used before: above the caller's floor p50 {} ({:.2}x), proposing 1 (refused, then above the counters) p50 {} ({:.2}x)",
+            ms(floor50),
+            floor50.as_secs_f64() / raw_q50.as_secs_f64(),
+            ms(memoryless50),
+            memoryless50.as_secs_f64() / raw_q50.as_secs_f64()
         );
         if *flavor == Flavor::CurrentThread {
             raw_current_thread = raw_q50;
@@ -210,7 +223,10 @@ async fn core(cluster: &RedisCluster) -> Result<Core, BoxError> {
         raw_release: Vec::new(),
         acquire: Vec::new(),
         release: Vec::new(),
+        reused_with_floor: Vec::new(),
+        reused_memoryless: Vec::new(),
     };
+    let mut last_token = 0;
     let mut key = 0u64;
     for _ in 0..scaled(20) {
         for _ in 0..100 {
@@ -230,6 +246,23 @@ async fn core(cluster: &RedisCluster) -> Result<Core, BoxError> {
             let started = Instant::now();
             engine.release(&lease).await;
             core.release.push(started.elapsed());
+        }
+        for round in 0..100 {
+            let floor = if round % 2 == 0 { last_token } else { 0 };
+            let options = AcquireOptions {
+                token_floor: floor,
+                ..AcquireOptions::default()
+            };
+            let started = Instant::now();
+            let lease = engine.acquire("reused", TTL, "bench", options).await?;
+            let elapsed = started.elapsed();
+            if floor == 0 {
+                core.reused_memoryless.push(elapsed);
+            } else {
+                core.reused_with_floor.push(elapsed);
+            }
+            last_token = lease.fencing_token();
+            engine.release(&lease).await;
         }
     }
     engine.settle().await;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use redlock_operator::redlock::{
     AcquireError, AcquireOptions, FailureKind, KeepPolicy, LossReason, NodeHealth, NodeOutcome, Redlock,
-    RedlockConfig,
+    RedlockConfig, counter_key,
 };
 use support::redis_server::{RedisCluster, raw_get};
 use tokio::time::Instant;
@@ -58,6 +58,7 @@ fn once() -> AcquireOptions {
     AcquireOptions {
         attempts: Some(1),
         deadline: None,
+        token_floor: 0,
     }
 }
 
@@ -324,6 +325,7 @@ async fn sixteen_tasks_on_one_key_never_overlap() {
                 let options = AcquireOptions {
                     attempts: None,
                     deadline: Some(stop_at),
+                    token_floor: 0,
                 };
                 let Ok(lease) = engine
                     .acquire("shared", ttl, &format!("task-{task}"), options)
@@ -419,6 +421,7 @@ async fn restarted_masters_are_quarantined_even_for_a_fresh_client() {
     let options = AcquireOptions {
         attempts: None,
         deadline: Some(Instant::now() + Duration::from_secs(60)),
+        token_floor: 0,
     };
     let lease = fresh
         .acquire("payments", ttl, "fresh", options)
@@ -701,6 +704,7 @@ async fn a_majority_connection_starts_work_without_the_hung_masters() {
     let patiently = AcquireOptions {
         attempts: None,
         deadline: Some(Instant::now() + Duration::from_secs(30)),
+        token_floor: 0,
     };
     let lease = engine
         .acquire("hung-minority", ttl, "a", patiently)
@@ -784,4 +788,216 @@ async fn a_release_is_decided_at_a_majority_and_the_rest_follows() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+}
+
+async fn raw_set(url: &str, key: &str, value: &str) {
+    let client = redis::Client::open(url).expect("url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+    redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .query_async::<()>(&mut conn)
+        .await
+        .expect("set");
+}
+
+/// Waits until `key` reads `expected` on the master at `url` (writes may still be on their way to it).
+async fn eventually_reads(url: &str, key: &str, expected: Option<&str>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let value = raw_get(url, key).await;
+        if value.as_deref() == expected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{key} on {url} is {value:?}, expected {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn above(token_floor: i64) -> AcquireOptions {
+    AcquireOptions {
+        token_floor,
+        ..once()
+    }
+}
+
+/// Issue 14: tokens come from the masters' counters; a proposal at or below a counter is refused with the
+/// counter, and the engine proposes above it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_are_proposed_above_the_counters() {
+    let cluster = RedisCluster::start(5).expect("masters");
+    let ttl = Duration::from_secs(2);
+    let engine = engine(&cluster, ttl, Duration::from_millis(200)).await;
+    wait_until_eligible(&engine, 5).await;
+    let counter = counter_key("tokens");
+    assert_eq!(counter, "{tokens}:token");
+
+    // No memory in the caller: 1, then refused at 1 and granted at 2, and so on.
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
+        let lease = engine.acquire("tokens", ttl, "a", once()).await.expect("acquire");
+        tokens.push(lease.fencing_token());
+        engine.release(&lease).await;
+    }
+    assert_eq!(tokens, [1, 2, 3]);
+    engine.settle().await;
+    for url in cluster.urls() {
+        eventually_reads(&url, &counter, Some("3")).await;
+    }
+
+    // The caller's floor is above the counters: proposed as is.
+    let lease = engine
+        .acquire("tokens", ttl, "a", above(40))
+        .await
+        .expect("acquire");
+    assert_eq!(lease.fencing_token(), 41);
+    engine.release(&lease).await;
+
+    // A majority knows a higher counter than the caller's floor: refused, then granted above it.
+    for url in &cluster.urls()[..3] {
+        raw_set(url, &counter, "0050").await;
+    }
+    let lease = engine
+        .acquire("tokens", ttl, "a", above(41))
+        .await
+        .expect("acquire");
+    assert_eq!(lease.fencing_token(), 51);
+    engine.release(&lease).await;
+
+    // A failed attempt's refusal is remembered by the next attempt of the same acquisition.
+    let blocker = engine.acquire("tokens", ttl, "b", once()).await.expect("acquire");
+    assert_eq!(blocker.fencing_token(), 52);
+    let err = engine.acquire("tokens", ttl, "c", once()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AcquireError::NotAcquired {
+                kind: FailureKind::Contended,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    engine.release(&blocker).await;
+}
+
+/// Issue 14: a restarted master forgot its counters. Quarantined, it gets no writes; afterwards the masters
+/// that remember refuse low proposals, and a grant teaches the restarted ones the token again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_survive_a_minority_restart_with_quarantine() {
+    let mut cluster = RedisCluster::start(5).expect("masters");
+    let ttl = Duration::from_secs(2);
+    let engine = engine(&cluster, ttl, Duration::from_millis(200)).await;
+    wait_until_eligible(&engine, 5).await;
+    let counter = counter_key("restarts");
+    let lease = engine
+        .acquire("restarts", ttl, "a", once())
+        .await
+        .expect("acquire");
+    assert_eq!(lease.fencing_token(), 1);
+    engine.release(&lease).await;
+
+    cluster[0].restart().expect("restart");
+    cluster[1].restart().expect("restart");
+    // Until verified again and out of quarantine, the restarted masters get nothing (and do not vote).
+    let lease = engine
+        .acquire("restarts", ttl, "a", once())
+        .await
+        .expect("3 of 5 vote");
+    assert_eq!(lease.fencing_token(), 2, "{}", lease.report());
+    assert!(
+        lease.report().nodes[..2]
+            .iter()
+            .all(|node| !node.outcome.is_vote()),
+        "{}",
+        lease.report()
+    );
+    engine.release(&lease).await;
+    engine.settle().await;
+    for url in &cluster.urls()[..2] {
+        assert_eq!(
+            raw_get(url, &counter).await,
+            None,
+            "a quarantined master got a write"
+        );
+    }
+
+    wait_until_eligible(&engine, 5).await;
+    // Only the two forgetful masters could grant token 1: no majority, so it proposes above the others.
+    let lease = engine
+        .acquire("restarts", ttl, "a", once())
+        .await
+        .expect("acquire");
+    assert_eq!(lease.fencing_token(), 3, "{}", lease.report());
+    engine.release(&lease).await;
+    for url in cluster.urls() {
+        eventually_reads(&url, &counter, Some("3")).await;
+    }
+}
+
+/// Issue 14: an extension that re-creates the key on a master that lost it raises that master's counter too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repair_raises_the_counter_of_a_master_that_lost_it() {
+    let mut cluster = RedisCluster::start(5).expect("masters");
+    let ttl = Duration::from_secs(2);
+    let engine = engine(&cluster, ttl, Duration::from_millis(200)).await;
+    wait_until_eligible(&engine, 5).await;
+    let counter = counter_key("repaired");
+    let lease = engine
+        .acquire("repaired", ttl, "a", above(6))
+        .await
+        .expect("acquire");
+    assert_eq!(lease.fencing_token(), 7);
+    eventually_reads(&cluster[0].url(), &counter, Some("7")).await;
+
+    // Master 0 forgets everything and waits out its quarantine while the lock is kept.
+    cluster[0].restart().expect("restart");
+    let kept = engine.keep(lease, KeepPolicy::for_ttl(ttl, Duration::from_millis(200)));
+    assert_eq!(raw_get(&cluster[0].url(), &counter).await, None);
+    wait_until_eligible(&engine, 5).await;
+    // Nothing but the extension's repair writes the counter there (the acquisition came before the restart).
+    eventually_reads(&cluster[0].url(), &counter, Some("7")).await;
+    assert!(kept.state().lost.is_none(), "{:?}", kept.state());
+    kept.release().await;
+}
+
+/// Issue 14: a counter at the largest 64-bit integer is an error the caller can show, never a wrap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_at_the_largest_token_is_an_error() {
+    let cluster = RedisCluster::start(3).expect("masters");
+    let ttl = Duration::from_secs(2);
+    let engine = engine(&cluster, ttl, Duration::from_millis(200)).await;
+    wait_until_eligible(&engine, 3).await;
+    let max = i64::MAX.to_string();
+    for url in cluster.urls() {
+        raw_set(&url, &counter_key("exhausted"), &max).await;
+    }
+    let err = engine.acquire("exhausted", ttl, "a", once()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AcquireError::TokenExhausted {
+                counter: i64::MAX,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains(&max), "{err}");
+    engine.settle().await;
+    assert_eq!(
+        keys_left(&cluster, "exhausted").await,
+        0,
+        "nothing of the attempt is left"
+    );
+
+    // A caller's floor at the maximum is refused before anything is sent.
+    let err = engine
+        .acquire("elsewhere", ttl, "a", above(i64::MAX))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AcquireError::TokenExhausted { .. }), "{err}");
 }

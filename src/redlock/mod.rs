@@ -18,7 +18,7 @@ mod scripts;
 mod value;
 
 pub use batch::MAX_BATCH;
-pub use config::{ConfigError, Endpoint, RedlockConfig, RetryPolicy, TlsOptions};
+pub use config::{ConfigError, DEFAULT_TOKEN_RETENTION, Endpoint, RedlockConfig, RetryPolicy, TlsOptions};
 pub use engine::{AcquireOptions, Lease, Redlock};
 pub use error::{AcquireError, ExtendError, FailureKind};
 pub use keeper::{KeepPolicy, KeepState, KeptLock, LossReason, kill_grace};
@@ -27,4 +27,5 @@ pub use outcome::{NodeOutcome, NodeReport, OperationReport};
 pub use quarantine::quarantine_until;
 pub use quorum::quorum_of;
 pub use schedule::{KeepAction, next_keep_action};
+pub use scripts::counter_key;
 pub use value::{LockValue, ValueError};

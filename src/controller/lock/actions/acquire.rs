@@ -33,7 +33,12 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, token: i6
     let result = target
         .engine
         .engine
-        .try_acquire(&target.settings.key, target.settings.ttl, value)
+        .try_acquire(
+            &target.settings.key,
+            target.settings.ttl,
+            value,
+            token.saturating_sub(1),
+        )
         .await;
     let outcome = match &result {
         Ok(_) => "acquired",
@@ -96,6 +101,18 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, token: i6
             .await
         }
         Err(AcquireError::Value(err)) => Err(Error::Value(err)),
+        Err(err @ AcquireError::TokenExhausted { .. }) => {
+            let retry = Some(Duration::from_secs(60));
+            not_ready(
+                target.lock,
+                ctx,
+                LockPhase::Pending,
+                "TokenExhausted",
+                err.to_string(),
+                retry,
+            )
+            .await
+        }
     }
 }
 
@@ -230,7 +247,7 @@ pub async fn take_back(
     let result = target
         .engine
         .engine
-        .reclaim(&target.settings.key, target.settings.ttl, value)
+        .reclaim(&target.settings.key, target.settings.ttl, value, token)
         .await;
     if let Ok(lease) = &result {
         keep(target, ctx, lease, token);
