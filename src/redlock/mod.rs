@@ -28,4 +28,10 @@ pub use quarantine::quarantine_until;
 pub use quorum::quorum_of;
 pub use schedule::{KeepAction, next_keep_action};
 pub use scripts::counter_key;
+
+/// The acquire script, for the engine benchmark's raw baseline of the same script without the engine.
+#[doc(hidden)]
+pub fn acquire_script() -> &'static redis::Script {
+    &scripts::ACQUIRE
+}
 pub use value::{LockValue, ValueError};
