@@ -489,7 +489,9 @@ impl Redlock {
     /// of masters still hold `value`: such keys have been present continuously since the predecessor last wrote
     /// them, which it only did while holding the lock, so nobody else can have held a majority in between.
     /// Keys re-created by the attempt do not count, and are deleted again if the attempt fails.
-    /// `token` is the predecessor's fencing token: extensions raise counters that lost it back to it.
+    /// `token` is the predecessor's fencing token: once reclaimed, extensions raise counters that lost it back
+    /// to it. The attempt itself raises no counter: `token` comes from a status anyone allowed to may have
+    /// written, and only a majority holding `value` (derived from the token) shows it is the acquisition's.
     pub async fn reclaim(
         &self,
         resource: &str,
@@ -506,7 +508,7 @@ impl Redlock {
             granted_at: now,
             // Only bounds how long the attempt may take; the validity that counts is the one it returns.
             valid_until: now + ttl,
-            token,
+            token: 0,
             report: OperationReport {
                 nodes: Vec::new(),
                 elapsed: Duration::ZERO,
@@ -540,7 +542,7 @@ impl Redlock {
                 .await;
             }
         }
-        result
+        result.map(|lease| Lease { token, ..lease })
     }
 
     /// Deletes the key on every connected master where it still holds this lease's value, all at once. Returns
@@ -791,13 +793,14 @@ pub(super) fn interpret(op: Op, reply: Value) -> NodeOutcome {
     match (op, reply) {
         (Op::Acquire { .. }, Value::Array(items)) => match items.as_slice() {
             [Value::Int(1)] => NodeOutcome::Granted,
-            [Value::Int(0), Value::BulkString(counter)] => std::str::from_utf8(counter)
-                .ok()
-                .and_then(|counter| counter.parse().ok())
-                .map_or_else(
-                    || NodeOutcome::Error("fencing counter above the largest token".into()),
-                    |counter| NodeOutcome::TokenTooLow { counter },
-                ),
+            // The script answers only canonical decimals: one that does not parse is beyond the largest
+            // token, and the acquisition then says the token is exhausted instead of failing obscurely.
+            [Value::Int(0), Value::BulkString(counter)] => NodeOutcome::TokenTooLow {
+                counter: std::str::from_utf8(counter)
+                    .ok()
+                    .and_then(|counter| counter.parse().ok())
+                    .unwrap_or(i64::MAX),
+            },
             [Value::Int(2), Value::BulkString(raw)] => other(raw),
             unexpected => NodeOutcome::Error(format!("unexpected reply {unexpected:?}")),
         },
