@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redlock_operator::redlock::{
-    AcquireError, AcquireOptions, FailureKind, KeepPolicy, LossReason, NodeHealth, NodeOutcome, Redlock,
-    RedlockConfig, counter_key,
+    AcquireError, AcquireOptions, FailureKind, KeepPolicy, LockValue, LossReason, NodeHealth, NodeOutcome,
+    Redlock, RedlockConfig, counter_key,
 };
 use support::redis_server::{RedisCluster, raw_get};
 use tokio::time::Instant;
@@ -1000,4 +1000,49 @@ async fn a_counter_at_the_largest_token_is_an_error() {
         .await
         .unwrap_err();
     assert!(matches!(err, AcquireError::TokenExhausted { .. }), "{err}");
+
+    // A counter someone wrote beyond any 64-bit token is exhausted too, on a single master as on all.
+    raw_set(&cluster.urls()[0], &counter_key("beyond"), "99999999999999999999").await;
+    let err = engine.acquire("beyond", ttl, "a", once()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AcquireError::TokenExhausted {
+                counter: i64::MAX,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    engine.settle().await;
+    assert_eq!(keys_left(&cluster, "beyond").await, 0);
+}
+
+/// Issue 14: a takeover with a token nobody proved (status is writable by others) raises no counter: only a
+/// majority still holding the value derived from the token makes it the lease's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaim_raises_counters_only_once_it_is_proven() {
+    let cluster = RedisCluster::start(3).expect("masters");
+    let ttl = Duration::from_secs(2);
+    let engine = engine(&cluster, ttl, Duration::from_millis(200)).await;
+    wait_until_eligible(&engine, 3).await;
+    let forged = LockValue::random("someone").expect("value");
+    let attempt = engine.reclaim("unheld", ttl, forged, i64::MAX).await;
+    assert!(attempt.is_err(), "nobody held it");
+    engine.settle().await;
+    for url in cluster.urls() {
+        assert_eq!(raw_get(&url, &counter_key("unheld")).await, None, "{url}");
+    }
+
+    let value = LockValue::random("a").expect("value");
+    let lease = engine
+        .try_acquire("held", ttl, value.clone(), 4)
+        .await
+        .expect("acquire");
+    let reclaimed = engine
+        .reclaim("held", ttl, value, lease.fencing_token())
+        .await
+        .expect("reclaim the live acquisition");
+    assert_eq!(reclaimed.fencing_token(), 5);
+    engine.release(&reclaimed).await;
 }

@@ -328,10 +328,10 @@ impl Redlock {
                 retry.attempts
             })
             .max(1);
-        let mut attempt = 0;
+        let mut attempt: u32 = 0;
         let mut floor = options.token_floor;
         loop {
-            attempt += 1;
+            attempt = attempt.saturating_add(1);
             let value = LockValue::random(holder)?;
             let error = match self.try_acquire(resource, ttl, value, floor).await {
                 Ok(lease) => return Ok(lease),
@@ -827,7 +827,12 @@ fn could_grant(report: &OperationReport) -> bool {
         .iter()
         .filter(|node| matches!(node.outcome, NodeOutcome::HeldByOther { .. }))
         .count();
-    report.nodes.len() - held - report.unreachable() >= report.quorum
+    report
+        .nodes
+        .len()
+        .saturating_sub(held)
+        .saturating_sub(report.unreachable())
+        >= report.quorum
 }
 
 pub(super) fn millis(duration: Duration) -> u64 {
