@@ -1035,3 +1035,156 @@ async fn a_reclaim_raises_counters_only_once_it_is_proven() {
     assert_eq!(reclaimed.fencing_token(), 5);
     engine.release(&reclaimed).await;
 }
+
+/// One master's state of a key and its counter after a script ran, with what the script answered.
+async fn script_step(
+    conn: &mut redis::aio::MultiplexedConnection,
+    script: &redis::Script,
+    key: &str,
+    value: &str,
+    token: &str,
+) -> (String, Option<String>, Option<String>) {
+    let reply = script
+        .key(key)
+        .key(counter_key(key))
+        .arg(value)
+        .arg(10_000)
+        .arg(token)
+        .arg(60_000)
+        .invoke_async::<redis::Value>(conn)
+        .await;
+    let reply = match reply {
+        Ok(redis::Value::Int(n)) => n.to_string(),
+        Ok(redis::Value::Array(items)) => items
+            .iter()
+            .map(|item| match item {
+                redis::Value::Int(n) => n.to_string(),
+                redis::Value::BulkString(raw) => String::from_utf8_lossy(raw).into_owned(),
+                other => format!("{other:?}"),
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+        Ok(redis::Value::BulkString(raw)) => String::from_utf8_lossy(&raw).into_owned(),
+        Ok(other) => format!("{other:?}"),
+        Err(err) => format!("error: {}", err.detail().unwrap_or_default()),
+    };
+    let stored = |key: String| {
+        let mut conn = conn.clone();
+        async move {
+            redis::cmd("GET")
+                .arg(key)
+                .query_async::<Option<String>>(&mut conn)
+                .await
+                .expect("GET")
+        }
+    };
+    (
+        reply,
+        stored(key.to_owned()).await,
+        stored(counter_key(key)).await,
+    )
+}
+
+/// Issue 14: the acquire and extend scripts decide alike on Redis 7 (`SET NX GET`, `SET GET`) and on older
+/// masters (a read before each write), and compare counters as integers however long or zero-padded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_scripts_decide_alike_on_every_redis_and_compare_counters_as_integers() {
+    let cluster = RedisCluster::start(1).expect("master");
+    let client = redis::Client::open(cluster.urls()[0].as_str()).expect("url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+    let s = |text: &str| Some(text.to_owned());
+    for modern in [true, false] {
+        let (acquire, extend) = redlock_operator::redlock::token_scripts(modern);
+        let k = |name: &str| format!("{name}-{modern}");
+        let setter = conn.clone();
+        let set_counter = |key: String, counter: &'static str| {
+            let mut conn = setter.clone();
+            async move {
+                redis::cmd("SET")
+                    .arg(counter_key(&key))
+                    .arg(counter)
+                    .query_async::<()>(&mut conn)
+                    .await
+                    .expect("SET");
+            }
+        };
+        // (script, key, value, token, counter set before (if any), expected reply, key after, counter after)
+        type Step = (
+            bool,
+            &'static str,
+            &'static str,
+            &'static str,
+            Option<&'static str>,
+            &'static str,
+            Option<String>,
+            Option<String>,
+        );
+        let long = "100000000000000000";
+        let steps: Vec<Step> = vec![
+            (true, "fresh", "v", "1", None, "1", s("v"), s("1")),
+            (true, "fresh", "v", "2", None, "1", s("v"), s("2")),
+            (true, "fresh", "w", "3", None, "2,v", s("v"), s("2")),
+            (true, "low", "v", "2", Some("2"), "0,2", None, s("2")),
+            (
+                true,
+                "padded",
+                "v",
+                "5",
+                Some("00000000000000000000000007"),
+                "0,00000000000000000000000007",
+                None,
+                s("00000000000000000000000007"),
+            ),
+            (true, "padded", "v", "8", None, "1", s("v"), s("8")),
+            (
+                true,
+                "long",
+                "v",
+                "99999999999999999",
+                Some(long),
+                "0,100000000000000000",
+                None,
+                s(long),
+            ),
+            (
+                true,
+                "long",
+                "v",
+                "100000000000000001",
+                None,
+                "1",
+                s("v"),
+                s("100000000000000001"),
+            ),
+            (
+                true,
+                "junk",
+                "v",
+                "1",
+                Some("1e3"),
+                "error: fencing counter",
+                None,
+                s("1e3"),
+            ),
+            (false, "kept", "v", "5", None, "2", s("v"), s("5")),
+            (false, "kept", "v", "3", None, "1", s("v"), s("5")),
+            (false, "kept", "v", "0", None, "1", s("v"), s("5")),
+            (false, "kept", "v", "9", Some(long), "1", s("v"), s(long)),
+            (false, "kept", "v", "9", Some("abc"), "1", s("v"), s("abc")),
+            (false, "kept", "w", "9", Some("1"), "v", s("v"), s("1")),
+        ];
+        for (is_acquire, name, value, token, counter, reply, key_after, counter_after) in steps {
+            if let Some(counter) = counter {
+                set_counter(k(name), counter).await;
+            }
+            let script = if is_acquire { &acquire } else { &extend };
+            let (got, key_now, counter_now) = script_step(&mut conn, script, &k(name), value, token).await;
+            let context = format!("modern={modern} {name} value={value} token={token}");
+            assert!(
+                got.starts_with(reply),
+                "{context}: answered {got}, expected {reply}"
+            );
+            assert_eq!((key_now, counter_now), (key_after, counter_after), "{context}");
+        }
+    }
+}

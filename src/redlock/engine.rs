@@ -791,8 +791,8 @@ pub(super) fn interpret(op: Op, reply: Value) -> NodeOutcome {
         holder: LockValue::holder_of(raw),
     };
     match (op, reply) {
+        (Op::Acquire { .. }, Value::Int(1)) => NodeOutcome::Granted,
         (Op::Acquire { .. }, Value::Array(items)) => match items.as_slice() {
-            [Value::Int(1)] => NodeOutcome::Granted,
             // The script answers only canonical decimals: one that does not parse is beyond the largest
             // token, and the acquisition then says the token is exhausted instead of failing obscurely.
             [Value::Int(0), Value::BulkString(counter)] => NodeOutcome::TokenTooLow {

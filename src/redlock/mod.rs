@@ -34,4 +34,15 @@ pub use scripts::counter_key;
 pub fn acquire_script() -> &'static redis::Script {
     &scripts::ACQUIRE
 }
+
+/// The acquire and extend scripts as they run on the masters (`modern`: Redis 7 and later), for the tests that
+/// check both branches decide alike. Arguments as the engine passes them (see `scripts.rs`).
+#[doc(hidden)]
+pub fn token_scripts(modern: bool) -> (redis::Script, redis::Script) {
+    if modern {
+        (scripts::ACQUIRE.clone(), scripts::EXTEND.clone())
+    } else {
+        scripts::legacy_scripts()
+    }
+}
 pub use value::{LockValue, ValueError};
