@@ -1188,3 +1188,31 @@ async fn the_token_scripts_decide_alike_on_every_redis_and_compare_counters_as_i
         }
     }
 }
+
+/// Scripts go out as EVALSHA (no text on the wire); a master that lost its script cache gets the text once and
+/// the operation still counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_script_cache_costs_no_vote() {
+    let cluster = RedisCluster::start(3).expect("masters");
+    let ttl = Duration::from_secs(2);
+    let engine = engine(&cluster, ttl, Duration::from_millis(200)).await;
+    wait_until_eligible(&engine, 3).await;
+    for url in cluster.urls() {
+        let client = redis::Client::open(url.as_str()).expect("url");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("SCRIPT FLUSH");
+    }
+    let lease = engine.acquire("flushed", ttl, "a", once()).await.expect("acquire");
+    // Decided at a majority: the last master may still be on its way.
+    assert!(lease.report().votes() >= 2, "{}", lease.report());
+    let extended = engine.extend(&lease).await.expect("extend");
+    assert_eq!(extended.fencing_token(), lease.fencing_token());
+    engine.release(&extended).await;
+}

@@ -19,8 +19,9 @@ use crate::redlock::{
 Exit status: the command's own, or 64 bad usage, 69 too few masters reachable, 75 not acquired within --wait,
 76 lock lost while the command ran (it was stopped before the lock's validity ended), 126/127 command not runnable.
 
-The command gets REDLOCK_RESOURCE, REDLOCK_HOLDER, REDLOCK_VALIDITY_MS and REDLOCK_FENCING_TOKEN in its environment and runs in its own
-process group, so that on loss of the lock every process of the group is stopped.")]
+The command gets REDLOCK_RESOURCE, REDLOCK_HOLDER, REDLOCK_VALIDITY_MS and REDLOCK_FENCING_TOKEN (from the masters'
+counter for the key) in its environment and runs in its own process group, so that on loss of the lock every
+process of the group is stopped.")]
 pub struct LockArgs {
     /// A Redis master, as redis://[user:password@]host:port or rediss://… for TLS; repeat for each master.
     #[arg(

@@ -4,7 +4,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rand::Rng;
-use redis::Value;
+use redis::{ErrorKind, ServerErrorKind, Value};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -133,6 +133,27 @@ pub struct AcquireOptions {
 /// Proposal rounds in one acquisition attempt: the first, and re-proposals above the counters masters reported.
 /// One re-proposal is enough unless contenders raise the counters at the same time.
 const PROPOSAL_ROUNDS: u32 = 4;
+
+/// The keys one operation touches on every master; the counter's name is made once, not per master.
+#[derive(Clone)]
+struct Keys {
+    resource: Arc<str>,
+    /// Empty for a release, which leaves the counter alone.
+    counter: Arc<str>,
+}
+
+impl Keys {
+    fn of(op: Op, resource: &Arc<str>) -> Self {
+        let counter = match op {
+            Op::Release => Arc::from(""),
+            Op::Acquire { .. } | Op::Extend { .. } => scripts::counter_key(resource).into(),
+        };
+        Self {
+            resource: resource.clone(),
+            counter,
+        }
+    }
+}
 
 type NodeFuture = BoxFuture<'static, (usize, NodeOutcome, Option<Duration>)>;
 
@@ -617,6 +638,7 @@ impl Redlock {
             })
             .collect();
         let mut pending = FuturesUnordered::new();
+        let keys = Keys::of(op, resource);
         for (index, node) in nodes.iter().enumerate() {
             if only.is_some_and(|only| !only.contains(&index)) {
                 continue;
@@ -626,9 +648,7 @@ impl Redlock {
                 _ => node.ready(started),
             };
             match ready {
-                Ok(ready) => {
-                    pending.push(self.run_on_node(index, ready, op, resource.clone(), value.clone()))
-                }
+                Ok(ready) => pending.push(self.run_on_node(index, ready, op, keys.clone(), value.clone())),
                 Err(outcome) => {
                     tally.record(false);
                     reports[index].outcome = outcome;
@@ -678,7 +698,13 @@ impl Redlock {
                 tokio::select! {
                     Some((index, _, _)) = pending.next() => {
                         if let Ok(ready) = self.inner.nodes[index].connected() {
-                            unlocks.push(self.run_on_node(index, ready, Op::Release, resource.clone(), value.clone()));
+                            unlocks.push(self.run_on_node(
+                            index,
+                            ready,
+                            Op::Release,
+                            Keys::of(Op::Release, resource),
+                            value.clone(),
+                        ));
                         }
                     }
                     Some(_) = unlocks.next() => {}
@@ -694,7 +720,7 @@ impl Redlock {
         index: usize,
         ready: Ready,
         op: Op,
-        resource: Arc<str>,
+        Keys { resource, counter }: Keys,
         value: LockValue,
     ) -> NodeFuture {
         let node = self.inner.nodes[index].clone();
@@ -711,15 +737,34 @@ impl Redlock {
                             Op::Acquire { .. } => &*scripts::ACQUIRE,
                             _ => &*scripts::EXTEND,
                         };
-                        script
-                            .key(&*resource)
-                            .key(scripts::counter_key(&resource))
+                        // EVALSHA built once, straight into the command (the script's invocation helper
+                        // copies every argument twice); the text goes out only after a NOSCRIPT.
+                        let mut evalsha = redis::cmd("EVALSHA");
+                        evalsha
+                            .arg(script.get_hash())
+                            .arg(2)
+                            .arg(&*resource)
+                            .arg(&*counter)
                             .arg(value.as_str())
                             .arg(ttl_ms)
                             .arg(token)
-                            .arg(retention_ms)
-                            .invoke_async::<Value>(&mut conn)
-                            .await
+                            .arg(retention_ms);
+                        match evalsha.query_async::<Value>(&mut conn).await {
+                            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                                // The master lost its script cache (SCRIPT FLUSH, or a restart not noticed
+                                // yet): load the script and run it.
+                                script
+                                    .key(&*resource)
+                                    .key(&*counter)
+                                    .arg(value.as_str())
+                                    .arg(ttl_ms)
+                                    .arg(token)
+                                    .arg(retention_ms)
+                                    .invoke_async::<Value>(&mut conn)
+                                    .await
+                            }
+                            other => other,
+                        }
                     }
                     Op::Release => {
                         scripts::RELEASE_SCRIPT

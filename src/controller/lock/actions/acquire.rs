@@ -40,20 +40,18 @@ const REPAIR_RETRY: Duration = Duration::from_secs(60);
 /// Reason of `Ready=False` while the key's floor record makes no sense.
 const INVALID_FLOOR: &str = "InvalidFencingFloor";
 
-/// Acquires the lock for `holder` with a fencing token above `floor`, above the cluster's floor record for the
-/// key and above what the masters' counters know; records the token as the key's floor, shows it, and hands
-/// the lock to the keeper.
+/// Acquires the lock for `holder` with a fencing token above `floor` and above what the masters' counters
+/// know; records the token in the key's floor record (giving the grant back and asking above the record when
+/// the masters forgot), shows it, and hands the lock to the keeper. The record is read only after a grant: a
+/// contended lock's retries cost the API nothing.
 pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i64) -> Result<Action, Error> {
     ctx.ensure_leader()?;
     let (quorum, key) = (&target.settings.quorum, &target.settings.key);
-    let mut seen = match token_floor::read(ctx, quorum, key).await? {
-        Ok(seen) => seen,
-        Err(message) => return invalid_floor(target, ctx, message).await,
-    };
-    let mut floor = floor.max(seen.token);
+    let mut floor = floor;
+    let mut floor_is_record = false;
     for _ in 0..GRANT_ROUNDS {
         let Some(token) = floor.checked_add(1) else {
-            let exhausted = if seen.token == floor {
+            let exhausted = if floor_is_record {
                 Exhausted::Floor { token: floor }
             } else {
                 Exhausted::Known { token: floor }
@@ -86,22 +84,22 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
             // the token in status) was derived from the token proposed: give the grant back, propose above.
             target.engine.engine.release(&lease).await;
             floor = lease.fencing_token();
+            floor_is_record = false;
             continue;
         }
         // Kept from this moment: the floor and status writes below take API round trips of the validity.
         keep(target, ctx, &lease, token);
-        let recorded = token_floor::record(ctx, quorum, key, seen.clone(), token).await;
-        match recorded {
+        match record_floor(ctx, quorum, key, token).await {
             Ok(Recorded::Written) => return hold(target, ctx, holder, &lease).await,
-            Ok(Recorded::Reacquire(record)) => {
-                tracing::warn!(lock = %target.lref, token, floor = record.token, "the masters granted a token the cluster's floor record already holds: acquiring above it");
+            Ok(Recorded::Reacquire { floor: record }) => {
+                tracing::warn!(lock = %target.lref, token, floor = record, "the masters granted a token the cluster's floor record already holds (they forgot): acquiring above it");
                 release_held(ctx, &target.lref, Some(quorum)).await;
-                floor = floor.max(record.token);
-                seen = record;
+                floor = record;
+                floor_is_record = true;
             }
             Ok(Recorded::Invalid(message)) => return invalid_floor(target, ctx, message).await,
             Err(err) => {
-                // Nothing shows the token: giving the grant back is safe even if the write landed (the next
+                // Nothing shows the token: giving the grant back is safe even if a write landed (the next
                 // token is then above it).
                 release_held(ctx, &target.lref, Some(quorum)).await;
                 return Err(err);
@@ -109,6 +107,14 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
         }
     }
     Ok(Action::requeue(Duration::from_millis(10)))
+}
+
+/// Reads the key's floor record and records `token` in it unless it already holds as much.
+async fn record_floor(ctx: &Context, quorum: &str, key: &str, token: i64) -> Result<Recorded, Error> {
+    match token_floor::read(ctx, quorum, key).await? {
+        Ok(seen) => token_floor::record(ctx, quorum, key, seen, token).await,
+        Err(message) => Ok(Recorded::Invalid(message)),
+    }
 }
 
 /// No token can be granted above the largest one: say where it is and what to do, and look again later.

@@ -25,12 +25,12 @@ pub struct Floor {
 }
 
 /// What recording a granted token came to.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Recorded {
     /// The record now holds the granted token.
     Written,
-    /// The record holds at least the granted token (as read here): acquire above it.
-    Reacquire(Floor),
+    /// The record holds `floor`, at least the granted token: acquire above it.
+    Reacquire { floor: i64 },
     /// The record makes no sense; the message says how to repair it.
     Invalid(String),
 }
@@ -68,8 +68,8 @@ pub async fn record(
 ) -> Result<Recorded, Error> {
     let name = record_name(quorum, key);
     for _ in 0..WRITE_ATTEMPTS {
-        if let AfterGrant::Reacquire { .. } = after_grant(seen.token, granted) {
-            return Ok(Recorded::Reacquire(seen));
+        if let AfterGrant::Reacquire { floor } = after_grant(seen.token, granted) {
+            return Ok(Recorded::Reacquire { floor });
         }
         ctx.ensure_leader()?;
         let object = ConfigMap {
