@@ -1172,6 +1172,20 @@ async fn the_token_scripts_decide_alike_on_every_redis_and_compare_counters_as_i
             (false, "kept", "v", "9", Some(long), "1", s("v"), s(long)),
             (false, "kept", "v", "9", Some("abc"), "1", s("v"), s("abc")),
             (false, "kept", "w", "9", Some("1"), "v", s("v"), s("1")),
+            // A plain extension leaves the counter to the grant; only a repair raises it.
+            (false, "kept", "v", "9", Some("2"), "1", s("v"), s("2")),
+            (false, "repaired", "v", "9", Some("2"), "2", s("v"), s("9")),
+            (false, "repaired-high", "v", "9", Some(long), "2", s("v"), s(long)),
+            (
+                false,
+                "repaired-junk",
+                "v",
+                "9",
+                Some("abc"),
+                "2",
+                s("v"),
+                s("abc"),
+            ),
         ];
         for (is_acquire, name, value, token, counter, reply, key_after, counter_after) in steps {
             if let Some(counter) = counter {
@@ -1199,17 +1213,17 @@ async fn a_flushed_script_cache_costs_no_vote() {
     wait_until_eligible(&engine, 3).await;
     for url in cluster.urls() {
         let client = redis::Client::open(url.as_str()).expect("url");
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect");
+        let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
         redis::cmd("SCRIPT")
             .arg("FLUSH")
             .query_async::<()>(&mut conn)
             .await
             .expect("SCRIPT FLUSH");
     }
-    let lease = engine.acquire("flushed", ttl, "a", once()).await.expect("acquire");
+    let lease = engine
+        .acquire("flushed", ttl, "a", once())
+        .await
+        .expect("acquire");
     // Decided at a majority: the last master may still be on its way.
     assert!(lease.report().votes() >= 2, "{}", lease.report());
     let extended = engine.extend(&lease).await.expect("extend");

@@ -132,7 +132,7 @@ impl Redlock {
         let node = self.inner.nodes[index].clone();
         let hash = match repair {
             Repair::Recreate => scripts::EXTEND.get_hash(),
-            Repair::Never => scripts::EXTEND_ONLY.get_hash(),
+            Repair::Never => scripts::EXTEND_ONLY_SCRIPT.get_hash(),
         };
         let mut pipe = redis::pipe();
         pipe.ignore_errors();

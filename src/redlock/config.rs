@@ -164,7 +164,7 @@ pub struct RedlockConfig {
     pub max_ttl: Duration,
     /// Skip the restart quarantine: only for masters that fsync every write (`appendfsync always`).
     pub assume_durable: bool,
-    /// How long a key's fencing counter outlives the last grant or extension of its lock. Longer than a year by
+    /// How long a key's fencing counter outlives the last grant (or repair) of its lock. Longer than a year by
     /// default, so that even yearly jobs keep their sequence; short enough that counters of resource names used
     /// once do not pile up on the masters forever.
     pub token_retention: Duration,

@@ -101,49 +101,41 @@ return 1
 
 /// KEYS[1] lock key, KEYS[2] its fencing counter; ARGV[1] our value, ARGV[2] ttl in ms, ARGV[3] our token
 /// ('0' when unknown), ARGV[4] the counter's retention in ms.
-/// Returns 1 (extended), 2 (re-created: the key had vanished) or the other holder's value. Where it extends or
-/// re-creates, the counter is raised to our token (a master that lost it learns it back) and kept.
+/// Returns 1 (extended), 2 (re-created: the key had vanished) or the other holder's value. Where it re-creates
+/// the key, the counter is raised to our token (a master that lost the key lost the counter too, and learns it
+/// back). A plain extension leaves the counter alone: the grant set it on this master, and the keeper's
+/// thousands of extensions a second cost the masters no more than without tokens.
 fn extend(version: &str) -> String {
     format!(
         "{version}{BELOW}{RAISE}{}",
         r"
 local current = redis.call('GET', KEYS[1])
-local result
 if current == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  result = 1
-elseif current == false then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX')
-  result = 2
-else
-  return current
-end
-raise(KEYS[2], ARGV[3], ARGV[4])
-return result
-"
-    )
-}
-
-/// KEYS[1] lock key, KEYS[2] its fencing counter; ARGV as for [`extend`]. Compare-and-extend only, never
-/// re-creating the key: for a holder that cannot confirm it is still entitled to repair (a replica that lost
-/// sight of its lease). Returns 1 (extended), 0 (absent) or the other holder's value; where it extends, the
-/// counter is raised and kept as by [`extend`].
-fn extend_only(version: &str) -> String {
-    format!(
-        "{version}{BELOW}{RAISE}{}",
-        r"
-local current = redis.call('GET', KEYS[1])
-if current == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  raise(KEYS[2], ARGV[3], ARGV[4])
   return 1
 elseif current == false then
-  return 0
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX')
+  raise(KEYS[2], ARGV[3], ARGV[4])
+  return 2
 end
 return current
 "
     )
 }
+
+/// KEYS[1] lock key, KEYS[2] its fencing counter (untouched); ARGV as for [`extend`]. Compare-and-extend
+/// only, never re-creating the key: for a holder that cannot confirm it is still entitled to repair (a replica
+/// that lost sight of its lease). Returns 1 (extended), 0 (absent) or the other holder's value.
+const EXTEND_ONLY: &str = r"
+local current = redis.call('GET', KEYS[1])
+if current == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+elseif current == false then
+  return 0
+end
+return current
+";
 
 /// KEYS[1] lock key, ARGV[1] our value. Returns 1 (deleted) or 0 (not ours or absent). The fencing counter
 /// stays: the next holder's token must be higher.
@@ -156,8 +148,8 @@ return 0
 
 pub(crate) static ACQUIRE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&acquire(MODERN)));
 pub(crate) static EXTEND: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&extend(MODERN)));
-pub(crate) static EXTEND_ONLY: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(&extend_only(MODERN)));
+pub(crate) static EXTEND_ONLY_SCRIPT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(EXTEND_ONLY));
 
 /// The acquire and extend scripts as a master before Redis 7 runs them, for tests on a Redis 7 master.
 pub(crate) fn legacy_scripts() -> (redis::Script, redis::Script) {
@@ -170,7 +162,7 @@ pub(crate) static RELEASE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| red
 
 /// Every script, for loading them on a new connection.
 pub(crate) fn all() -> [&'static redis::Script; 4] {
-    [&*ACQUIRE, &*EXTEND, &*EXTEND_ONLY, &*RELEASE_SCRIPT]
+    [&*ACQUIRE, &*EXTEND, &*EXTEND_ONLY_SCRIPT, &*RELEASE_SCRIPT]
 }
 
 /// The key of `key`'s fencing counter, in the same Redis Cluster hash slot (should the masters be clusters): a
