@@ -19,7 +19,9 @@ use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use redis::aio::MultiplexedConnection;
-use redlock_operator::redlock::{AcquireOptions, Redlock, RedlockConfig};
+use redlock_operator::redlock::{
+    AcquireOptions, DEFAULT_TOKEN_RETENTION, Redlock, RedlockConfig, acquire_script, counter_key,
+};
 use support::redis_server::RedisCluster;
 use tokio::time::Instant;
 
@@ -71,15 +73,21 @@ struct Core {
     raw_quorum: Vec<Duration>,
     raw_all: Vec<Duration>,
     raw_release: Vec<Duration>,
+    /// The acquire script fanned out raw (no engine): time to the 3rd reply.
+    raw_script_quorum: Vec<Duration>,
     acquire: Vec<Duration>,
     release: Vec<Duration>,
+    /// A key used before, proposing above the last token (the operator's path: its floor is in status).
+    reused_with_floor: Vec<Duration>,
+    /// A key used before, proposing token 1 (the `lock` command's path: refused, then proposed again).
+    reused_memoryless: Vec<Duration>,
 }
 
 fn main() -> Result<(), BoxError> {
     let cluster = RedisCluster::start(5)?;
     let mut cores = Vec::new();
     for flavor in [Flavor::CurrentThread, Flavor::MultiThread] {
-        let core = flavor.runtime()?.block_on(core(&cluster))?;
+        let core = flavor.runtime()?.block_on(core(&cluster, flavor.name()))?;
         cores.push((flavor, core));
     }
     let (sequential, concurrent, raw_concurrent) =
@@ -122,6 +130,22 @@ fn main() -> Result<(), BoxError> {
             ms(rel50),
             ms(p(&mut core.release, 0.99)),
             rel50.as_secs_f64() / raw_rel50.as_secs_f64()
+        );
+        let script50 = p(&mut core.raw_script_quorum, 0.5);
+        println!(
+            "  raw acquire-script fan-out: 3rd reply p50 {} ({:.2}x the raw SET's); ours {:.2}x the raw script's",
+            ms(script50),
+            script50.as_secs_f64() / raw_q50.as_secs_f64(),
+            acq50.as_secs_f64() / script50.as_secs_f64()
+        );
+        let floor50 = p(&mut core.reused_with_floor, 0.5);
+        let memoryless50 = p(&mut core.reused_memoryless, 0.5);
+        println!(
+            "  acquire of a key used before: above the caller's floor p50 {} ({:.2}x), proposing 1 (refused, then above the counters) p50 {} ({:.2}x)",
+            ms(floor50),
+            floor50.as_secs_f64() / raw_q50.as_secs_f64(),
+            ms(memoryless50),
+            memoryless50.as_secs_f64() / raw_q50.as_secs_f64()
         );
         if *flavor == Flavor::CurrentThread {
             raw_current_thread = raw_q50;
@@ -191,7 +215,9 @@ async fn engine_on(cluster: &RedisCluster) -> Result<Redlock, BoxError> {
 }
 
 /// Raw and engine measurements alternate in small blocks, so that machine noise hits both alike.
-async fn core(cluster: &RedisCluster) -> Result<Core, BoxError> {
+/// Keys are prefixed by `run`: fencing counters outlive their keys, and a key a previous run used would cost
+/// this one a refused proposal.
+async fn core(cluster: &RedisCluster, run: &str) -> Result<Core, BoxError> {
     let engine = engine_on(cluster).await?;
     let mut raw = Vec::new();
     for url in cluster.urls() {
@@ -203,6 +229,7 @@ async fn core(cluster: &RedisCluster) -> Result<Core, BoxError> {
                 .await?,
         );
     }
+    let acquire_sha = acquire_script().get_hash().to_owned();
     let release_sha = redis::Script::new(RELEASE_SCRIPT).get_hash().to_owned();
     for conn in &mut raw {
         redis::Script::new(RELEASE_SCRIPT)
@@ -213,9 +240,21 @@ async fn core(cluster: &RedisCluster) -> Result<Core, BoxError> {
 
     // Warm-up, not recorded.
     for i in 0..scaled(200) {
-        raw_fan_out(&raw, &format!("warm-raw-{i}"), &release_sha).await?;
+        raw_fan_out(&raw, &format!("{run}-warm-raw-{i}"), &release_sha, None).await?;
+        raw_fan_out(
+            &raw,
+            &format!("{run}-warm-script-{i}"),
+            &release_sha,
+            Some(&acquire_sha),
+        )
+        .await?;
         let lease = engine
-            .acquire(&format!("warm-{i}"), TTL, "bench", AcquireOptions::default())
+            .acquire(
+                &format!("{run}-warm-{i}"),
+                TTL,
+                "bench",
+                AcquireOptions::default(),
+            )
             .await?;
         engine.release(&lease).await;
     }
@@ -224,28 +263,66 @@ async fn core(cluster: &RedisCluster) -> Result<Core, BoxError> {
         raw_quorum: Vec::new(),
         raw_all: Vec::new(),
         raw_release: Vec::new(),
+        raw_script_quorum: Vec::new(),
         acquire: Vec::new(),
         release: Vec::new(),
+        reused_with_floor: Vec::new(),
+        reused_memoryless: Vec::new(),
     };
+    let mut last_token = 0;
     let mut key = 0u64;
     for _ in 0..scaled(20) {
         for _ in 0..100 {
             key += 1;
-            let (quorum, all, release_time) = raw_fan_out(&raw, &format!("raw-{key}"), &release_sha).await?;
+            let (quorum, all, release_time) =
+                raw_fan_out(&raw, &format!("{run}-raw-{key}"), &release_sha, None).await?;
             core.raw_quorum.push(quorum);
             core.raw_all.push(all);
             core.raw_release.push(release_time);
+            key += 1;
+            let (quorum, ..) = raw_fan_out(
+                &raw,
+                &format!("{run}-script-{key}"),
+                &release_sha,
+                Some(&acquire_sha),
+            )
+            .await?;
+            core.raw_script_quorum.push(quorum);
         }
         for _ in 0..100 {
             key += 1;
             let started = Instant::now();
             let lease = engine
-                .acquire(&format!("ours-{key}"), TTL, "bench", AcquireOptions::default())
+                .acquire(
+                    &format!("{run}-ours-{key}"),
+                    TTL,
+                    "bench",
+                    AcquireOptions::default(),
+                )
                 .await?;
             core.acquire.push(started.elapsed());
             let started = Instant::now();
             engine.release(&lease).await;
             core.release.push(started.elapsed());
+        }
+        for round in 0..100 {
+            let floor = if round % 2 == 0 { last_token } else { 0 };
+            let options = AcquireOptions {
+                token_floor: floor,
+                ..AcquireOptions::default()
+            };
+            let started = Instant::now();
+            let lease = engine
+                .acquire(&format!("{run}-reused"), TTL, "bench", options)
+                .await?;
+            let elapsed = started.elapsed();
+            if floor == 0 {
+                core.reused_memoryless.push(elapsed);
+            } else {
+                core.reused_with_floor.push(elapsed);
+            }
+            last_token = lease.fencing_token();
+            engine.release(&lease).await;
         }
     }
     engine.settle().await;
@@ -359,10 +436,13 @@ fn node_redlock(cluster: &RedisCluster) -> Result<Option<String>, BoxError> {
 
 /// One raw fan-out of `SET NX PX` to all masters: time to the 3rd and the 5th reply; then a raw
 /// compare-and-delete fan-out, timed to the last reply (as our release waits for all).
+/// With `script`, the acquire script (EVALSHA, proposing token 1 on a fresh key) instead of `SET NX PX`: the
+/// floor of an acquisition with fencing tokens.
 async fn raw_fan_out(
     conns: &[MultiplexedConnection],
     key: &str,
     release_sha: &str,
+    script: Option<&str>,
 ) -> Result<(Duration, Duration, Duration), BoxError> {
     let value = "bench|0123456789abcdef0123456789abcdef0123456789abcdef";
     let started = Instant::now();
@@ -372,14 +452,30 @@ async fn raw_fan_out(
             let mut conn = conn.clone();
             let key = key.to_owned();
             async move {
-                redis::cmd("SET")
-                    .arg(&key)
-                    .arg(value)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(TTL.as_millis() as u64)
-                    .query_async::<redis::Value>(&mut conn)
-                    .await
+                let cmd = match script {
+                    Some(sha) => {
+                        let mut cmd = redis::cmd("EVALSHA");
+                        cmd.arg(sha)
+                            .arg(2)
+                            .arg(&key)
+                            .arg(counter_key(&key))
+                            .arg(value)
+                            .arg(TTL.as_millis() as u64)
+                            .arg(1)
+                            .arg(DEFAULT_TOKEN_RETENTION.as_millis() as u64);
+                        cmd
+                    }
+                    None => {
+                        let mut cmd = redis::cmd("SET");
+                        cmd.arg(&key)
+                            .arg(value)
+                            .arg("NX")
+                            .arg("PX")
+                            .arg(TTL.as_millis() as u64);
+                        cmd
+                    }
+                };
+                cmd.query_async::<redis::Value>(&mut conn).await
             }
         })
         .collect();
@@ -473,7 +569,7 @@ async fn raw_concurrent_pairs(
                 let mut n = 0u64;
                 while started.elapsed() < duration {
                     n += 1;
-                    if raw_fan_out(&conns, &format!("rawc-{task}-{n}"), &sha)
+                    if raw_fan_out(&conns, &format!("rawc-{task}-{n}"), &sha, None)
                         .await
                         .is_ok()
                     {

@@ -6,7 +6,9 @@ mod support;
 
 use std::time::Duration;
 
-use support::safety::{Workload, fast_clocks, random_run, restart_majority_while_held};
+use support::safety::{
+    Workload, fast_clocks, majority_restart_tokens, random_run, restart_majority_while_held,
+};
 
 /// Stop even if the grant target is not reached (a run that makes no progress is a finding too).
 const TIME_CAP: Duration = Duration::from_secs(20 * 60);
@@ -37,6 +39,7 @@ fn main() {
             hold: Duration::from_millis(1)..Duration::from_millis(20),
             pause_probability: 0.02,
             long_hold_probability: 0.05,
+            floor_lag: Some(Duration::ZERO..Duration::from_millis(20)),
         };
         println!("random faults until {target} grants (at most {}s)…", TIME_CAP.as_secs());
         let progress = Some(Duration::from_secs(15));
@@ -49,26 +52,31 @@ fn main() {
         let controls = [
             ("restart of a majority, quarantine off", restart_majority_while_held(false).await),
             ("clocks 50% fast", fast_clocks(1.5).await),
+            ("restart of a majority, counters without the durable floor", majority_restart_tokens(false).await),
         ];
         let twins = [
             ("restart of a majority, quarantine on", restart_majority_while_held(true).await),
             ("clocks 0.5% fast (within the allowance)", fast_clocks(1.005).await),
+            ("restart of a majority, counters and the durable floor", majority_restart_tokens(true).await),
         ];
         let mut detected = 0;
         for (name, report) in &controls {
-            let found = !report.overlaps.is_empty();
+            let found = !report.overlaps.is_empty() || !report.token_regressions.is_empty();
             detected += usize::from(found);
             println!("negative control, {name}: {} — {report}", if found { "DETECTED" } else { "NOT DETECTED" });
         }
         let mut overlaps = main.overlaps.len();
+        let mut regressions = main.token_regressions.len();
         for (name, report) in &twins {
             overlaps += report.overlaps.len();
+            regressions += report.token_regressions.len();
             println!("clean twin, {name}: {report}");
         }
         println!(
-            "SUMMARY grants={} overlaps={} nemesis_events={} longest_unavailable_ms={} negative_controls_detected={}/{}",
+            "SUMMARY grants={} overlaps={} token_regressions={} nemesis_events={} longest_unavailable_ms={} negative_controls_detected={}/{}",
             main.grants,
             overlaps,
+            regressions,
             main.nemesis_events,
             main.longest_unavailable.as_millis(),
             detected,

@@ -996,8 +996,8 @@ async fn what_the_server_does_not_model_is_refused() {
         .at("1")
         .matching(kube::api::VersionMatch::Exact);
     assert_eq!(api_error(secrets.list(&exact).await).0, 400);
-    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::default_namespaced(client);
-    assert_eq!(api_error(config_maps.list(&ListParams::default()).await).0, 404);
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::default_namespaced(client);
+    assert_eq!(api_error(services.list(&ListParams::default()).await).0, 404);
 }
 
 #[tokio::test]

@@ -380,3 +380,27 @@ fn deletes_to_hung_masters_survive_the_exit_of_lock() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Issue 14: every run gets a fencing token above the previous run's, from the masters' counters (`lock` keeps
+/// no memory between runs), and `-v` prints it.
+#[test]
+fn each_run_gets_a_higher_fencing_token() {
+    let cluster = start_cluster();
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
+        let output = run(lock(
+            &cluster,
+            &[SHORT, &["-v", "tokens"]].concat(),
+            &["sh", "-c", "echo $REDLOCK_FENCING_TOKEN"],
+        ));
+        let err = stderr(&output);
+        assert_eq!(output.status.code(), Some(0), "{err}");
+        let token: i64 = String::from_utf8_lossy(&output.stdout)
+            .trim()
+            .parse()
+            .expect("a token in the environment");
+        assert!(err.contains(&format!("fencing token {token}")), "{err}");
+        tokens.push(token);
+    }
+    assert!(tokens.windows(2).all(|pair| pair[0] < pair[1]), "{tokens:?}");
+}

@@ -1,11 +1,15 @@
 //! The safety checker, short version (the long one is `cargo bench --bench safety`): no two holders' windows
-//! overlap under random faults, and the checker is shown able to fail by negative controls.
+//! overlap and tokens strictly increase under random faults, and the checker is shown able to fail by negative
+//! controls.
 
 mod support;
 
 use std::time::Duration;
 
-use support::safety::{Grant, Workload, fast_clocks, find_overlaps, random_run, restart_majority_while_held};
+use support::safety::{
+    Grant, Workload, fast_clocks, find_overlaps, find_token_regressions, majority_restart_tokens, random_run,
+    restart_majority_while_held,
+};
 use tokio::time::Instant;
 
 #[test]
@@ -17,6 +21,7 @@ fn the_checker_finds_overlaps_and_only_overlaps() {
         client: client.into(),
         start: at(start),
         end: at(end),
+        token: i64::try_from(start).expect("small"),
         evidence: String::new(),
     };
     let clean = [
@@ -37,6 +42,36 @@ fn the_checker_finds_overlaps_and_only_overlaps() {
     assert!(overlaps.iter().all(|overlap| overlap.first.client == "x"));
 }
 
+#[test]
+fn the_checker_finds_tokens_that_do_not_increase() {
+    let t0 = Instant::now();
+    let grant = |resource: &str, start: u64, token: i64| Grant {
+        resource: resource.into(),
+        client: format!("c{start}"),
+        start: t0 + Duration::from_millis(start),
+        end: t0 + Duration::from_millis(start + 1),
+        token,
+        evidence: String::new(),
+    };
+    let clean = [
+        grant("a", 0, 1),
+        grant("a", 5, 7),
+        grant("b", 2, 1),
+        grant("a", 9, 8),
+    ];
+    assert!(find_token_regressions(&clean).is_empty());
+    // A repeated token and one below an earlier (not just the previous) grant's.
+    let dirty = [
+        grant("a", 0, 5),
+        grant("a", 5, 5),
+        grant("a", 9, 3),
+        grant("a", 12, 6),
+    ];
+    let regressions = find_token_regressions(&dirty);
+    assert_eq!(regressions.len(), 2);
+    assert!(regressions.iter().all(|regression| regression.earlier.token == 5));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_faults_never_produce_two_holders() {
     let workload = Workload {
@@ -46,6 +81,7 @@ async fn random_faults_never_produce_two_holders() {
         hold: Duration::from_millis(1)..Duration::from_millis(60),
         pause_probability: 0.03,
         long_hold_probability: 0.1,
+        floor_lag: Some(Duration::ZERO..Duration::from_millis(20)),
     };
     let report = random_run(
         workload,
@@ -57,6 +93,7 @@ async fn random_faults_never_produce_two_holders() {
     .await;
     println!("random faults: {report}");
     assert!(report.overlaps.is_empty(), "{report}");
+    assert!(report.token_regressions.is_empty(), "{report}");
     assert!(
         report.grants >= 100,
         "too little progress to mean anything: {report}"
@@ -75,6 +112,7 @@ async fn restarting_a_majority_breaks_safety_without_quarantine_only() {
     let with = restart_majority_while_held(true).await;
     println!("quarantine on: {with}");
     assert!(with.overlaps.is_empty(), "{with}");
+    assert!(with.token_regressions.is_empty(), "{with}");
     assert_eq!(
         with.grants, 2,
         "the contender gets the lock once the quarantine is over: {with}"
@@ -96,4 +134,19 @@ async fn clocks_faster_than_the_drift_allowance_break_safety() {
         within.grants, 2,
         "the contender gets the lock once it expired: {within}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_majority_restart_sends_tokens_back_without_the_durable_floor_only() {
+    let without = majority_restart_tokens(false).await;
+    println!("counters only: {without}");
+    assert!(
+        !without.token_regressions.is_empty(),
+        "the negative control must fail the check: {without}"
+    );
+    let with = majority_restart_tokens(true).await;
+    println!("counters and the durable floor: {with}");
+    assert!(with.token_regressions.is_empty(), "{with}");
+    assert!(with.overlaps.is_empty(), "{with}");
+    assert_eq!(with.grants, 6, "five grants and the contender's: {with}");
 }

@@ -19,8 +19,9 @@ use crate::redlock::{
 Exit status: the command's own, or 64 bad usage, 69 too few masters reachable, 75 not acquired within --wait,
 76 lock lost while the command ran (it was stopped before the lock's validity ended), 126/127 command not runnable.
 
-The command gets REDLOCK_RESOURCE, REDLOCK_HOLDER and REDLOCK_VALIDITY_MS in its environment and runs in its own
-process group, so that on loss of the lock every process of the group is stopped.")]
+The command gets REDLOCK_RESOURCE, REDLOCK_HOLDER, REDLOCK_VALIDITY_MS and REDLOCK_FENCING_TOKEN (from the masters'
+counter for the key) in its environment, not REDLOCK_REDIS (the masters' passwords), and runs in its own process
+group, so that on loss of the lock every process of the group is stopped.")]
 pub struct LockArgs {
     /// A Redis master, as redis://[user:password@]host:port or rediss://… for TLS; repeat for each master.
     #[arg(
@@ -133,9 +134,12 @@ async fn hold(
     holder: &str,
     node_timeout: Duration,
 ) -> Result<i32, Failure> {
+    // No memory between runs: the first proposal is token 1, and masters that know the key answer with their
+    // counter, which the engine proposes above at once (one more round trip, only for keys used before).
     let options = AcquireOptions {
         attempts: (args.wait.is_zero()).then_some(1),
         deadline: Some(Instant::now() + args.wait),
+        token_floor: 0,
     };
     let lease = match engine.acquire(&args.resource, args.ttl, holder, options).await {
         Ok(lease) => lease,
@@ -150,6 +154,7 @@ async fn hold(
     };
     if args.verbose {
         print_report("acquire", lease.report());
+        eprintln!("redlock-operator lock: fencing token {}", lease.fencing_token());
     }
     let validity_ms = lease.remaining(Instant::now()).as_millis().to_string();
     let mut policy = KeepPolicy::for_ttl(args.ttl, node_timeout);
@@ -160,6 +165,7 @@ async fn hold(
         ("REDLOCK_RESOURCE", args.resource.clone()),
         ("REDLOCK_HOLDER", holder.to_owned()),
         ("REDLOCK_VALIDITY_MS", validity_ms),
+        ("REDLOCK_FENCING_TOKEN", lease.fencing_token().to_string()),
     ];
     let kept = engine.keep(lease, policy);
     let mut child = match Child::spawn(&args.command, &env) {
@@ -210,6 +216,7 @@ fn acquire_failure(err: &AcquireError) -> Failure {
         AcquireError::NotAcquired { .. } => (exit_code::TEMPFAIL, err.to_string()),
         AcquireError::Config(_) => (exit_code::USAGE, err.to_string()),
         AcquireError::Value(_) => (exit_code::SOFTWARE, err.to_string()),
+        AcquireError::TokenExhausted { .. } => (exit_code::UNAVAILABLE, err.to_string()),
     }
 }
 

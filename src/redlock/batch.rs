@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::engine::{Op, extend_outcome, interpret, millis};
 use super::node::Ready;
 use super::quorum::Tally;
-use super::{ExtendError, Lease, NodeOutcome, NodeReport, OperationReport, Redlock};
+use super::{ExtendError, Lease, NodeOutcome, NodeReport, OperationReport, Redlock, scripts};
 
 /// Commands one pipeline may carry before it is split: keeps a single master's reply time, and so the time the
 /// whole batch takes to decide, small against the validity being extended.
@@ -130,11 +130,10 @@ impl Redlock {
         repair: Repair,
     ) -> futures::future::BoxFuture<'static, (usize, Vec<NodeOutcome>, Option<Duration>)> {
         let node = self.inner.nodes[index].clone();
-        let script = match repair {
-            Repair::Recreate => &self.inner.extend_script,
-            Repair::Never => &self.inner.extend_only_script,
+        let hash = match repair {
+            Repair::Recreate => scripts::EXTEND.get_hash(),
+            Repair::Never => scripts::EXTEND_ONLY_SCRIPT.get_hash(),
         };
-        let hash = script.get_hash().to_owned();
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         let mut sent = Vec::with_capacity(leases.len());
@@ -142,11 +141,14 @@ impl Redlock {
             sent.push(*live);
             if *live {
                 pipe.cmd("EVALSHA")
-                    .arg(&hash)
-                    .arg(1)
+                    .arg(hash)
+                    .arg(2)
                     .arg(&*lease.resource)
+                    .arg(scripts::counter_key(&lease.resource))
                     .arg(lease.value.as_str())
-                    .arg(millis(lease.ttl));
+                    .arg(millis(lease.ttl))
+                    .arg(lease.token)
+                    .arg(self.inner.retention_ms);
             }
         }
         let count = sent.iter().filter(|live| **live).count();
@@ -185,7 +187,7 @@ impl Redlock {
                                     node.record_error(generation, &redis_err)
                                 }
                             }
-                            (true, Some(value)) => interpret(Op::Extend { ttl_ms: 0 }, false, value),
+                            (true, Some(value)) => interpret(Op::Extend { ttl_ms: 0, token: 0 }, value),
                             (true, None) => NodeOutcome::Error("pipeline reply too short".into()),
                         })
                         .collect();

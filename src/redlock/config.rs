@@ -173,8 +173,15 @@ pub struct RedlockConfig {
     pub max_ttl: Duration,
     /// Skip the restart quarantine: only for masters that fsync every write (`appendfsync always`).
     pub assume_durable: bool,
+    /// How long a key's fencing counter outlives the last grant (or repair) of its lock. Longer than a year by
+    /// default, so that even yearly jobs keep their sequence; short enough that counters of resource names used
+    /// once do not pile up on the masters forever.
+    pub token_retention: Duration,
     pub tls: TlsOptions,
 }
+
+/// 400 days.
+pub const DEFAULT_TOKEN_RETENTION: Duration = Duration::from_secs(400 * 24 * 3600);
 
 impl RedlockConfig {
     pub fn new(endpoints: Vec<Endpoint>) -> Self {
@@ -187,6 +194,7 @@ impl RedlockConfig {
             retry: RetryPolicy::default(),
             max_ttl: Duration::from_secs(60),
             assume_durable: false,
+            token_retention: DEFAULT_TOKEN_RETENTION,
             tls: TlsOptions::default(),
         }
     }
@@ -227,6 +235,13 @@ impl RedlockConfig {
         if !(1..=LIMIT_RETRY_ATTEMPTS).contains(&self.retry.attempts) {
             return Err(ConfigError::Invalid(format!(
                 "retry attempts must be between 1 and {LIMIT_RETRY_ATTEMPTS}"
+            )));
+        }
+        if self.token_retention <= self.max_ttl {
+            return Err(ConfigError::Invalid(format!(
+                "token retention {} must exceed max-ttl {}: a counter must outlive every lock of its key",
+                crate::duration::format(self.token_retention),
+                crate::duration::format(self.max_ttl)
             )));
         }
         if self.retry.delay_max > LIMIT_RETRY_DELAY {

@@ -4,7 +4,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rand::Rng;
-use redis::Value;
+use redis::{ErrorKind, ServerErrorKind, Value};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -25,9 +25,8 @@ pub struct Redlock {
 pub(super) struct Inner {
     pub(super) config: RedlockConfig,
     pub(super) nodes: Vec<Arc<Node>>,
-    pub(super) extend_script: redis::Script,
-    pub(super) extend_only_script: redis::Script,
-    release_script: redis::Script,
+    /// The fencing counters' retention, as the scripts take it.
+    pub(super) retention_ms: u64,
     /// Work that outlives the call that started it: the deletes of a release decided at a majority.
     background: TaskTracker,
     shutdown: CancellationToken,
@@ -53,6 +52,8 @@ pub struct Lease {
     pub(super) ttl: Duration,
     pub(super) granted_at: Instant,
     pub(super) valid_until: Instant,
+    /// The fencing token this lock was granted with (0: unknown, for a lock taken over without one).
+    pub(super) token: i64,
     pub(super) report: OperationReport,
 }
 
@@ -70,12 +71,19 @@ impl Lease {
             ttl,
             granted_at,
             valid_until: granted_at + ttl,
+            token: 0,
             report: OperationReport {
                 nodes: Vec::new(),
                 elapsed: Duration::ZERO,
                 quorum: 1,
             },
         }
+    }
+
+    /// The fencing token: higher than every token granted before for this key on these masters (see the
+    /// README's guarantees for what can break that), to be passed to whatever the holder writes to.
+    pub fn fencing_token(&self) -> i64 {
+        self.token
     }
 
     pub fn holder(&self) -> &str {
@@ -110,13 +118,41 @@ impl Lease {
     }
 }
 
-/// How long and how often [`Redlock::acquire`] tries.
+/// How long and how often [`Redlock::acquire`] tries, and above which fencing token.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AcquireOptions {
     /// Attempts in all; `None` takes the configured retry policy, or unlimited when a deadline is set.
     pub attempts: Option<u32>,
     /// Keep trying until this instant; the last attempt starts at it at the latest.
     pub deadline: Option<Instant>,
+    /// The highest fencing token the caller knows was granted for this key (0 if none): the first proposal
+    /// is the next one. The masters' counters raise it further where they know better.
+    pub token_floor: i64,
+}
+
+/// Proposal rounds in one acquisition attempt: the first, and re-proposals above the counters masters reported.
+/// One re-proposal is enough unless contenders raise the counters at the same time.
+const PROPOSAL_ROUNDS: u32 = 4;
+
+/// The keys one operation touches on every master; the counter's name is made once, not per master.
+#[derive(Clone)]
+struct Keys {
+    resource: Arc<str>,
+    /// Empty for a release, which leaves the counter alone.
+    counter: Arc<str>,
+}
+
+impl Keys {
+    fn of(op: Op, resource: &Arc<str>) -> Self {
+        let counter = match op {
+            Op::Release => Arc::from(""),
+            Op::Acquire { .. } | Op::Extend { .. } => scripts::counter_key(resource).into(),
+        };
+        Self {
+            resource: resource.clone(),
+            counter,
+        }
+    }
 }
 
 type NodeFuture = BoxFuture<'static, (usize, NodeOutcome, Option<Duration>)>;
@@ -140,8 +176,8 @@ impl FanOut {
 
 #[derive(Clone, Copy)]
 pub(super) enum Op {
-    Acquire { ttl_ms: u64 },
-    Extend { ttl_ms: u64 },
+    Acquire { ttl_ms: u64, token: i64 },
+    Extend { ttl_ms: u64, token: i64 },
     Release,
 }
 
@@ -218,11 +254,9 @@ impl Redlock {
         drop(attempted);
         let engine = Self {
             inner: Arc::new(Inner {
+                retention_ms: millis(config.token_retention),
                 config,
                 nodes,
-                extend_script: redis::Script::new(scripts::EXTEND),
-                extend_only_script: redis::Script::new(scripts::EXTEND_ONLY),
-                release_script: redis::Script::new(scripts::RELEASE),
                 background: TaskTracker::new(),
                 shutdown,
             }),
@@ -315,11 +349,12 @@ impl Redlock {
                 retry.attempts
             })
             .max(1);
-        let mut attempt = 0;
+        let mut attempt: u32 = 0;
+        let mut floor = options.token_floor;
         loop {
-            attempt += 1;
+            attempt = attempt.saturating_add(1);
             let value = LockValue::random(holder)?;
-            let error = match self.try_acquire(resource, ttl, value).await {
+            let error = match self.try_acquire(resource, ttl, value, floor).await {
                 Ok(lease) => return Ok(lease),
                 Err(AcquireError::NotAcquired { kind, report, .. }) => AcquireError::NotAcquired {
                     resource: resource.to_owned(),
@@ -331,6 +366,10 @@ impl Redlock {
             };
             if attempt >= max_attempts {
                 return Err(error);
+            }
+            // What the masters said their counters are saves the next attempt a refused round.
+            if let Some(counter) = error.report().and_then(OperationReport::highest_counter) {
+                floor = floor.max(counter);
             }
             let pause = if retry.delay_max > retry.delay_min {
                 rand::rng().random_range(retry.delay_min..=retry.delay_max)
@@ -348,21 +387,48 @@ impl Redlock {
         }
     }
 
-    /// One Redlock acquisition with the given value: `SET NX PX` on every eligible master at once, decided as
-    /// soon as a majority granted or can no longer grant. On failure the key is removed from every master.
+    /// One Redlock acquisition with the given value: an atomic check-and-set script on every eligible master
+    /// at once, decided as soon as a majority granted or can no longer grant. The script grants only if the
+    /// key is free *and* the master's fencing counter for it is below the proposed token, and then sets the
+    /// counter to the token. The first proposal is `token_floor + 1`; masters whose counter is not below it
+    /// refuse and report it, and the proposal is raised above the highest reported at once (no pause: this is
+    /// not contention), at most [`PROPOSAL_ROUNDS`] rounds in all. On failure the key is removed from every
+    /// master.
     pub async fn try_acquire(
         &self,
         resource: &str,
         ttl: Duration,
         value: LockValue,
+        token_floor: i64,
     ) -> Result<Lease, AcquireError> {
         let config = &self.inner.config;
         config.check_ttl(ttl)?;
         let resource: Arc<str> = resource.into();
+        let ttl_ms = millis(ttl);
+        // Validity counts from the first round: keys written then are the oldest this attempt may rely on.
         let started = Instant::now();
-        let fan_out = self
-            .fan_out(Op::Acquire { ttl_ms: millis(ttl) }, &resource, &value, true, None)
-            .await;
+        let mut token = next_token(&resource, token_floor.max(0))?;
+        let mut round = 1;
+        let fan_out = loop {
+            let fan_out = self
+                .fan_out(Op::Acquire { ttl_ms, token }, &resource, &value, true, None)
+                .await;
+            // Even with a majority granted, a refusal means some master knows a higher token: propose above it
+            // while rounds are left, so that masters that forgot their counters cannot send tokens back.
+            match fan_out.report.highest_counter() {
+                Some(counter) if round < PROPOSAL_ROUNDS && could_grant(&fan_out.report) => {
+                    match next_token(&resource, counter.max(token)) {
+                        Ok(next) => token = next,
+                        Err(exhausted) => {
+                            self.undo_acquire(&resource, &value, fan_out).await;
+                            return Err(exhausted);
+                        }
+                    }
+                    round += 1;
+                }
+                _ => break fan_out,
+            }
+        };
         let decided_at = Instant::now();
         let granted = fan_out.majority;
         let validity = ttl
@@ -378,12 +444,19 @@ impl Redlock {
                     ttl,
                     granted_at: started,
                     valid_until: started + validity,
+                    token,
                     report,
                 })
             }
             (granted, _) => {
                 let report = fan_out.report.clone();
                 self.undo_acquire(&resource, &value, fan_out).await;
+                if report.highest_counter() == Some(i64::MAX) {
+                    return Err(AcquireError::TokenExhausted {
+                        resource: resource.to_string(),
+                        counter: i64::MAX,
+                    });
+                }
                 let kind = if granted {
                     FailureKind::ValidityExhausted
                 } else if report.nodes.len() - report.unreachable() < report.quorum {
@@ -411,7 +484,10 @@ impl Redlock {
         let ttl = lease.ttl;
         let (report, extended) = self
             .fan_out(
-                Op::Extend { ttl_ms: millis(ttl) },
+                Op::Extend {
+                    ttl_ms: millis(ttl),
+                    token: lease.token,
+                },
                 &lease.resource,
                 &lease.value,
                 true,
@@ -434,11 +510,15 @@ impl Redlock {
     /// of masters still hold `value`: such keys have been present continuously since the predecessor last wrote
     /// them, which it only did while holding the lock, so nobody else can have held a majority in between.
     /// Keys re-created by the attempt do not count, and are deleted again if the attempt fails.
+    /// `token` is the predecessor's fencing token: once reclaimed, extensions raise counters that lost it back
+    /// to it. The attempt itself raises no counter: `token` comes from a status anyone allowed to may have
+    /// written, and only a majority holding `value` (derived from the token) shows it is the acquisition's.
     pub async fn reclaim(
         &self,
         resource: &str,
         ttl: Duration,
         value: LockValue,
+        token: i64,
     ) -> Result<Lease, ExtendError> {
         self.inner.config.check_ttl(ttl)?;
         let now = Instant::now();
@@ -449,6 +529,7 @@ impl Redlock {
             granted_at: now,
             // Only bounds how long the attempt may take; the validity that counts is the one it returns.
             valid_until: now + ttl,
+            token: 0,
             report: OperationReport {
                 nodes: Vec::new(),
                 elapsed: Duration::ZERO,
@@ -482,7 +563,7 @@ impl Redlock {
                 .await;
             }
         }
-        result
+        result.map(|lease| Lease { token, ..lease })
     }
 
     /// Deletes the key on every connected master where it still holds this lease's value, all at once. Returns
@@ -557,6 +638,7 @@ impl Redlock {
             })
             .collect();
         let mut pending = FuturesUnordered::new();
+        let keys = Keys::of(op, resource);
         for (index, node) in nodes.iter().enumerate() {
             if only.is_some_and(|only| !only.contains(&index)) {
                 continue;
@@ -566,9 +648,7 @@ impl Redlock {
                 _ => node.ready(started),
             };
             match ready {
-                Ok(ready) => {
-                    pending.push(self.run_on_node(index, ready, op, resource.clone(), value.clone()))
-                }
+                Ok(ready) => pending.push(self.run_on_node(index, ready, op, keys.clone(), value.clone())),
                 Err(outcome) => {
                     tally.record(false);
                     reports[index].outcome = outcome;
@@ -618,7 +698,13 @@ impl Redlock {
                 tokio::select! {
                     Some((index, _, _)) = pending.next() => {
                         if let Ok(ready) = self.inner.nodes[index].connected() {
-                            unlocks.push(self.run_on_node(index, ready, Op::Release, resource.clone(), value.clone()));
+                            unlocks.push(self.run_on_node(
+                            index,
+                            ready,
+                            Op::Release,
+                            Keys::of(Op::Release, resource),
+                            value.clone(),
+                        ));
                         }
                     }
                     Some(_) = unlocks.next() => {}
@@ -634,49 +720,54 @@ impl Redlock {
         index: usize,
         ready: Ready,
         op: Op,
-        resource: Arc<str>,
+        Keys { resource, counter }: Keys,
         value: LockValue,
     ) -> NodeFuture {
         let node = self.inner.nodes[index].clone();
         let Ready {
-            mut conn,
-            generation,
-            set_get,
+            mut conn, generation, ..
         } = ready;
-        let script = match op {
-            Op::Extend { .. } => Some(self.inner.extend_script.clone()),
-            Op::Release => Some(self.inner.release_script.clone()),
-            Op::Acquire { .. } => None,
-        };
+        let retention_ms = self.inner.retention_ms;
         Box::pin(async move {
             let started = Instant::now();
             let command = async {
-                match (op, &script) {
-                    (Op::Acquire { ttl_ms }, _) => {
-                        let mut cmd = redis::cmd("SET");
-                        cmd.arg(&*resource)
-                            .arg(value.as_str())
-                            .arg("NX")
-                            .arg("PX")
-                            .arg(ttl_ms);
-                        if set_get {
-                            cmd.arg("GET");
-                        }
-                        cmd.query_async::<Value>(&mut conn).await
-                    }
-                    (Op::Extend { ttl_ms }, Some(script)) => {
-                        script
-                            .key(&*resource)
+                match op {
+                    Op::Acquire { ttl_ms, token } | Op::Extend { ttl_ms, token } => {
+                        let script = match op {
+                            Op::Acquire { .. } => &*scripts::ACQUIRE,
+                            _ => &*scripts::EXTEND,
+                        };
+                        // EVALSHA built once, straight into the command (the script's invocation helper
+                        // copies every argument twice); the text goes out only after a NOSCRIPT.
+                        let mut evalsha = redis::cmd("EVALSHA");
+                        evalsha
+                            .arg(script.get_hash())
+                            .arg(2)
+                            .arg(&*resource)
+                            .arg(&*counter)
                             .arg(value.as_str())
                             .arg(ttl_ms)
-                            .invoke_async::<Value>(&mut conn)
-                            .await
+                            .arg(token)
+                            .arg(retention_ms);
+                        match evalsha.query_async::<Value>(&mut conn).await {
+                            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                                // The master lost its script cache (SCRIPT FLUSH, or a restart not noticed
+                                // yet): load the script and run it.
+                                script
+                                    .key(&*resource)
+                                    .key(&*counter)
+                                    .arg(value.as_str())
+                                    .arg(ttl_ms)
+                                    .arg(token)
+                                    .arg(retention_ms)
+                                    .invoke_async::<Value>(&mut conn)
+                                    .await
+                            }
+                            other => other,
+                        }
                     }
-                    (_, script) => {
-                        let Some(script) = script else {
-                            return Ok(Value::Nil);
-                        };
-                        script
+                    Op::Release => {
+                        scripts::RELEASE_SCRIPT
                             .key(&*resource)
                             .arg(value.as_str())
                             .invoke_async::<Value>(&mut conn)
@@ -687,7 +778,7 @@ impl Redlock {
             let outcome = match tokio::time::timeout(node.node_timeout(), command).await {
                 Err(_) => return (index, NodeOutcome::Timeout, None),
                 Ok(Err(err)) => node.record_error(generation, &err),
-                Ok(Ok(reply)) => interpret(op, set_get, reply),
+                Ok(Ok(reply)) => interpret(op, reply),
             };
             let latency = started.elapsed();
             node.record_latency(latency);
@@ -721,6 +812,7 @@ pub(super) fn extend_outcome(
             ttl,
             granted_at: started,
             valid_until: started + validity,
+            token: lease.token,
             report,
         });
     }
@@ -739,21 +831,53 @@ pub(super) fn extend_outcome(
     }
 }
 
-pub(super) fn interpret(op: Op, set_get: bool, reply: Value) -> NodeOutcome {
+pub(super) fn interpret(op: Op, reply: Value) -> NodeOutcome {
     let other = |raw: &[u8]| NodeOutcome::HeldByOther {
         holder: LockValue::holder_of(raw),
     };
     match (op, reply) {
-        // With GET, nil means "there was no value, and we set ours".
-        (Op::Acquire { .. }, Value::Nil) if set_get => NodeOutcome::Granted,
-        (Op::Acquire { .. }, Value::Okay) => NodeOutcome::Granted,
-        (Op::Acquire { .. } | Op::Extend { .. }, Value::BulkString(raw)) => other(&raw),
-        (Op::Acquire { .. }, Value::Nil) => NodeOutcome::HeldByOther { holder: None },
+        (Op::Acquire { .. }, Value::Int(1)) => NodeOutcome::Granted,
+        (Op::Acquire { .. }, Value::Array(items)) => match items.as_slice() {
+            // The script answers only canonical decimals: one that does not parse is beyond the largest
+            // token, and the acquisition then says the token is exhausted instead of failing obscurely.
+            [Value::Int(0), Value::BulkString(counter)] => NodeOutcome::TokenTooLow {
+                counter: std::str::from_utf8(counter)
+                    .ok()
+                    .and_then(|counter| counter.parse().ok())
+                    .unwrap_or(i64::MAX),
+            },
+            [Value::Int(2), Value::BulkString(raw)] => other(raw),
+            unexpected => NodeOutcome::Error(format!("unexpected reply {unexpected:?}")),
+        },
+        (Op::Extend { .. }, Value::BulkString(raw)) => other(&raw),
         (Op::Extend { .. }, Value::Int(1)) | (Op::Release, Value::Int(1)) => NodeOutcome::Granted,
         (Op::Extend { .. }, Value::Int(2)) => NodeOutcome::Recreated,
         (Op::Release | Op::Extend { .. }, Value::Int(0)) => NodeOutcome::NotHeld,
         (_, unexpected) => NodeOutcome::Error(format!("unexpected reply {unexpected:?}")),
     }
+}
+
+/// The proposal after `token`, or why there is none.
+fn next_token(resource: &str, token: i64) -> Result<i64, AcquireError> {
+    token.checked_add(1).ok_or_else(|| AcquireError::TokenExhausted {
+        resource: resource.to_owned(),
+        counter: token,
+    })
+}
+
+/// Whether a higher proposal could still win: enough masters answered neither "held by another" nor not at all.
+fn could_grant(report: &OperationReport) -> bool {
+    let held = report
+        .nodes
+        .iter()
+        .filter(|node| matches!(node.outcome, NodeOutcome::HeldByOther { .. }))
+        .count();
+    report
+        .nodes
+        .len()
+        .saturating_sub(held)
+        .saturating_sub(report.unreachable())
+        >= report.quorum
 }
 
 pub(super) fn millis(duration: Duration) -> u64 {

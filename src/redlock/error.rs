@@ -39,6 +39,11 @@ pub enum AcquireError {
         kind: FailureKind,
         report: OperationReport,
     },
+    #[error(
+        "lock `{resource}` not acquired: its fencing counter is at {counter}, the largest token there is; \
+         delete the counter key on every master to start again, once no protected resource remembers a token"
+    )]
+    TokenExhausted { resource: String, counter: i64 },
 }
 
 fn blocker(report: &OperationReport) -> String {

@@ -5,8 +5,6 @@ use std::time::Duration;
 pub(crate) struct ServerInfo {
     pub run_id: String,
     pub uptime: Duration,
-    /// Major version; 7 and later accept `SET ... NX GET`, which names the holder when we are refused.
-    pub major_version: u32,
 }
 
 pub(crate) fn parse_server_info(text: &str) -> Result<ServerInfo, String> {
@@ -20,13 +18,9 @@ pub(crate) fn parse_server_info(text: &str) -> Result<ServerInfo, String> {
         .ok_or("INFO server has no uptime_in_seconds")?
         .parse::<u64>()
         .map_err(|err| format!("bad uptime_in_seconds: {err}"))?;
-    let major_version = field("redis_version")
-        .and_then(|version| version.split('.').next()?.parse().ok())
-        .unwrap_or(0);
     Ok(ServerInfo {
         run_id,
         uptime: Duration::from_secs(uptime),
-        major_version,
     })
 }
 
@@ -40,7 +34,6 @@ mod tests {
         let info = parse_server_info(text).unwrap();
         assert_eq!(info.run_id, "abc123");
         assert_eq!(info.uptime, Duration::from_secs(42));
-        assert_eq!(info.major_version, 7);
         assert!(parse_server_info("# Server\r\nrun_id:x\r\n").is_err());
     }
 }

@@ -18,7 +18,7 @@ mod scripts;
 mod value;
 
 pub use batch::MAX_BATCH;
-pub use config::{ConfigError, Endpoint, RedlockConfig, RetryPolicy, TlsOptions};
+pub use config::{ConfigError, DEFAULT_TOKEN_RETENTION, Endpoint, RedlockConfig, RetryPolicy, TlsOptions};
 pub use engine::{AcquireOptions, Lease, Redlock};
 pub use error::{AcquireError, ExtendError, FailureKind};
 pub use keeper::{KeepPolicy, KeepState, KeptLock, LossReason, kill_grace};
@@ -27,4 +27,22 @@ pub use outcome::{NodeOutcome, NodeReport, OperationReport};
 pub use quarantine::quarantine_until;
 pub use quorum::quorum_of;
 pub use schedule::{KeepAction, next_keep_action, shortest_ttl};
+pub use scripts::counter_key;
+
+/// The acquire script, for the engine benchmark's raw baseline of the same script without the engine.
+#[doc(hidden)]
+pub fn acquire_script() -> &'static redis::Script {
+    &scripts::ACQUIRE
+}
+
+/// The acquire and extend scripts as they run on the masters (`modern`: Redis 7 and later), for the tests that
+/// check both branches decide alike. Arguments as the engine passes them (see `scripts.rs`).
+#[doc(hidden)]
+pub fn token_scripts(modern: bool) -> (redis::Script, redis::Script) {
+    if modern {
+        (scripts::ACQUIRE.clone(), scripts::EXTEND.clone())
+    } else {
+        scripts::legacy_scripts()
+    }
+}
 pub use value::{LockValue, ValueError};

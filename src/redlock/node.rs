@@ -43,7 +43,6 @@ pub struct NodeStatus {
 pub(crate) struct Ready {
     pub conn: MultiplexedConnection,
     pub generation: u64,
-    pub set_get: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -143,7 +142,6 @@ impl Node {
         Ok(Ready {
             conn,
             generation: state.generation,
-            set_get: state.info.as_ref().is_some_and(|info| info.major_version >= 7),
         })
     }
 
@@ -154,7 +152,6 @@ impl Node {
             Some(conn) => Ok(Ready {
                 conn,
                 generation: state.generation,
-                set_get: false,
             }),
             None => Err(NodeOutcome::Unavailable(
                 state.last_error.clone().unwrap_or_else(|| "connecting".into()),
@@ -249,8 +246,8 @@ impl Node {
             .map_err(|err| describe(&err))?;
         let answered_at = Instant::now();
         let info = parse_server_info(&text)?;
-        for source in [scripts::EXTEND, scripts::EXTEND_ONLY, scripts::RELEASE] {
-            redis::Script::new(source)
+        for script in scripts::all() {
+            script
                 .prepare_invoke()
                 .load_async(&mut conn)
                 .await

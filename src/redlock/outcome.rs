@@ -13,6 +13,11 @@ pub enum NodeOutcome {
     HeldByOther {
         holder: Option<String>,
     },
+    /// Acquire: the master's fencing counter for the key is already at `counter`, not below the proposed token;
+    /// nothing was written. The acquisition proposes `counter + 1` next.
+    TokenTooLow {
+        counter: i64,
+    },
     /// Release/extend: the key was not there (already expired or never set on this master).
     NotHeld,
     Timeout,
@@ -45,6 +50,7 @@ impl NodeOutcome {
             Self::Granted => "granted",
             Self::Recreated => "recreated",
             Self::HeldByOther { .. } => "held-by-other",
+            Self::TokenTooLow { .. } => "token-too-low",
             Self::NotHeld => "not-held",
             Self::Timeout => "timeout",
             Self::Error(_) => "error",
@@ -59,6 +65,7 @@ impl fmt::Display for NodeOutcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::HeldByOther { holder: Some(holder) } => write!(f, "held by {holder}"),
+            Self::TokenTooLow { counter } => write!(f, "token too low (fencing counter at {counter})"),
             Self::Error(message) | Self::Unavailable(message) => write!(f, "{}: {message}", self.label()),
             Self::Quarantined { remaining } => write!(
                 f,
@@ -124,6 +131,17 @@ impl OperationReport {
             .map(|(label, count)| format!("{count} {label}"))
             .collect::<Vec<_>>()
             .join(", ")
+    }
+
+    /// The highest fencing counter that masters refusing a proposal reported.
+    pub fn highest_counter(&self) -> Option<i64> {
+        self.nodes
+            .iter()
+            .filter_map(|node| match node.outcome {
+                NodeOutcome::TokenTooLow { counter } => Some(counter),
+                _ => None,
+            })
+            .max()
     }
 
     /// The holder most masters that refused us named, to tell a contender who blocks it.

@@ -1,24 +1,132 @@
 //! Lua scripts, run atomically on each master. Each compares the stored value first, so a client can only ever
 //! touch its own lock.
+//!
+//! Fencing counters are decimal strings. Lua numbers are doubles, exact only up to 2^53: counters of up to 15
+//! digits are compared as numbers (the fast path every real counter takes), longer ones as strings (length,
+//! then digits), so that no large counter is rounded and lets a token repeat.
+//!
+//! The scripts are cut for the fewest `redis.call`s on the path every acquisition and extension takes: on Redis
+//! 7 and later, `SET NX PX GET` checks and sets the lock key in one call and `SET PX GET` sets the counter and
+//! returns the old one; a refusal (rare: the caller is told the counter and proposes above it at once) puts
+//! back what it overwrote. Older masters (no `redis.REDIS_VERSION_NUM`, no `SET NX GET`) take the same
+//! decisions with a read before each write.
 
-/// KEYS[1] lock key, ARGV[1] our value, ARGV[2] ttl in ms.
-/// Returns 1 (extended), 2 (re-created: the key had vanished) or the other holder's value.
-pub(crate) const EXTEND: &str = r"
+use std::sync::LazyLock;
+
+/// Whether the master is Redis 7 or later (`SET NX GET`); tests substitute [`LEGACY`] to run the other branch
+/// on a Redis 7 master.
+const MODERN: &str = "local MODERN = redis.REDIS_VERSION_NUM ~= nil\n";
+const LEGACY: &str = "local MODERN = false\n";
+
+/// `below(c, t)`: the counter `c` (as stored: anything) is a decimal below the token `t` (canonical). A counter
+/// that is not all digits is never below: nothing is granted over it.
+const BELOW: &str = r"
+local function below(c, t)
+  if not string.find(c, '^%d+$') then return false end
+  if #c < 16 and #t < 16 then return tonumber(c) < tonumber(t) end
+  c = string.gsub(c, '^0+', '')
+  if #c ~= #t then return #c < #t end
+  for i = 1, #c do
+    local x, y = string.byte(c, i), string.byte(t, i)
+    if x ~= y then return x < y end
+  end
+  return false
+end
+";
+
+/// `raise(key, token, retention)`: the counter becomes `token` where it is below it (or absent), and is kept
+/// for `retention` ms either way; token '0' (unknown) only keeps it. One call when the counter already is
+/// `token`, the path of every extension.
+const RAISE: &str = r"
+local function raise(key, token, retention)
+  if token == '0' then
+    redis.call('PEXPIRE', key, retention)
+    return
+  end
+  local old
+  if MODERN then
+    old = redis.call('SET', key, token, 'PX', retention, 'GET')
+    if old and old ~= token and not below(old, token) then
+      redis.call('SET', key, old, 'PX', retention)
+    end
+  else
+    old = redis.call('GET', key)
+    if old and not below(old, token) then
+      redis.call('PEXPIRE', key, retention)
+    else
+      redis.call('SET', key, token, 'PX', retention)
+    end
+  end
+end
+";
+
+/// KEYS[1] lock key, KEYS[2] its fencing counter; ARGV[1] our value, ARGV[2] ttl in ms, ARGV[3] the proposed
+/// token, ARGV[4] the counter's retention in ms.
+/// Returns 1 (granted: the key holds our value and the counter is the proposal), {0, counter} (refused: the
+/// counter is not below the proposal; nothing changed but the counter's retention) or {2, value} (held by
+/// another value; nothing changed). A key that already holds our value (set by an earlier, refused round of the
+/// same attempt) is granted again, its expiry unchanged (the attempt's validity counts from its first round).
+/// Two calls on Redis 7 when granted.
+fn acquire(version: &str) -> String {
+    format!(
+        "{version}{BELOW}{}",
+        r"
+local held
+if MODERN then
+  held = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
+else
+  held = redis.call('GET', KEYS[1])
+  if not held then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
+end
+if held and held ~= ARGV[1] then return {2, held} end
+local counter
+if MODERN then
+  counter = redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4], 'GET')
+else
+  counter = redis.call('GET', KEYS[2])
+  if not counter or below(counter, ARGV[3]) then redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4]) end
+end
+if counter and not below(counter, ARGV[3]) then
+  redis.call('SET', KEYS[2], counter, 'PX', ARGV[4])
+  if not held then redis.call('DEL', KEYS[1]) end
+  if not string.find(counter, '^%d+$') then
+    return redis.error_reply('ERR fencing counter ' .. KEYS[2] .. ' is not a non-negative integer')
+  end
+  return {0, counter}
+end
+return 1
+"
+    )
+}
+
+/// KEYS[1] lock key, KEYS[2] its fencing counter; ARGV[1] our value, ARGV[2] ttl in ms, ARGV[3] our token
+/// ('0' when unknown), ARGV[4] the counter's retention in ms.
+/// Returns 1 (extended), 2 (re-created: the key had vanished) or the other holder's value. Where it re-creates
+/// the key, the counter is raised to our token (a master that lost the key lost the counter too, and learns it
+/// back). A plain extension leaves the counter alone: the grant set it on this master, and the keeper's
+/// thousands of extensions a second cost the masters no more than without tokens.
+fn extend(version: &str) -> String {
+    format!(
+        "{version}{BELOW}{RAISE}{}",
+        r"
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 elseif current == false then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX')
+  raise(KEYS[2], ARGV[3], ARGV[4])
   return 2
 end
 return current
-";
+"
+    )
+}
 
-/// KEYS[1] lock key, ARGV[1] our value, ARGV[2] ttl in ms. Compare-and-extend only, never re-creating the key:
-/// for a holder that cannot confirm it is still entitled to repair (a replica that lost sight of its lease).
-/// Returns 1 (extended), 0 (absent) or the other holder's value.
-pub(crate) const EXTEND_ONLY: &str = r"
+/// KEYS[1] lock key, KEYS[2] its fencing counter (untouched); ARGV as for [`extend`]. Compare-and-extend
+/// only, never re-creating the key: for a holder that cannot confirm it is still entitled to repair (a replica
+/// that lost sight of its lease). Returns 1 (extended), 0 (absent) or the other holder's value.
+const EXTEND_ONLY: &str = r"
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -29,10 +137,58 @@ end
 return current
 ";
 
-/// KEYS[1] lock key, ARGV[1] our value. Returns 1 (deleted) or 0 (not ours or absent).
-pub(crate) const RELEASE: &str = r"
+/// KEYS[1] lock key, ARGV[1] our value. Returns 1 (deleted) or 0 (not ours or absent). The fencing counter
+/// stays: the next holder's token must be higher.
+const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
 ";
+
+pub(crate) static ACQUIRE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&acquire(MODERN)));
+pub(crate) static EXTEND: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&extend(MODERN)));
+pub(crate) static EXTEND_ONLY_SCRIPT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(EXTEND_ONLY));
+
+/// The acquire and extend scripts as a master before Redis 7 runs them, for tests on a Redis 7 master.
+pub(crate) fn legacy_scripts() -> (redis::Script, redis::Script) {
+    (
+        redis::Script::new(&acquire(LEGACY)),
+        redis::Script::new(&extend(LEGACY)),
+    )
+}
+pub(crate) static RELEASE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RELEASE));
+
+/// Every script, for loading them on a new connection.
+pub(crate) fn all() -> [&'static redis::Script; 4] {
+    [&*ACQUIRE, &*EXTEND, &*EXTEND_ONLY_SCRIPT, &*RELEASE_SCRIPT]
+}
+
+/// The key of `key`'s fencing counter, in the same Redis Cluster hash slot (should the masters be clusters): a
+/// key that has a hash tag keeps it (`a{b}` → `a{b}:token`), any other is wrapped in one (`orders` →
+/// `{orders}:token`; a key with a `}` but no tag may then land elsewhere, which independent masters, as
+/// Redlock wants them, never notice).
+pub fn counter_key(key: &str) -> String {
+    let has_tag = key
+        .find('{')
+        .is_some_and(|open| key[open + 1..].find('}').is_some_and(|close| close > 0));
+    if has_tag {
+        format!("{key}:token")
+    } else {
+        format!("{{{key}}}:token")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counter_keys_share_the_hash_slot_of_their_lock() {
+        assert_eq!(counter_key("orders"), "{orders}:token");
+        assert_eq!(counter_key("ns/{tenant}/orders"), "ns/{tenant}/orders:token");
+        // `{}` is no hash tag (the whole key is hashed), so the key is wrapped.
+        assert_eq!(counter_key("a{}b"), "{a{}b}:token");
+    }
+}

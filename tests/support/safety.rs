@@ -5,8 +5,13 @@
 //! A window is what a holder claimed: from the moment it learned it holds the lock to the moment it stopped
 //! claiming it (released, was told the lock is lost) or to the validity end the engine gave it, whichever comes
 //! first. A paused holder claims until its validity end and, when it wakes after that, must not act.
+//!
+//! Every grant's fencing token is recorded too, and checked to strictly increase per resource in grant order.
+//! Clients propose above a per-resource *durable floor* (what the operator keeps in a lock's status), written a
+//! little after each grant as a status write would be, so proposals are often stale and the masters' counters
+//! must correct them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
@@ -15,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rand::Rng;
-use redlock_operator::redlock::{AcquireOptions, KeepPolicy, Redlock, RedlockConfig};
+use redlock_operator::redlock::{AcquireOptions, KeepPolicy, Lease, Redlock, RedlockConfig};
 use tokio::time::Instant;
 
 use super::fault_proxy::{Direction, FaultProxy};
@@ -27,6 +32,7 @@ pub struct Grant {
     pub client: String,
     pub start: Instant,
     pub end: Instant,
+    pub token: i64,
     /// What the masters answered to the acquisition and to the last extension, to explain an overlap.
     pub evidence: String,
 }
@@ -61,15 +67,22 @@ impl fmt::Display for Overlap {
     }
 }
 
-/// Every pair of windows on one resource that overlaps, found by a sweep over windows sorted by start.
-pub fn find_overlaps(grants: &[Grant]) -> Vec<Overlap> {
+/// Grants per resource, sorted by start (the grant order wherever windows do not overlap).
+fn in_grant_order(grants: &[Grant]) -> BTreeMap<&str, Vec<&Grant>> {
     let mut by_resource: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
     for grant in grants {
         by_resource.entry(&grant.resource).or_default().push(grant);
     }
-    let mut overlaps = Vec::new();
-    for (resource, mut windows) in by_resource {
+    for windows in by_resource.values_mut() {
         windows.sort_by_key(|grant| (grant.start, grant.end));
+    }
+    by_resource
+}
+
+/// Every pair of windows on one resource that overlaps, found by a sweep over windows sorted by start.
+pub fn find_overlaps(grants: &[Grant]) -> Vec<Overlap> {
+    let mut overlaps = Vec::new();
+    for (resource, windows) in in_grant_order(grants) {
         let mut frontier: Option<&Grant> = None;
         for grant in windows {
             if let Some(latest) = frontier {
@@ -89,6 +102,69 @@ pub fn find_overlaps(grants: &[Grant]) -> Vec<Overlap> {
         }
     }
     overlaps
+}
+
+/// A grant whose token is not above every token granted before it on the same resource.
+#[derive(Clone, Debug)]
+pub struct TokenRegression {
+    pub resource: String,
+    pub earlier: Grant,
+    pub later: Grant,
+}
+
+impl fmt::Display for TokenRegression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} got token {} at {:?}, after {} had token {} from {:?}\n    later: {}",
+            self.resource,
+            self.later.client,
+            self.later.token,
+            self.later.start,
+            self.earlier.client,
+            self.earlier.token,
+            self.earlier.start,
+            self.later.evidence
+        )
+    }
+}
+
+/// Every grant, per resource in grant order, whose token does not exceed the highest granted before it.
+pub fn find_token_regressions(grants: &[Grant]) -> Vec<TokenRegression> {
+    let mut regressions = Vec::new();
+    for (resource, windows) in in_grant_order(grants) {
+        let mut highest: Option<&Grant> = None;
+        for grant in windows {
+            match highest {
+                Some(top) if grant.token <= top.token => regressions.push(TokenRegression {
+                    resource: resource.to_owned(),
+                    earlier: top.clone(),
+                    later: grant.clone(),
+                }),
+                _ => highest = Some(grant),
+            }
+        }
+    }
+    regressions
+}
+
+/// Per resource, the highest token a client has written as its durable floor (the operator's status token).
+#[derive(Default)]
+pub struct Floors {
+    tokens: Mutex<HashMap<String, i64>>,
+}
+
+impl Floors {
+    pub fn get(&self, resource: &str) -> i64 {
+        let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        tokens.get(resource).copied().unwrap_or(0)
+    }
+
+    pub fn raise(&self, resource: &str, token: i64) {
+        let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        let floor = tokens.entry(resource.to_owned()).or_default();
+        *floor = (*floor).max(token);
+    }
 }
 
 /// The longest stretch, on any resource, during which nobody held it.
@@ -138,6 +214,7 @@ impl Recorder {
         let grants = self.grants();
         Report {
             overlaps: find_overlaps(&grants),
+            token_regressions: find_token_regressions(&grants),
             longest_unavailable: longest_unavailable(&grants, resources, from, to),
             grants: grants.len(),
             failed_attempts: self.failed_attempts.load(Ordering::Relaxed),
@@ -153,6 +230,7 @@ impl Recorder {
 pub struct Report {
     pub grants: usize,
     pub overlaps: Vec<Overlap>,
+    pub token_regressions: Vec<TokenRegression>,
     pub failed_attempts: u64,
     pub lost_signals: u64,
     pub stale_wakes: u64,
@@ -165,9 +243,10 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "grants={} overlaps={} failed_attempts={} lost_signals={} paused_holders_woken_late={} acts={} nemesis_events={} longest_unavailable_ms={}",
+            "grants={} overlaps={} token_regressions={} failed_attempts={} lost_signals={} paused_holders_woken_late={} acts={} nemesis_events={} longest_unavailable_ms={}",
             self.grants,
             self.overlaps.len(),
+            self.token_regressions.len(),
             self.failed_attempts,
             self.lost_signals,
             self.stale_wakes,
@@ -177,6 +256,9 @@ impl fmt::Display for Report {
         )?;
         for overlap in self.overlaps.iter().take(5) {
             write!(f, "\n  overlap: {overlap}")?;
+        }
+        for regression in self.token_regressions.iter().take(5) {
+            write!(f, "\n  token regression: {regression}")?;
         }
         Ok(())
     }
@@ -194,6 +276,8 @@ pub struct Workload {
     pub pause_probability: f64,
     /// Share of grants held for up to two TTLs, so that extensions happen under faults.
     pub long_hold_probability: f64,
+    /// How long after a grant its token reaches the durable floor (`None`: clients keep no floor at all).
+    pub floor_lag: Option<Range<Duration>>,
 }
 
 impl Workload {
@@ -210,6 +294,7 @@ pub async fn run_clients(
     stop: impl Fn(&Recorder) -> bool + Send + Sync + 'static,
 ) {
     let stop = Arc::new(stop);
+    let floors = Arc::new(Floors::default());
     let mut tasks = Vec::new();
     for client in 0..workload.clients {
         let engine = match Redlock::connect(config.clone()).await {
@@ -219,10 +304,11 @@ pub async fn run_clients(
         let workload = workload.clone();
         let recorder = recorder.clone();
         let stop = stop.clone();
+        let floors = floors.clone();
         tasks.push(tokio::spawn(async move {
             let name = format!("client-{client}");
             while !stop(&recorder) {
-                one_turn(&engine, &name, &workload, &recorder).await;
+                one_turn(&engine, &name, &workload, &recorder, &floors).await;
             }
         }));
     }
@@ -233,7 +319,13 @@ pub async fn run_clients(
     }
 }
 
-async fn one_turn(engine: &Redlock, name: &str, workload: &Workload, recorder: &Recorder) {
+async fn one_turn(
+    engine: &Redlock,
+    name: &str,
+    workload: &Workload,
+    recorder: &Recorder,
+    floors: &Arc<Floors>,
+) {
     let (resource, hold, pause, long) = {
         let mut rng = rand::rng();
         let resource = workload.resources[rng.random_range(0..workload.resources.len())].clone();
@@ -252,6 +344,7 @@ async fn one_turn(engine: &Redlock, name: &str, workload: &Workload, recorder: &
     let once = AcquireOptions {
         attempts: Some(1),
         deadline: None,
+        token_floor: workload.floor_lag.as_ref().map_or(0, |_| floors.get(&resource)),
     };
     let lease = match engine.acquire(&resource, workload.ttl, name, once).await {
         Ok(lease) => lease,
@@ -262,7 +355,20 @@ async fn one_turn(engine: &Redlock, name: &str, workload: &Workload, recorder: &
         }
     };
     let start = Instant::now();
-    let acquired = format!("acquired {}", lease.report());
+    let token = lease.fencing_token();
+    if let Some(lag) = &workload.floor_lag {
+        let lag = if lag.is_empty() {
+            lag.start
+        } else {
+            rand::rng().random_range(lag.clone())
+        };
+        let (floors, resource) = (floors.clone(), resource.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(lag).await;
+            floors.raise(&resource, token);
+        });
+    }
+    let acquired = format!("acquired token {token}: {}", lease.report());
     if pause {
         // A stopped process: no keeper, no checks. It claims the lock until its validity ends.
         let claimed_until = lease.valid_until();
@@ -282,6 +388,7 @@ async fn one_turn(engine: &Redlock, name: &str, workload: &Workload, recorder: &
             client: name.to_owned(),
             start,
             end: end.min(claimed_until),
+            token,
             evidence: format!("paused; {acquired}"),
         });
         engine.release(&lease).await;
@@ -334,6 +441,7 @@ async fn one_turn(engine: &Redlock, name: &str, workload: &Workload, recorder: &
         client: name.to_owned(),
         start,
         end,
+        token,
         evidence: format!("{acquired}{last}"),
     });
     kept.release().await;
@@ -496,8 +604,55 @@ pub async fn random_run(
     recorder.report(&workload.resources, started, Instant::now())
 }
 
+/// Records a grant that starts now and claims the lease's whole validity.
+fn record_whole(recorder: &Recorder, client: &str, lease: &Lease) {
+    recorder.grant(Grant {
+        resource: lease.resource().to_owned(),
+        client: client.to_owned(),
+        start: Instant::now(),
+        end: lease.valid_until(),
+        token: lease.fencing_token(),
+        evidence: format!("token {}: {}", lease.fencing_token(), lease.report()),
+    });
+}
+
+fn once_above(token_floor: i64) -> AcquireOptions {
+    AcquireOptions {
+        attempts: Some(1),
+        deadline: None,
+        token_floor,
+    }
+}
+
+/// Tries until `give_up`; records the grant, if any.
+async fn contend(
+    recorder: &Recorder,
+    engine: &Redlock,
+    resource: &str,
+    ttl: Duration,
+    floor: i64,
+    give_up: Instant,
+) {
+    while Instant::now() < give_up {
+        match engine
+            .acquire(resource, ttl, "contender", once_above(floor))
+            .await
+        {
+            Ok(lease) => {
+                record_whole(recorder, "contender", &lease);
+                return;
+            }
+            Err(_) => {
+                recorder.failed_attempts.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    }
+}
+
 /// Negative control (or its clean twin): a majority of masters restarts empty while a lock is held, and a
 /// fresh client tries to take it. With `quarantine` off, the fresh client gets it inside the holder's window.
+/// The contender proposes above the holder's token, as the operator does from its durable floor.
 pub async fn restart_majority_while_held(quarantine: bool) -> Report {
     let ttl = Duration::from_secs(3);
     let mut cluster = RedisCluster::start(5).expect("masters");
@@ -508,46 +663,68 @@ pub async fn restart_majority_while_held(quarantine: bool) -> Report {
     wait_eligible(&holder, 5).await;
     let recorder = Recorder::default();
     let started = Instant::now();
-    let once = AcquireOptions {
-        attempts: Some(1),
-        deadline: None,
-    };
     let lease = holder
-        .acquire("payments", ttl, "holder", once)
+        .acquire("payments", ttl, "holder", once_above(0))
         .await
         .expect("holder acquires");
-    recorder.grant(Grant {
-        resource: "payments".into(),
-        client: "holder".into(),
-        start: Instant::now(),
-        end: lease.valid_until(),
-        evidence: String::new(),
-    });
+    record_whole(&recorder, "holder", &lease);
     for index in 0..3 {
         cluster[index].restart().expect("restart");
     }
     recorder.nemesis_events.fetch_add(1, Ordering::Relaxed);
     let contender = Redlock::connect(config).await.expect("engine");
     let give_up = lease.valid_until() + ttl + Duration::from_secs(2);
-    while Instant::now() < give_up {
-        match contender.acquire("payments", ttl, "contender", once).await {
-            Ok(lease) => {
-                recorder.grant(Grant {
-                    resource: "payments".into(),
-                    client: "contender".into(),
-                    start: Instant::now(),
-                    end: lease.valid_until(),
-                    evidence: String::new(),
-                });
-                break;
-            }
-            Err(_) => {
-                recorder.failed_attempts.fetch_add(1, Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    }
+    contend(
+        &recorder,
+        &contender,
+        "payments",
+        ttl,
+        lease.fencing_token(),
+        give_up,
+    )
+    .await;
     recorder.report(&["payments".to_owned()], started, Instant::now())
+}
+
+/// Negative control (or its clean twin) for tokens: a key is used five times (tokens 1 to 5, learnt from the
+/// masters' counters: the holder keeps no floor), then a majority of masters restarts empty, and, once their
+/// quarantine is over, a contender acquires while the two masters that remember token 5 hang. Without a
+/// durable floor it gets token 1 again; with the floor (the highest token granted) it gets 6.
+pub async fn majority_restart_tokens(durable_floor: bool) -> Report {
+    let ttl = Duration::from_secs(1);
+    let mut cluster = RedisCluster::start(5).expect("masters");
+    let mut config = RedlockConfig::from_urls(&cluster.urls()).expect("config");
+    config.max_ttl = ttl;
+    let holder = Redlock::connect(config.clone()).await.expect("engine");
+    wait_eligible(&holder, 5).await;
+    let recorder = Recorder::default();
+    let started = Instant::now();
+    let mut floor = 0;
+    for _ in 0..5 {
+        let lease = holder
+            .acquire("ledger", ttl, "holder", once_above(0))
+            .await
+            .expect("holder acquires");
+        record_whole(&recorder, "holder", &lease);
+        floor = floor.max(lease.fencing_token());
+        // Released only once its window is over, so that windows never overlap in this history.
+        tokio::time::sleep_until(lease.valid_until()).await;
+        holder.release(&lease).await;
+        holder.settle().await;
+    }
+    for index in 0..3 {
+        cluster[index].restart().expect("restart");
+    }
+    cluster[3].stop();
+    cluster[4].stop();
+    recorder.nemesis_events.fetch_add(2, Ordering::Relaxed);
+    let contender = Redlock::connect_majority(config).await.expect("engine");
+    let floor = if durable_floor { floor } else { 0 };
+    let give_up = Instant::now() + ttl * 4 + Duration::from_secs(5);
+    contend(&recorder, &contender, "ledger", ttl, floor, give_up).await;
+    cluster[3].cont();
+    cluster[4].cont();
+    recorder.report(&["ledger".to_owned()], started, Instant::now())
 }
 
 /// Negative control (or its clean twin): every master's clock runs `rate` times too fast. The holder keeps
@@ -567,36 +744,13 @@ pub async fn fast_clocks(rate: f64) -> Report {
     wait_eligible(&contender, 5).await;
     let recorder = Recorder::default();
     let started = Instant::now();
-    let once = AcquireOptions {
-        attempts: Some(1),
-        deadline: None,
-    };
     let lease = holder
-        .acquire("clock", ttl, "holder", once)
+        .acquire("clock", ttl, "holder", once_above(0))
         .await
         .expect("holder acquires");
-    recorder.grant(Grant {
-        resource: "clock".into(),
-        client: "holder".into(),
-        start: Instant::now(),
-        end: lease.valid_until(),
-        evidence: String::new(),
-    });
+    record_whole(&recorder, "holder", &lease);
     let give_up = lease.valid_until() + Duration::from_millis(500);
-    while Instant::now() < give_up {
-        if let Ok(taken) = contender.acquire("clock", ttl, "contender", once).await {
-            recorder.grant(Grant {
-                resource: "clock".into(),
-                client: "contender".into(),
-                start: Instant::now(),
-                end: taken.valid_until(),
-                evidence: String::new(),
-            });
-            break;
-        }
-        recorder.failed_attempts.fetch_add(1, Ordering::Relaxed);
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    contend(&recorder, &contender, "clock", ttl, 0, give_up).await;
     recorder.report(&["clock".to_owned()], started, Instant::now())
 }
 

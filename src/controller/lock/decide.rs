@@ -31,8 +31,9 @@ pub enum LockAction {
     /// Status says the wanted holder has the lock, but this replica does not hold it: a predecessor
     /// (restarted or failed-over replica) did. Take it over without a new token.
     Resume { token: i64 },
-    /// Acquire with this token.
-    Acquire { token: i64 },
+    /// Acquire with a token above `floor`, the highest this replica knows was granted for the lock (the masters'
+    /// counters and the cluster's floor record may raise it further).
+    Acquire { floor: i64 },
 }
 
 pub fn decide(
@@ -57,7 +58,6 @@ pub fn decide(
             write_status: held.status_due || !shown,
         };
     }
-    let status_token = status.fencing_token.unwrap_or(0);
     if status.phase == Some(LockPhase::Held)
         && let (Some(holder), Some(token)) = (&status.holder, status.fencing_token)
     {
@@ -70,8 +70,18 @@ pub fn decide(
         };
     }
     LockAction::Acquire {
-        token: status_token.max(highest_token_written) + 1,
+        floor: known_floor(status, highest_token_written),
     }
+}
+
+/// The highest token known to have been granted for the lock: status (written by anyone allowed to, so a negative
+/// value counts as none) or this replica's own writes, which the status cache may not show yet.
+pub fn known_floor(status: &DistributedLockStatus, highest_token_written: i64) -> i64 {
+    status
+        .fencing_token
+        .unwrap_or(0)
+        .max(highest_token_written)
+        .max(0)
 }
 
 /// Who holds the lock as far as this replica can tell: the holder of a lease it keeps (and has not lost), else
@@ -150,19 +160,41 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_fresh_lock_is_acquired_with_the_next_token() {
+    async fn a_lock_not_held_is_acquired_above_the_highest_token_known() {
         let status = DistributedLockStatus::default();
-        assert_eq!(decide(WANTED, None, &status, 0), LockAction::Acquire { token: 1 });
+        assert_eq!(decide(WANTED, None, &status, 0), LockAction::Acquire { floor: 0 });
         let lost = DistributedLockStatus {
             phase: Some(LockPhase::Lost),
             fencing_token: Some(7),
             ..DistributedLockStatus::default()
         };
-        assert_eq!(decide(WANTED, None, &lost, 0), LockAction::Acquire { token: 8 });
+        assert_eq!(decide(WANTED, None, &lost, 0), LockAction::Acquire { floor: 7 });
         assert_eq!(
             decide(WANTED, None, &lost, 9),
-            LockAction::Acquire { token: 10 },
+            LockAction::Acquire { floor: 9 },
             "a token this replica wrote wins over a status cache that lags behind"
+        );
+    }
+
+    #[tokio::test]
+    async fn status_tokens_out_of_range_are_no_arithmetic_but_a_floor() {
+        let forged = |token| DistributedLockStatus {
+            phase: Some(LockPhase::Pending),
+            fencing_token: Some(token),
+            ..DistributedLockStatus::default()
+        };
+        assert_eq!(
+            decide(WANTED, None, &forged(i64::MAX), 0),
+            LockAction::Acquire { floor: i64::MAX },
+            "the largest token is passed on, for the acquisition to say it cannot go above it"
+        );
+        assert_eq!(
+            decide(WANTED, None, &forged(-5), 0),
+            LockAction::Acquire { floor: 0 }
+        );
+        assert_eq!(
+            decide(WANTED, None, &forged(i64::MIN), 3),
+            LockAction::Acquire { floor: 3 }
         );
     }
 

@@ -12,6 +12,8 @@ pub mod reconcile;
 pub mod settings;
 pub mod status;
 pub mod status_write;
+pub mod token;
+pub mod token_floor;
 
 /// Present while the operator may still hold the lock's key: deletion waits for the release.
 pub const FINALIZER: &str = "redlock.io/release";

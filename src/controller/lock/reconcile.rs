@@ -11,7 +11,7 @@ use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::ObjectRef;
 
 use super::actions::{self, Target};
-use super::decide::{LockAction, Wanted, current_holder, decide};
+use super::decide::{LockAction, Wanted, current_holder, decide, known_floor};
 use super::policy::{Policy, Turn};
 use super::settings::{QuorumRules, lock_settings};
 use super::{FINALIZER, RESYNC};
@@ -109,10 +109,7 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     let status = lock.status.clone().unwrap_or_default();
     let held = ctx.keeper.view(&lref);
     let current = current_holder(held.as_ref(), &status);
-    let latest_token = status
-        .fencing_token
-        .unwrap_or(0)
-        .max(ctx.keeper.highest_token(&lref));
+    let latest_token = known_floor(&status, ctx.keeper.highest_token(&lref));
     let mut policy = match Policy::observe(ctx, lock, &settings, current.as_deref(), latest_token) {
         Ok(policy) => policy,
         Err(message) => {
@@ -168,6 +165,6 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
             holder: previous,
         } => actions::release::release_previous(&target, ctx, &holder, token, &previous).await,
         LockAction::Resume { token } => actions::acquire::resume(&target, ctx, &holder, token, &status).await,
-        LockAction::Acquire { token } => actions::acquire::acquire(&target, ctx, &holder, token).await,
+        LockAction::Acquire { floor } => actions::acquire::acquire(&target, ctx, &holder, floor).await,
     }
 }

@@ -45,7 +45,7 @@ const BASE: Kind = Kind {
     special: Special::Plain,
 };
 
-pub(super) static KINDS: [Kind; 9] = [
+pub(super) static KINDS: [Kind; 10] = [
     Kind {
         plural: "pods",
         kind: "Pod",
@@ -59,6 +59,11 @@ pub(super) static KINDS: [Kind; 9] = [
         plural: "secrets",
         kind: "Secret",
         special: Special::Secret,
+        ..BASE
+    },
+    Kind {
+        plural: "configmaps",
+        kind: "ConfigMap",
         ..BASE
     },
     Kind {

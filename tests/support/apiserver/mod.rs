@@ -9,7 +9,7 @@
 //!
 //! # What it models
 //!
-//! - Resources (a fixed table, `kinds.rs`): core/v1 pods, secrets, namespaces; events.k8s.io/v1 events;
+//! - Resources (a fixed table, `kinds.rs`): core/v1 pods, secrets, configmaps, namespaces; events.k8s.io/v1 events;
 //!   coordination.k8s.io/v1 leases; batch/v1 jobs; redlock.io/v1alpha1 distributedlocks and redisquorums;
 //!   apiextensions.k8s.io/v1 customresourcedefinitions.
 //! - Metadata (`meta.rs`, `write.rs`): random uid, creationTimestamp, one global resourceVersion counter,
@@ -42,7 +42,7 @@
 //!   (`/api`, `/apis`, `/version`), `fieldValidation`. Refused with 400 so that a test cannot silently depend on
 //!   them: `dryRun`, DeleteOptions preconditions, streaming lists (`sendInitialEvents`,
 //!   `resourceVersionMatch` on a watch) and LIST with `resourceVersionMatch=Exact`.
-//! - Kinds: only those in the table (no configmaps, no core/v1 view of events); field selectors on a kind's
+//! - Kinds: only those in the table (no core/v1 view of events); field selectors on a kind's
 //!   own field labels (`spec.nodeName`, `involvedObject.name`, …) are refused with 400. Strategic merge patch
 //!   is refused with 415 for every kind (a real server accepts it for built-in kinds).
 //! - Validation: no OpenAPI schema or CEL validation of custom resources, no validation of built-in kinds (but

@@ -11,6 +11,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use super::release::release_held;
+use super::token_floor::{self, Recorded};
 use super::wait::not_ready;
 use super::{Target, stamp_now};
 use crate::api::conditions::Stamp;
@@ -22,18 +23,154 @@ use crate::controller::lock::RESYNC;
 use crate::controller::lock::decide::{contended_retry, resume_still_possible};
 use crate::controller::lock::status::{self, Blocked, HeldFacts, wall_at};
 use crate::controller::lock::status_write::write_status;
+use crate::controller::lock::token::{EXHAUSTED_REASON, Exhausted, Places, exhausted_message};
+use crate::controller::lock::token_floor::record_name;
 use crate::redlock::{AcquireError, ExtendError, FailureKind, Lease, OperationReport};
 use crate::telemetry::metrics::OutcomeLabels;
 
-pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, token: i64) -> Result<Action, Error> {
+/// Grants one reconcile asks the masters for before it hands the lock back to the reconciler. A grant is given
+/// back when its token is not the one its value was derived from (the masters knew a higher token) or when the
+/// cluster's floor record is at or above it (the masters forgot): two suffice unless contenders raise the
+/// counters at the same time.
+const GRANT_ROUNDS: u32 = 3;
+
+/// How often a lock whose token cannot advance, or whose floor record makes no sense, is looked at again.
+const REPAIR_RETRY: Duration = Duration::from_secs(60);
+
+/// Reason of `Ready=False` while the key's floor record makes no sense.
+const INVALID_FLOOR: &str = "InvalidFencingFloor";
+
+/// Acquires the lock for `holder` with a fencing token above `floor` and above what the masters' counters
+/// know; records the token in the key's floor record (giving the grant back and asking above the record when
+/// the masters forgot), shows it, and hands the lock to the keeper. The record is read only after a grant: a
+/// contended lock's retries cost the API nothing.
+pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i64) -> Result<Action, Error> {
     ctx.ensure_leader()?;
+    let (quorum, key) = (&target.settings.quorum, &target.settings.key);
+    let mut floor = floor;
+    let mut floor_is_record = false;
+    for _ in 0..GRANT_ROUNDS {
+        let Some(token) = floor.checked_add(1) else {
+            let exhausted = if floor_is_record {
+                Exhausted::Floor { token: floor }
+            } else {
+                Exhausted::Known { token: floor }
+            };
+            return token_exhausted(target, ctx, &exhausted).await;
+        };
+        let lease = match grant(target, ctx, holder, token, floor).await {
+            Ok(lease) => lease,
+            Err(AcquireError::NotAcquired { kind, report, .. }) => {
+                return waiting(target, ctx, kind, &report).await;
+            }
+            Err(AcquireError::Config(err)) => {
+                return not_ready(
+                    target.lock,
+                    ctx,
+                    LockPhase::Invalid,
+                    "InvalidTtl",
+                    err.to_string(),
+                    None,
+                )
+                .await;
+            }
+            Err(AcquireError::Value(err)) => return Err(Error::Value(err)),
+            Err(AcquireError::TokenExhausted { counter, .. }) => {
+                return token_exhausted(target, ctx, &Exhausted::Masters { counter }).await;
+            }
+        };
+        if lease.fencing_token() != token {
+            // The masters' counters were above `floor`, and the lock value (which a successor rebuilds from
+            // the token in status) was derived from the token proposed: give the grant back, propose above.
+            target.engine.engine.release(&lease).await;
+            floor = lease.fencing_token();
+            floor_is_record = false;
+            continue;
+        }
+        // Kept from this moment: the floor and status writes below take API round trips of the validity.
+        keep(target, ctx, &lease, token);
+        match record_floor(ctx, quorum, key, token).await {
+            Ok(Recorded::Written) => return hold(target, ctx, holder, &lease).await,
+            Ok(Recorded::Reacquire { floor: record }) => {
+                tracing::warn!(lock = %target.lref, token, floor = record, "the masters granted a token the cluster's floor record already holds (they forgot): acquiring above it");
+                release_held(ctx, &target.lref, Some(quorum)).await;
+                floor = record;
+                floor_is_record = true;
+            }
+            Ok(Recorded::Invalid(message)) => return invalid_floor(target, ctx, message).await,
+            Err(err) => {
+                // Nothing shows the token: giving the grant back is safe even if a write landed (the next
+                // token is then above it).
+                release_held(ctx, &target.lref, Some(quorum)).await;
+                return Err(err);
+            }
+        }
+    }
+    Ok(Action::requeue(Duration::from_millis(10)))
+}
+
+/// Reads the key's floor record and records `token` in it unless it already holds as much.
+async fn record_floor(ctx: &Context, quorum: &str, key: &str, token: i64) -> Result<Recorded, Error> {
+    match token_floor::read(ctx, quorum, key).await? {
+        Ok(seen) => token_floor::record(ctx, quorum, key, seen, token).await,
+        Err(message) => Ok(Recorded::Invalid(message)),
+    }
+}
+
+/// No token can be granted above the largest one: say where it is and what to do, and look again later.
+async fn token_exhausted(target: &Target<'_>, ctx: &Context, exhausted: &Exhausted) -> Result<Action, Error> {
+    let floor_record = format!(
+        "{}/{}",
+        ctx.secrets_namespace,
+        record_name(&target.settings.quorum, &target.settings.key)
+    );
+    let places = Places {
+        quorum: &target.settings.quorum,
+        key: &target.settings.key,
+        floor_record: &floor_record,
+    };
+    let message = exhausted_message(exhausted, &places);
+    tracing::warn!(lock = %target.lref, ?exhausted, "fencing token exhausted");
+    not_ready(
+        target.lock,
+        ctx,
+        LockPhase::Pending,
+        EXHAUSTED_REASON,
+        message,
+        Some(REPAIR_RETRY),
+    )
+    .await
+}
+
+/// The key's floor record makes no sense: nothing is acquired until it is repaired.
+async fn invalid_floor(target: &Target<'_>, ctx: &Context, message: String) -> Result<Action, Error> {
+    tracing::warn!(lock = %target.lref, %message, "invalid fencing-token floor record");
+    not_ready(
+        target.lock,
+        ctx,
+        LockPhase::Pending,
+        INVALID_FLOOR,
+        message,
+        Some(REPAIR_RETRY),
+    )
+    .await
+}
+
+/// One acquisition on the masters with the value for `token`, proposing `token` (= `floor + 1`) first.
+async fn grant(
+    target: &Target<'_>,
+    ctx: &Context,
+    holder: &str,
+    token: i64,
+    floor: i64,
+) -> Result<Lease, AcquireError> {
     let uid = target.lock.uid().unwrap_or_default();
     let value = ctx.secret.lock_value(&target.settings.key, &uid, token, holder)?;
     let started = Instant::now();
     let result = target
         .engine
         .engine
-        .try_acquire(&target.settings.key, target.settings.ttl, value)
+        .try_acquire(&target.settings.key, target.settings.ttl, value, floor)
         .await;
     let outcome = match &result {
         Ok(_) => "acquired",
@@ -50,52 +187,39 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, token: i6
             outcome: outcome.to_owned(),
         })
         .observe(started.elapsed().as_secs_f64());
-    match result {
-        Ok(lease) => {
-            // Kept from this moment: the status write below takes an API round trip of the validity.
-            keep(target, ctx, &lease, token);
-            match show_held(target, ctx, holder, &lease, token, true).await {
-                Ok(true) => {
-                    let note = format!(
-                        "{holder} holds the lock with fencing token {token} ({} of {} masters)",
-                        lease.report().votes(),
-                        lease.report().nodes.len()
-                    );
-                    tracing::info!(lock = %target.lref, token, %holder, "acquired");
-                    ctx.publish(target.lock, EventType::Normal, "Acquired", note)
-                        .await;
-                    Ok(Action::requeue(RESYNC))
-                }
-                Ok(false) => {
-                    // Another writer advanced the token first: this acquisition is not the lock's.
-                    release_held(ctx, &target.lref, Some(&target.settings.quorum)).await;
-                    Ok(Action::requeue(Duration::from_secs(1)))
-                }
-                Err(err) if err.outcome_unknown() => {
-                    // The write may have landed (the connection broke before its answer): keep the lock; the
-                    // next look at status settles it, and releasing could empty a lock status shows as held.
-                    tracing::warn!(lock = %target.lref, token, error = %err, "the status write's outcome is unknown: keeping the lock");
-                    Err(err)
-                }
-                Err(err) => {
-                    release_held(ctx, &target.lref, Some(&target.settings.quorum)).await;
-                    Err(err)
-                }
-            }
+    result
+}
+
+/// Granted, kept, and its token recorded as the key's floor: show it.
+async fn hold(target: &Target<'_>, ctx: &Context, holder: &str, lease: &Lease) -> Result<Action, Error> {
+    let token = lease.fencing_token();
+    match show_held(target, ctx, holder, lease, token, true).await {
+        Ok(true) => {
+            let note = format!(
+                "{holder} holds the lock with fencing token {token} ({} of {} masters)",
+                lease.report().votes(),
+                lease.report().nodes.len()
+            );
+            tracing::info!(lock = %target.lref, token, %holder, "acquired");
+            ctx.publish(target.lock, EventType::Normal, "Acquired", note)
+                .await;
+            Ok(Action::requeue(RESYNC))
         }
-        Err(AcquireError::NotAcquired { kind, report, .. }) => waiting(target, ctx, kind, &report).await,
-        Err(AcquireError::Config(err)) => {
-            not_ready(
-                target.lock,
-                ctx,
-                LockPhase::Invalid,
-                "InvalidTtl",
-                err.to_string(),
-                None,
-            )
-            .await
+        Ok(false) => {
+            // Another writer advanced the token first: this acquisition is not the lock's.
+            release_held(ctx, &target.lref, Some(&target.settings.quorum)).await;
+            Ok(Action::requeue(Duration::from_secs(1)))
         }
-        Err(AcquireError::Value(err)) => Err(Error::Value(err)),
+        Err(err) if err.outcome_unknown() => {
+            // The write may have landed (the connection broke before its answer): keep the lock; the
+            // next look at status settles it, and releasing could empty a lock status shows as held.
+            tracing::warn!(lock = %target.lref, token, error = %err, "the status write's outcome is unknown: keeping the lock");
+            Err(err)
+        }
+        Err(err) => {
+            release_held(ctx, &target.lref, Some(&target.settings.quorum)).await;
+            Err(err)
+        }
     }
 }
 
@@ -230,7 +354,7 @@ pub async fn take_back(
     let result = target
         .engine
         .engine
-        .reclaim(&target.settings.key, target.settings.ttl, value)
+        .reclaim(&target.settings.key, target.settings.ttl, value, token)
         .await;
     if let Ok(lease) = &result {
         keep(target, ctx, lease, token);

@@ -1,10 +1,11 @@
 //! What the lock reconciler does on Redis and the API once it has decided: acquire, resume and refresh
-//! (`acquire`), release (`release`), fence and take back (`fence`), and the statuses of a lock nobody may hold
-//! now (`wait`). Every status they write is one of the pure edits in `super::status`.
+//! (`acquire`, recording each new token in the key's floor record: `token_floor`), release (`release`), fence
+//! and take back (`fence`), and the statuses of a lock nobody may hold now (`wait`). Every status they write is one of the pure edits in `super::status`.
 
 pub mod acquire;
 pub mod fence;
 pub mod release;
+pub mod token_floor;
 pub mod wait;
 
 use std::sync::Arc;

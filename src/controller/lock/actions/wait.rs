@@ -29,12 +29,20 @@ pub async fn not_ready(
         release_held(ctx, &lref, Some(&held.quorum)).await;
     }
     let before = lock.status.as_ref().and_then(|status| status.phase);
+    // A new reason in the same phase (a lock Pending for one reason, then for another) is news too.
+    let reason_before = lock.status.as_ref().and_then(|status| {
+        status
+            .conditions
+            .iter()
+            .find(|condition| condition.type_ == "Ready" && condition.status == "False")
+            .map(|ready| ready.reason.clone())
+    });
     let stamp = stamp_now(lock);
     let written = write_status(ctx, lock, |current| {
         Some(status::not_ready(current, phase, reason, &message, stamp))
     })
     .await?;
-    if written && before != Some(phase) {
+    if written && (before != Some(phase) || reason_before.as_deref() != Some(reason)) {
         ctx.publish(lock, EventType::Warning, reason, message).await;
     }
     Ok(retry.map_or_else(Action::await_change, Action::requeue))
