@@ -236,6 +236,9 @@ expect "monitoring-tuned: thresholds, labels, runbook links, a disabled alert an
 if [ -d "${REDLOCK_RBAC_RECORD_DIR:-}" ]; then
   check "RBAC: the chart grants exactly what the operator requested in the end-to-end tests" \
     "$python" scripts/rbac_check.py "$out/default.yaml" "$REDLOCK_RBAC_RECORD_DIR"
+  sed 's/verbs: \["list", "watch"\]/verbs: ["get", "list", "watch"]/' "$out/default.yaml" >"$out/rbac-wider.yaml"
+  check_rejects "RBAC check catches a grant the operator never uses" "never requested: get redisquorums" \
+    "$python" scripts/rbac_check.py "$out/rbac-wider.yaml" "$REDLOCK_RBAC_RECORD_DIR"
 else
   echo "skip RBAC: no recorded requests (scripts/test.sh records them while the tests run)"
 fi

@@ -132,6 +132,11 @@ impl Keeper {
         self.tokens().get(lock).copied().unwrap_or(0)
     }
 
+    /// The lock is gone: its highest token lives on in the key's floor record, not here.
+    pub fn forget_token(&self, lock: &LockRef) {
+        self.tokens().remove(lock);
+    }
+
     pub fn note_token(&self, lock: &LockRef, token: i64) {
         let mut tokens = self.tokens();
         let entry = tokens.entry(lock.clone()).or_insert(token);

@@ -100,7 +100,11 @@ impl Elector {
             (ElectAction::Renew | ElectAction::TakeOver, Some(mut lease)) => {
                 let previous = lease.spec.take().unwrap_or_default();
                 let taking_over = action == ElectAction::TakeOver;
-                let transitions = previous.lease_transitions.unwrap_or(0) + i32::from(taking_over);
+                // Anyone who may write the Lease can set this counter: it saturates rather than overflow.
+                let transitions = previous
+                    .lease_transitions
+                    .unwrap_or(0)
+                    .saturating_add(i32::from(taking_over));
                 let acquired = if taking_over { None } else { previous.acquire_time };
                 lease.spec = Some(self.spec(acquired, transitions));
                 // Carries the resourceVersion read above: a concurrent writer makes this fail with 409.

@@ -78,7 +78,8 @@ impl Shared {
                 .create(true)
                 .append(true)
                 .open(&path)
-                .and_then(|mut file| writeln!(file, "{group} {} {verb}", entry.1))
+                // One write per line: appends from the several servers of a test process stay whole.
+                .and_then(|mut file| file.write_all(format!("{group} {} {verb}\n", entry.1).as_bytes()))
         });
         if let Err(error) = written {
             eprintln!(

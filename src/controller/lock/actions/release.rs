@@ -112,6 +112,9 @@ pub async fn cleanup(lock: &DistributedLock, ctx: &Context) -> Result<Action, Er
         );
         ctx.publish(lock, EventType::Normal, "Released", note).await;
     }
+    // A lock re-created under the same name starts from the key's floor record (and status), which every
+    // grant updates before anything shows it: this replica's memory of the old object is not needed.
+    ctx.keeper.forget_token(&lref);
     Ok(Action::await_change())
 }
 
