@@ -11,6 +11,7 @@ pub mod policy;
 pub mod reconcile;
 pub mod settings;
 pub mod status;
+pub mod status_patch;
 pub mod status_write;
 pub mod token;
 pub mod token_floor;

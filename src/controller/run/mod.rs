@@ -153,6 +153,9 @@ pub async fn start(
     let lock_events = without_errors(
         watcher(locks_api, watcher::Config::default())
             .backoff(watch_backoff())
+            // Nothing reads them, and the status is written as a patch: every status refresh's watch event would
+            // otherwise keep a copy of the managers' bookkeeping per lock.
+            .modify(|lock| lock.metadata.managed_fields = None)
             .reflect(lock_writer)
             .inspect(move |event| record_watch(&lock_health, "distributedlocks", event))
             .touched_objects()
