@@ -208,6 +208,15 @@ pub struct DistributedLockStatus {
     pub conditions: Vec<Condition>,
 }
 
+impl DistributedLockStatus {
+    /// The status of a lock that has none yet, to borrow instead of building one per reconcile.
+    pub fn none() -> &'static Self {
+        static NONE: std::sync::LazyLock<DistributedLockStatus> =
+            std::sync::LazyLock::new(DistributedLockStatus::default);
+        &NONE
+    }
+}
+
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct MasterOutcome {

@@ -15,7 +15,7 @@ use super::decide::{LockAction, Wanted, current_holder, decide, known_floor};
 use super::policy::{Policy, Turn};
 use super::settings::{QuorumRules, lock_settings};
 use super::{FINALIZER, RESYNC};
-use crate::api::{DistributedLock, LockPhase};
+use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
 use crate::controller::context::Context;
 use crate::controller::engines::QuorumLookup;
 use crate::controller::error::Error;
@@ -106,7 +106,7 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
             .await;
         }
     };
-    let status = lock.status.clone().unwrap_or_default();
+    let status = lock.status.as_ref().unwrap_or(DistributedLockStatus::none());
     let held = ctx.keeper.view(&lref);
     let current = current_holder(held.as_ref(), &status);
     let latest_token = known_floor(&status, ctx.keeper.highest_token(&lref));

@@ -88,7 +88,10 @@ mod tests {
     fn the_diff_applied_to_before_gives_after() {
         let cases = [
             (json!({}), json!({ "phase": "Held", "holder": "a" })),
-            (json!({ "phase": "Held", "holder": "a" }), json!({ "phase": "Pending" })),
+            (
+                json!({ "phase": "Held", "holder": "a" }),
+                json!({ "phase": "Pending" }),
+            ),
             (
                 json!({ "masters": [{ "endpoint": "x" }, { "endpoint": "y" }], "quorum": "3/5" }),
                 json!({ "masters": [{ "endpoint": "x" }], "quorum": "3/5" }),

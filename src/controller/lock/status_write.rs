@@ -1,7 +1,6 @@
 //! The one function that writes a `DistributedLock`'s status.
 
 use std::borrow::Cow;
-use std::sync::LazyLock;
 
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::Request;
@@ -11,8 +10,6 @@ use super::status_patch::status_patch;
 use crate::api::{DistributedLock, DistributedLockStatus};
 use crate::controller::context::Context;
 use crate::controller::error::{Error, is_conflict};
-
-static NO_STATUS: LazyLock<DistributedLockStatus> = LazyLock::new(DistributedLockStatus::default);
 
 /// Sets the status to what `edit` makes of the current one, with the resourceVersion it was read at as a
 /// precondition; on a conflict it reads the object again and asks `edit` again. `edit` returning `None` means the
@@ -32,7 +29,7 @@ pub async fn write_status(
     let url = DistributedLock::url_path(&(), Some(&namespace));
     let mut current = Cow::Borrowed(lock);
     for _ in 0..4 {
-        let before = current.status.as_ref().unwrap_or(&NO_STATUS);
+        let before = current.status.as_ref().unwrap_or(DistributedLockStatus::none());
         let Some(next) = edit(before) else {
             return Ok(false);
         };
