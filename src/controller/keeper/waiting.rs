@@ -116,48 +116,23 @@ mod tests {
         ObjectRef::new(name).within("ns")
     }
 
+    fn slot(start: Instant, after_ms: u64, seq: u64) -> Slot {
+        Slot {
+            at: start + Duration::from_millis(after_ms),
+            seq,
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_busy_quorum_is_passed_over_and_its_due_locks_wait_for_the_next_take() {
         let start = Instant::now();
         let ms = Duration::from_millis;
         let mut waiting = Waiting::default();
-        waiting.add(
-            "a",
-            Slot {
-                at: start + ms(2),
-                seq: 0,
-            },
-            start + ms(9),
-            lock("a2"),
-        );
-        waiting.add(
-            "a",
-            Slot {
-                at: start + ms(1),
-                seq: 1,
-            },
-            start + ms(9),
-            lock("a1"),
-        );
-        waiting.add(
-            "a",
-            Slot {
-                at: start + ms(1),
-                seq: 2,
-            },
-            start + ms(9),
-            lock("a1b"),
-        );
-        waiting.add(
-            "a",
-            Slot {
-                at: start + ms(5),
-                seq: 3,
-            },
-            start + ms(9),
-            lock("a5"),
-        );
-        waiting.add("b", Slot { at: start, seq: 4 }, start + ms(9), lock("b0"));
+        waiting.add("a", slot(start, 2, 0), start + ms(9), lock("a2"));
+        waiting.add("a", slot(start, 1, 1), start + ms(9), lock("a1"));
+        waiting.add("a", slot(start, 1, 2), start + ms(9), lock("a1b"));
+        waiting.add("a", slot(start, 5, 3), start + ms(9), lock("a5"));
+        waiting.add("b", slot(start, 0, 4), start + ms(9), lock("b0"));
         let busy = HashSet::from(["b".to_owned()]);
 
         let taken = waiting.take_due(start + ms(2), &busy);
@@ -182,13 +157,7 @@ mod tests {
         let left: Vec<&str> = waiting.entries().map(|(_, _, lock)| lock.name.as_str()).collect();
         assert_eq!(left, ["a5"]);
 
-        waiting.remove(
-            "a",
-            Slot {
-                at: start + ms(5),
-                seq: 3,
-            },
-        );
+        waiting.remove("a", slot(start, 5, 3));
         assert_eq!(waiting.entries().count(), 0);
         assert!(waiting.take_due(start + ms(100), &HashSet::new()).is_empty());
     }
@@ -199,15 +168,15 @@ mod tests {
         let ms = Duration::from_millis;
         let mut waiting = Waiting::default();
         assert!(!waiting.fence_may_have_come(start + ms(1_000)), "nothing waits");
-        waiting.add("a", Slot { at: start, seq: 0 }, start + ms(8), lock("late"));
-        waiting.add("a", Slot { at: start, seq: 1 }, start + ms(5), lock("early"));
-        waiting.add("a", Slot { at: start, seq: 2 }, start + ms(7), lock("middle"));
+        waiting.add("a", slot(start, 0, 0), start + ms(8), lock("late"));
+        waiting.add("a", slot(start, 0, 1), start + ms(5), lock("early"));
+        waiting.add("a", slot(start, 0, 2), start + ms(7), lock("middle"));
         assert!(!waiting.fence_may_have_come(start + ms(4)));
         assert!(waiting.fence_may_have_come(start + ms(5)));
 
         waiting.set_fence_floor(Some(start + ms(7)));
         assert!(!waiting.fence_may_have_come(start + ms(6)));
-        waiting.add("a", Slot { at: start, seq: 3 }, start + ms(6), lock("back"));
+        waiting.add("a", slot(start, 0, 3), start + ms(6), lock("back"));
         assert!(
             waiting.fence_may_have_come(start + ms(6)),
             "lowered by what comes back"
