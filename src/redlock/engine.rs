@@ -54,7 +54,8 @@ pub struct Lease {
     pub(super) valid_until: Instant,
     /// The fencing token this lock was granted with (0: unknown, for a lock taken over without one).
     pub(super) token: i64,
-    pub(super) report: OperationReport,
+    /// Shared, so that a copy of a lease (the keeper hands one to every extension batch) costs no allocation.
+    pub(super) report: Arc<OperationReport>,
 }
 
 impl Lease {
@@ -72,11 +73,11 @@ impl Lease {
             granted_at,
             valid_until: granted_at + ttl,
             token: 0,
-            report: OperationReport {
+            report: Arc::new(OperationReport {
                 nodes: Vec::new(),
                 elapsed: Duration::ZERO,
                 quorum: 1,
-            },
+            }),
         }
     }
 
@@ -445,7 +446,7 @@ impl Redlock {
                     granted_at: started,
                     valid_until: started + validity,
                     token,
-                    report,
+                    report: Arc::new(report),
                 })
             }
             (granted, _) => {
@@ -530,11 +531,11 @@ impl Redlock {
             // Only bounds how long the attempt may take; the validity that counts is the one it returns.
             valid_until: now + ttl,
             token: 0,
-            report: OperationReport {
+            report: Arc::new(OperationReport {
                 nodes: Vec::new(),
                 elapsed: Duration::ZERO,
                 quorum: self.quorum(),
-            },
+            }),
         };
         let result = self.extend(&probe).await;
         let report = match &result {
@@ -813,7 +814,7 @@ pub(super) fn extend_outcome(
             granted_at: started,
             valid_until: started + validity,
             token: lease.token,
-            report,
+            report: Arc::new(report),
         });
     }
     let taken = report

@@ -26,6 +26,7 @@ pub use node::{NodeHealth, NodeStatus};
 pub use outcome::{NodeOutcome, NodeReport, OperationReport};
 pub use quarantine::quarantine_until;
 pub use quorum::quorum_of;
+pub(crate) use schedule::fence_time;
 pub use schedule::{KeepAction, next_keep_action, shortest_ttl};
 pub use scripts::counter_key;
 

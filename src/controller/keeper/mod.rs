@@ -4,6 +4,7 @@
 //! reconciler at once when a lock is lost — at the latest at its fence time, before its validity ends.
 
 pub mod table;
+mod waiting;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};

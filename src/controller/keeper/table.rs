@@ -8,9 +8,10 @@ use std::time::Duration;
 use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
 
+use super::waiting::{Slot, Waiting, earliest};
 use crate::api::DistributedLock;
 use crate::redlock::{
-    ExtendError, KeepAction, KeepPolicy, Lease, LossReason, OperationReport, next_keep_action,
+    ExtendError, KeepAction, KeepPolicy, Lease, LossReason, OperationReport, fence_time, next_keep_action,
 };
 
 pub type LockRef = ObjectRef<DistributedLock>;
@@ -31,6 +32,40 @@ pub struct HeldLock {
     lost: Option<LossReason>,
     /// The reconciler was woken for the current state (status due or loss) and has not written since.
     notified: bool,
+    /// Unique to this entry: keeps apart, in [`Waiting`], entries due at the same instant.
+    seq: u64,
+}
+
+impl HeldLock {
+    /// Waiting for its next extension: in [`Waiting`] under [`Self::slot`], and nowhere else.
+    fn is_waiting(&self) -> bool {
+        self.lost.is_none() && !self.in_flight
+    }
+
+    fn slot(&self) -> Slot {
+        Slot {
+            at: self.next_at,
+            seq: self.seq,
+        }
+    }
+
+    fn fence_at(&self) -> Instant {
+        fence_time(self.lease.valid_until(), &self.policy)
+    }
+
+    /// Call after every change of the fields [`Self::is_waiting`] and [`Self::slot`] read.
+    fn enter(&self, lock: &LockRef, waiting: &mut Waiting) {
+        if self.is_waiting() {
+            waiting.add(&self.quorum, self.slot(), self.fence_at(), lock.clone());
+        }
+    }
+
+    /// Call before every change of the fields [`Self::is_waiting`] and [`Self::slot`] read.
+    fn leave(&self, waiting: &mut Waiting) {
+        if self.is_waiting() {
+            waiting.remove(&self.quorum, self.slot());
+        }
+    }
 }
 
 /// What the reconciler sees of a held lock.
@@ -77,6 +112,9 @@ pub struct Table {
     /// Quorums with a batch in flight: each quorum has at most one, so a quorum whose masters hang (up to its
     /// node timeout per command) delays only its own locks, never another quorum's.
     busy: HashSet<String>,
+    /// The entries waiting for their next extension, indexed: a tick visits only what is due.
+    waiting: Waiting,
+    next_seq: u64,
 }
 
 impl Table {
@@ -100,8 +138,18 @@ impl Table {
             last_failure: None,
             lost: None,
             notified: false,
+            seq: self.next_seq,
         };
-        self.held.insert(lock, entry).is_none()
+        // Wrapping: a number comes back after 2^64 insertions, long after its first holder was removed.
+        self.next_seq = self.next_seq.wrapping_add(1);
+        entry.enter(&lock, &mut self.waiting);
+        match self.held.insert(lock, entry) {
+            None => true,
+            Some(replaced) => {
+                replaced.leave(&mut self.waiting);
+                false
+            }
+        }
     }
 
     pub fn view(&self, lock: &LockRef, now: Instant) -> Option<HeldView> {
@@ -128,16 +176,17 @@ impl Table {
         match self.held.get(lock) {
             None => Removal::Absent,
             Some(held) if held.in_flight => Removal::InFlight,
-            Some(_) => self
-                .held
-                .remove(lock)
-                .map_or(Removal::Absent, |held| Removal::Removed(held.lease)),
+            Some(_) => self.held.remove(lock).map_or(Removal::Absent, |held| {
+                held.leave(&mut self.waiting);
+                Removal::Removed(held.lease)
+            }),
         }
     }
 
     pub fn clear(&mut self) -> usize {
         let count = self.held.len();
         self.held.clear();
+        self.waiting.clear();
         count
     }
 
@@ -149,26 +198,36 @@ impl Table {
         self.held.is_empty()
     }
 
-    /// Leases due at `now` on quorums with no batch in flight, grouped by quorum and marked in flight (and their
-    /// quorums busy until [`Self::batch_finished`]), with how late each one is.
+    /// Leases due at `now` on quorums with no batch in flight, grouped by quorum (earliest due first) and marked
+    /// in flight (and their quorums busy until [`Self::apply`]), with how late each one is. Visits only what is
+    /// due on the quorums that are free.
     pub fn take_due(&mut self, now: Instant) -> (Vec<DueBatch>, Vec<Duration>) {
-        let mut groups: HashMap<&str, DueBatch> = HashMap::new();
         let mut lags = Vec::new();
-        let busy = &self.busy;
-        for (lock, held) in &mut self.held {
-            if held.lost.is_none() && !held.in_flight && held.next_at <= now && !busy.contains(&held.quorum) {
+        let mut batches = Vec::new();
+        for (quorum, due) in self.waiting.take_due(now, &self.busy) {
+            let mut batch = DueBatch {
+                quorum,
+                locks: Vec::with_capacity(due.len()),
+                leases: Vec::with_capacity(due.len()),
+            };
+            for (slot, lock) in due {
+                // The index holds waiting entries only, under their own slot; anything else would be stale.
+                let Some(held) = self
+                    .held
+                    .get_mut(&lock)
+                    .filter(|held| held.is_waiting() && held.slot() == slot)
+                else {
+                    continue;
+                };
                 held.in_flight = true;
-                lags.push(now.saturating_duration_since(held.next_at));
-                let batch = groups.entry(&held.quorum).or_insert_with(|| DueBatch {
-                    quorum: held.quorum.clone(),
-                    locks: Vec::new(),
-                    leases: Vec::new(),
-                });
-                batch.locks.push(lock.clone());
+                lags.push(now.saturating_duration_since(slot.at));
                 batch.leases.push(held.lease.clone());
+                batch.locks.push(lock);
+            }
+            if !batch.locks.is_empty() {
+                batches.push(batch);
             }
         }
-        let batches: Vec<DueBatch> = groups.into_values().collect();
         self.busy.extend(batches.iter().map(|batch| batch.quorum.clone()));
         (batches, lags)
     }
@@ -189,6 +248,8 @@ impl Table {
             let Some(held) = self.held.get_mut(&lock) else {
                 continue;
             };
+            // Normally in flight, so not waiting; waiting only if it was inserted anew meanwhile.
+            held.leave(&mut self.waiting);
             held.in_flight = false;
             match result {
                 Ok(lease) => {
@@ -225,6 +286,9 @@ impl Table {
                     }
                 }
             }
+            // Back to waiting lowers the fence floor to this lease's fence time: a lock whose extension failed
+            // is still signalled at its fence time at the latest.
+            held.enter(&lock, &mut self.waiting);
             if held.lost.is_some() {
                 applied.lost += 1;
             }
@@ -237,25 +301,31 @@ impl Table {
     }
 
     /// Locks whose fence time came while no extension succeeded (for instance every master timing out longer
-    /// than a tick): their owner hears now, not when an extension finally gives up.
+    /// than a tick): their owner hears now, not when an extension finally gives up. Looks at every lock only once
+    /// `now` reached the fence floor, which it then raises to the earliest fence time still waiting.
     pub fn signal_fenced(&mut self, now: Instant) -> Vec<LockRef> {
-        let mut fenced = Vec::new();
-        for (lock, held) in &mut self.held {
-            let due = next_keep_action(
-                now,
-                held.lease.valid_until(),
-                held.lease.validity(),
-                true,
-                &held.policy,
-            );
-            if held.lost.is_none() && !held.in_flight && due == KeepAction::SignalLost {
-                held.lost = Some(LossReason::NotExtended {
-                    last_report: held.last_failure.clone(),
-                });
-                held.notified = true;
-                fenced.push(lock.clone());
-            }
+        if !self.waiting.fence_may_have_come(now) {
+            return Vec::new();
         }
+        let mut fenced = Vec::new();
+        let mut floor = None;
+        for (lock, held) in &mut self.held {
+            if !held.is_waiting() {
+                continue;
+            }
+            let fence_at = held.fence_at();
+            if now < fence_at {
+                floor = Some(earliest(floor, fence_at));
+                continue;
+            }
+            held.leave(&mut self.waiting);
+            held.lost = Some(LossReason::NotExtended {
+                last_report: held.last_failure.clone(),
+            });
+            held.notified = true;
+            fenced.push(lock.clone());
+        }
+        self.waiting.set_fence_floor(floor);
         fenced
     }
 }
@@ -504,5 +574,492 @@ mod tests {
             "released meanwhile: nothing to apply"
         );
         assert!(table.is_empty());
+    }
+
+    // The indexes of waiting entries: what they give must be what a look at every entry would give.
+
+    fn ms(millis: u64) -> Duration {
+        Duration::from_millis(millis)
+    }
+
+    fn named(name: &str) -> LockRef {
+        ObjectRef::new(name).within("ns")
+    }
+
+    fn names(locks: &[LockRef]) -> Vec<&str> {
+        locks.iter().map(|lock| lock.name.as_str()).collect()
+    }
+
+    /// Holds `name` on `quorum` with a lease granted at `granted_at`, inserted at that moment.
+    fn hold(table: &mut Table, quorum: &str, name: &str, granted_at: Instant) -> bool {
+        let holding = Holding {
+            quorum: quorum.into(),
+            key: format!("ns/{name}"),
+            token: 1,
+            policy: policy(),
+        };
+        table.insert(named(name), lease(granted_at), holding, granted_at)
+    }
+
+    /// When a lease granted at `granted_at` is first due for extension, by the schedule's own rule.
+    fn due_at(granted_at: Instant) -> Instant {
+        match next_keep_action(granted_at, granted_at + TTL, TTL, false, &policy()) {
+            KeepAction::ExtendAt(at) => at,
+            KeepAction::SignalLost => panic!("a fresh lease is not fenced"),
+        }
+    }
+
+    fn fence_of(granted_at: Instant) -> Instant {
+        granted_at + TTL - policy().fence_margin
+    }
+
+    /// Takes the batch of `quorum` out of `batches`.
+    fn take_batch(batches: &mut Vec<DueBatch>, quorum: &str) -> DueBatch {
+        let index = batches
+            .iter()
+            .position(|batch| batch.quorum == quorum)
+            .unwrap_or_else(|| panic!("no batch for {quorum}"));
+        batches.swap_remove(index)
+    }
+
+    fn succeeded(batch: &DueBatch, now: Instant) -> Vec<Result<Lease, ExtendError>> {
+        batch.locks.iter().map(|_| Ok(lease(now))).collect()
+    }
+
+    fn failed(batch: &DueBatch) -> Vec<Result<Lease, ExtendError>> {
+        batch.locks.iter().map(|_| Err(no_quorum())).collect()
+    }
+
+    fn lock_names(prefix: &str, range: std::ops::Range<u64>) -> Vec<String> {
+        range.map(|i| format!("{prefix}{i:02}")).collect()
+    }
+
+    /// The indexes agree with the entries: every waiting entry is indexed once, under its quorum and slot, and
+    /// nothing else is; the fence floor is at or before every waiting entry's fence time.
+    fn assert_indexed(table: &Table) {
+        let mut expected: Vec<(String, Slot, LockRef)> = table
+            .held
+            .iter()
+            .filter(|(_, held)| held.is_waiting())
+            .map(|(lock, held)| (held.quorum.clone(), held.slot(), lock.clone()))
+            .collect();
+        let mut indexed: Vec<(String, Slot, LockRef)> = table
+            .waiting
+            .entries()
+            .map(|(quorum, slot, lock)| (quorum.to_owned(), slot, lock.clone()))
+            .collect();
+        expected.sort_by_key(|(_, slot, _)| *slot);
+        indexed.sort_by_key(|(_, slot, _)| *slot);
+        assert_eq!(indexed, expected);
+        let first_fence = table
+            .held
+            .values()
+            .filter(|held| held.is_waiting())
+            .map(HeldLock::fence_at)
+            .min();
+        if let Some(first_fence) = first_fence {
+            let floor = table.waiting.fence_floor();
+            assert!(
+                floor.is_some_and(|floor| floor <= first_fence),
+                "floor {floor:?} after the first fence {first_fence:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn many_locks_on_two_quorums_go_in_due_order_and_a_busy_quorums_due_locks_wait_for_it() {
+        let start = Instant::now();
+        let mut table = Table::default();
+        let granted = |i: u64| start + ms(10 * i);
+        for i in 0..100 {
+            assert!(hold(&mut table, "fast", &format!("f{i:02}"), granted(i)));
+            assert!(hold(&mut table, "slow", &format!("s{i:02}"), granted(i)));
+        }
+        assert_indexed(&table);
+
+        let now = due_at(granted(49));
+        let (mut batches, mut lags) = table.take_due(now);
+        assert_eq!(batches.len(), 2);
+        let fast = take_batch(&mut batches, "fast");
+        let slow = take_batch(&mut batches, "slow");
+        assert_eq!(names(&fast.locks), lock_names("f", 0..50));
+        assert_eq!(names(&slow.locks), lock_names("s", 0..50));
+        let granted_at: Vec<Instant> = fast.leases.iter().map(Lease::granted_at).collect();
+        assert_eq!(
+            granted_at,
+            (0..50).map(granted).collect::<Vec<_>>(),
+            "leases in the order of the locks"
+        );
+        lags.sort_unstable();
+        let mut expected: Vec<Duration> = (0..50).flat_map(|i| [now - due_at(granted(i)); 2]).collect();
+        expected.sort_unstable();
+        assert_eq!(lags, expected, "how late each one is");
+        assert_indexed(&table);
+
+        let applied = table.apply("fast", fast.locks.clone(), succeeded(&fast, now), now);
+        assert_eq!(applied.extended, 50);
+        assert_indexed(&table);
+
+        // Every lock left is due now; the slow quorum's batch is still in flight.
+        let later = due_at(granted(99));
+        let (batches, _) = table.take_due(later);
+        assert_eq!(batches.len(), 1);
+        assert_eq!(batches[0].quorum, "fast");
+        assert_eq!(names(&batches[0].locks), lock_names("f", 50..100));
+        let mut still_waiting: Vec<&str> = table
+            .waiting
+            .entries()
+            .filter(|(quorum, _, _)| *quorum == "slow")
+            .map(|(_, _, lock)| lock.name.as_str())
+            .collect();
+        still_waiting.sort_unstable();
+        assert_eq!(
+            still_waiting,
+            lock_names("s", 50..100),
+            "left in the index, not taken"
+        );
+        assert_indexed(&table);
+
+        // The slow batch fails: its quorum is free, and its due locks go at once, earliest first.
+        let applied = table.apply("slow", slow.locks.clone(), failed(&slow), later);
+        assert_eq!((applied.extended, applied.lost), (0, 0));
+        let (batches, lags) = table.take_due(later);
+        assert_eq!(batches.len(), 1);
+        assert_eq!(batches[0].quorum, "slow");
+        assert_eq!(names(&batches[0].locks), lock_names("s", 50..100));
+        let expected: Vec<Duration> = (50..100).map(|i| later - due_at(granted(i))).collect();
+        assert_eq!(lags, expected);
+        let applied = table.apply(
+            "slow",
+            batches[0].locks.clone(),
+            succeeded(&batches[0], later),
+            later,
+        );
+        assert_eq!(applied.extended, 50);
+
+        // The failed ones are retried a retry interval later; the fast quorum still waits for its batch.
+        let retry = later + policy().retry_interval;
+        assert!(table.take_due(retry - ms(1)).0.is_empty());
+        let (batches, _) = table.take_due(retry);
+        assert_eq!(batches.len(), 1);
+        assert_eq!(batches[0].quorum, "slow");
+        assert_eq!(names(&batches[0].locks), lock_names("s", 0..50));
+        assert_indexed(&table);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn within_a_batch_the_earliest_due_goes_first_and_ties_in_insertion_order() {
+        let start = Instant::now();
+        let mut table = Table::default();
+        for (name, offset) in [("c", 30), ("a", 10), ("b", 20), ("d", 10), ("e", 40)] {
+            assert!(hold(&mut table, "default", name, start + ms(offset)));
+        }
+        let now = due_at(start + ms(30));
+        let (batches, lags) = table.take_due(now);
+        assert_eq!(batches.len(), 1);
+        assert_eq!(names(&batches[0].locks), ["a", "d", "b", "c"]);
+        let expected: Vec<Duration> = [10, 10, 20, 30]
+            .into_iter()
+            .map(|offset| now - due_at(start + ms(offset)))
+            .collect();
+        assert_eq!(lags, expected);
+        assert_indexed(&table);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lock_removed_or_replaced_while_waiting_leaves_the_index() {
+        let start = Instant::now();
+        let mut table = Table::default();
+        for name in ["a", "b", "c"] {
+            assert!(hold(&mut table, "default", name, start));
+        }
+        assert!(matches!(table.remove(&named("b")), Removal::Removed(_)));
+        assert!(matches!(table.remove(&named("b")), Removal::Absent));
+        let renewed = start + ms(1_000);
+        assert!(
+            !hold(&mut table, "default", "c", renewed),
+            "held before: replaced"
+        );
+        assert_indexed(&table);
+
+        let (batches, _) = table.take_due(due_at(start));
+        assert_eq!(batches.len(), 1);
+        assert_eq!(names(&batches[0].locks), ["a"], "b is gone, c is due later");
+        let applied = table.apply(
+            "default",
+            batches[0].locks.clone(),
+            succeeded(&batches[0], due_at(start)),
+            due_at(start),
+        );
+        assert_eq!(applied.extended, 1);
+        assert!(matches!(table.remove(&named("a")), Removal::Removed(_)));
+        assert_indexed(&table);
+
+        assert!(table.take_due(due_at(renewed) - ms(1)).0.is_empty());
+        let (batches, _) = table.take_due(due_at(renewed));
+        assert_eq!(names(&batches[0].locks), ["c"]);
+        assert!(
+            table.take_due(start + TTL * 10).0.is_empty(),
+            "a removed lock never comes back"
+        );
+        assert_indexed(&table);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_lock_is_never_scheduled_again() {
+        let start = Instant::now();
+        let mut table = Table::default();
+        for (quorum, name) in [("default", "taken"), ("default", "expired"), ("other", "fenced")] {
+            assert!(hold(&mut table, quorum, name, start));
+        }
+        let now = due_at(start);
+        let (mut batches, _) = table.take_due(now);
+        let default = take_batch(&mut batches, "default");
+        let other = take_batch(&mut batches, "other");
+        assert_eq!(names(&default.locks), ["taken", "expired"]);
+        let results = vec![
+            Err(ExtendError::Lost {
+                holder: Some("someone".into()),
+                report: OperationReport {
+                    nodes: Vec::new(),
+                    elapsed: Duration::ZERO,
+                    quorum: 2,
+                },
+            }),
+            Err(ExtendError::Expired { report: None }),
+        ];
+        let applied = table.apply("default", default.locks, results, now);
+        assert_eq!((applied.lost, applied.wake.len()), (2, 2));
+        let applied = table.apply("other", other.locks.clone(), failed(&other), now);
+        assert_eq!(applied.lost, 0, "retrying");
+        assert_indexed(&table);
+
+        assert_eq!(table.signal_fenced(fence_of(start)), [named("fenced")]);
+        assert_indexed(&table);
+        assert_eq!(table.waiting.entries().count(), 0, "nothing left to extend");
+        let far = start + TTL * 10;
+        assert!(table.take_due(far).0.is_empty());
+        assert!(table.signal_fenced(far).is_empty(), "each loss signalled once");
+        assert_eq!(table.len(), 3, "lost locks stay until released");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lock_back_from_a_failed_batch_is_signalled_at_its_fence_time_though_a_look_passed_it_in_flight()
+     {
+        // Late enough that leases granted seconds before it exist.
+        let start = Instant::now() + TTL;
+        let mut table = Table::default();
+        let flying_granted = start - ms(3_400);
+        assert!(hold(&mut table, "default", "flying", flying_granted));
+        let (batches, _) = table.take_due(start);
+        assert_eq!(names(&batches[0].locks), ["flying"]);
+
+        // While it is in flight, another lock's fence time comes: the look at every lock does not see it.
+        let early_granted = start - ms(7_000);
+        assert!(hold(&mut table, "default", "early", early_granted));
+        assert!(hold(&mut table, "default", "late", start));
+        assert_eq!(table.signal_fenced(fence_of(early_granted)), [named("early")]);
+        assert_indexed(&table);
+
+        // Its extension fails: waiting again, its fence time comes before the late lock's.
+        let applied = table.apply(
+            "default",
+            batches[0].locks.clone(),
+            failed(&batches[0]),
+            start + ms(1_500),
+        );
+        assert_eq!((applied.extended, applied.lost), (0, 0));
+        assert_indexed(&table);
+        let flying_fence = fence_of(flying_granted);
+        assert!(flying_fence < fence_of(start));
+        assert!(table.signal_fenced(flying_fence - ms(1)).is_empty());
+        assert_eq!(table.signal_fenced(flying_fence), [named("flying")]);
+        assert!(table.signal_fenced(fence_of(start) - ms(1)).is_empty());
+        assert_eq!(table.signal_fenced(fence_of(start)), [named("late")]);
+        assert_indexed(&table);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn under_failing_extensions_every_lock_is_signalled_at_the_first_tick_after_its_fence_time() {
+        let start = Instant::now();
+        let tick = ms(50);
+        let mut table = Table::default();
+        let granted = |i: u64| start + ms(37 * i);
+        for i in 0..20 {
+            assert!(hold(
+                &mut table,
+                if i % 2 == 0 { "even" } else { "odd" },
+                &format!("l{i:02}"),
+                granted(i)
+            ));
+        }
+        let mut lost_at: HashMap<String, Instant> = HashMap::new();
+        let mut now = start;
+        while lost_at.len() < 20 {
+            assert!(
+                now < start + TTL * 2,
+                "every lock is signalled before its validity ends"
+            );
+            for lock in table.signal_fenced(now) {
+                assert!(lost_at.insert(lock.name.clone(), now).is_none(), "signalled once");
+            }
+            let (batches, _) = table.take_due(now);
+            for batch in batches {
+                let applied = table.apply(&batch.quorum, batch.locks.clone(), failed(&batch), now);
+                assert_eq!(applied.lost, 0, "signalled by the fence look first");
+            }
+            assert_indexed(&table);
+            now += tick;
+        }
+        for i in 0..20 {
+            let fence = fence_of(granted(i));
+            let ticks = (fence - start).as_nanos().div_ceil(tick.as_nanos());
+            let first_tick_after = start + tick * u32::try_from(ticks).expect("few ticks");
+            assert_eq!(lost_at[&format!("l{i:02}")], first_tick_after, "l{i:02}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn clear_empties_the_index() {
+        let start = Instant::now();
+        let mut table = Table::default();
+        for i in 0..10 {
+            assert!(hold(
+                &mut table,
+                if i < 5 { "a" } else { "b" },
+                &format!("l{i}"),
+                start + ms(i)
+            ));
+        }
+        let (batches, _) = table.take_due(due_at(start + ms(9)));
+        assert_eq!(batches.len(), 2);
+        assert_eq!(table.clear(), 10);
+        assert_eq!(table.waiting.entries().count(), 0);
+        assert_eq!(table.waiting.fence_floor(), None);
+        assert!(table.signal_fenced(start + TTL * 2).is_empty());
+        assert!(table.take_due(start + TTL * 2).0.is_empty());
+        for batch in batches {
+            let now = start + TTL;
+            let applied = table.apply(&batch.quorum, batch.locks.clone(), succeeded(&batch, now), now);
+            assert_eq!(applied, Applied::default(), "forgotten meanwhile");
+        }
+        assert!(hold(&mut table, "a", "again", start + TTL));
+        let (batches, _) = table.take_due(due_at(start + TTL));
+        assert_eq!(names(&batches[0].locks), ["again"], "the quorum is free again");
+        assert_indexed(&table);
+    }
+
+    /// Random operations in random order; after each, the indexes agree with the entries, and every take and
+    /// fence look gives exactly what a look at every entry gives.
+    #[tokio::test(start_paused = true)]
+    async fn the_indexes_take_and_signal_exactly_what_a_look_at_every_lock_would() {
+        use rand::{Rng, SeedableRng, rngs::StdRng};
+
+        let mut rng = StdRng::seed_from_u64(16);
+        let start = Instant::now() + TTL;
+        let mut now = start;
+        let mut table = Table::default();
+        let mut in_flight: Vec<DueBatch> = Vec::new();
+        let (mut taken, mut fenced) = (0, 0);
+        for _ in 0..4_000 {
+            match rng.random_range(0..100) {
+                0..30 => now += ms(rng.random_range(0..300)),
+                30..42 => {
+                    let name = format!("l{}", rng.random_range(0..40));
+                    let quorum = ["q0", "q1", "q2"][rng.random_range(0..3)];
+                    let granted_at = now - ms(rng.random_range(0..9_000));
+                    let holding = Holding {
+                        quorum: quorum.into(),
+                        key: name.clone(),
+                        token: 1,
+                        policy: policy(),
+                    };
+                    table.insert(named(&name), lease(granted_at), holding, now);
+                }
+                42..47 => {
+                    table.remove(&named(&format!("l{}", rng.random_range(0..40))));
+                }
+                47..67 => {
+                    let mut expected: Vec<(Slot, LockRef, String, Duration)> = table
+                        .held
+                        .iter()
+                        .filter(|(_, held)| {
+                            held.is_waiting() && held.next_at <= now && !table.busy.contains(&held.quorum)
+                        })
+                        .map(|(lock, held)| {
+                            (held.slot(), lock.clone(), held.quorum.clone(), now - held.next_at)
+                        })
+                        .collect();
+                    expected.sort_by_key(|(slot, ..)| *slot);
+                    let (batches, mut lags) = table.take_due(now);
+                    let mut got: Vec<(String, Vec<LockRef>)> = batches
+                        .iter()
+                        .map(|batch| (batch.quorum.clone(), batch.locks.clone()))
+                        .collect();
+                    got.sort_by(|a, b| a.0.cmp(&b.0));
+                    let mut want: Vec<(String, Vec<LockRef>)> = Vec::new();
+                    for quorum in ["q0", "q1", "q2"] {
+                        let locks: Vec<LockRef> = expected
+                            .iter()
+                            .filter(|(_, _, q, _)| q == quorum)
+                            .map(|(_, lock, ..)| lock.clone())
+                            .collect();
+                        if !locks.is_empty() {
+                            want.push((quorum.to_owned(), locks));
+                        }
+                    }
+                    assert_eq!(got, want);
+                    let mut want_lags: Vec<Duration> = expected.iter().map(|(.., lag)| *lag).collect();
+                    want_lags.sort_unstable();
+                    lags.sort_unstable();
+                    assert_eq!(lags, want_lags);
+                    assert!(batches.iter().all(|batch| table.busy.contains(&batch.quorum)));
+                    taken += expected.len();
+                    in_flight.extend(batches);
+                }
+                67..80 if !in_flight.is_empty() => {
+                    let batch = in_flight.swap_remove(rng.random_range(0..in_flight.len()));
+                    let results = batch
+                        .locks
+                        .iter()
+                        .map(|_| match rng.random_range(0..10) {
+                            0..5 => Ok(lease(now)),
+                            5..8 => Err(no_quorum()),
+                            8 => Err(ExtendError::Expired { report: None }),
+                            _ => Err(ExtendError::Lost {
+                                holder: None,
+                                report: OperationReport {
+                                    nodes: Vec::new(),
+                                    elapsed: Duration::ZERO,
+                                    quorum: 2,
+                                },
+                            }),
+                        })
+                        .collect();
+                    table.apply(&batch.quorum, batch.locks, results, now);
+                }
+                80..99 => {
+                    let mut want: Vec<LockRef> = table
+                        .held
+                        .iter()
+                        .filter(|(_, held)| held.is_waiting() && held.fence_at() <= now)
+                        .map(|(lock, _)| lock.clone())
+                        .collect();
+                    let mut got = table.signal_fenced(now);
+                    want.sort_by(|a, b| a.name.cmp(&b.name));
+                    got.sort_by(|a, b| a.name.cmp(&b.name));
+                    assert_eq!(got, want);
+                    fenced += got.len();
+                }
+                _ => {
+                    table.clear();
+                }
+            }
+            assert_indexed(&table);
+        }
+        assert!(
+            taken > 200 && fenced > 20,
+            "the run exercised both: {taken} taken, {fenced} fenced"
+        );
     }
 }
