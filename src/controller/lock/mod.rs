@@ -11,7 +11,6 @@ pub mod policy;
 pub mod reconcile;
 pub mod settings;
 pub mod status;
-pub mod status_patch;
 pub mod status_write;
 pub mod token;
 pub mod token_floor;
