@@ -108,8 +108,8 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     };
     let status = lock.status.as_ref().unwrap_or(DistributedLockStatus::none());
     let held = ctx.keeper.view(&lref);
-    let current = current_holder(held.as_ref(), &status);
-    let latest_token = known_floor(&status, ctx.keeper.highest_token(&lref));
+    let current = current_holder(held.as_ref(), status);
+    let latest_token = known_floor(status, ctx.keeper.highest_token(&lref));
     let mut policy = match Policy::observe(ctx, lock, &settings, current.as_deref(), latest_token) {
         Ok(policy) => policy,
         Err(message) => {
@@ -147,7 +147,7 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
         key: &target.settings.key,
         quorum: &target.settings.quorum,
     };
-    let action = decide(wanted, held.as_ref(), &status, latest_token);
+    let action = decide(wanted, held.as_ref(), status, latest_token);
     tracing::debug!(lock = %target.lref, ?action, "decided");
     match action {
         LockAction::Keep { write_status } => match held {
@@ -164,7 +164,7 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
             token,
             holder: previous,
         } => actions::release::release_previous(&target, ctx, &holder, token, &previous).await,
-        LockAction::Resume { token } => actions::acquire::resume(&target, ctx, &holder, token, &status).await,
+        LockAction::Resume { token } => actions::acquire::resume(&target, ctx, &holder, token, status).await,
         LockAction::Acquire { floor } => actions::acquire::acquire(&target, ctx, &holder, floor).await,
     }
 }
