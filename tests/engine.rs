@@ -1232,3 +1232,47 @@ async fn a_flushed_script_cache_costs_no_vote() {
     assert_eq!(extended.fencing_token(), lease.fencing_token());
     engine.release(&extended).await;
 }
+
+/// A takeover that failed while a master did not answer in time: its request still runs when that master
+/// wakes up. It must leave no key there that a later attempt counts as proof that the predecessor's lock lived
+/// on (it would then take back a lock that lost its majority, and with it a token a newer grant may have
+/// passed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_reclaim_leaves_no_key_that_a_later_one_counts() {
+    let cluster = RedisCluster::start(3).expect("masters");
+    let ttl = Duration::from_secs(10);
+    let engine = engine(&cluster, ttl, Duration::from_millis(200)).await;
+    wait_until_eligible(&engine, 3).await;
+    let value = LockValue::random("predecessor").expect("value");
+    let lease = engine
+        .try_acquire("taken", ttl, value.clone(), 1)
+        .await
+        .expect("acquire");
+    // The key is lost on two masters; only the first still holds it.
+    for url in &cluster.urls()[1..] {
+        let client = redis::Client::open(url.as_str()).expect("url");
+        let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+        redis::cmd("DEL")
+            .arg("taken")
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("del");
+    }
+    cluster.servers()[2].stop();
+    let first = engine
+        .reclaim("taken", ttl, value.clone(), lease.fencing_token())
+        .await;
+    assert!(first.is_err(), "one master held the value");
+    cluster.servers()[2].cont();
+    wait_until_eligible(&engine, 3).await;
+    let second = engine.reclaim("taken", ttl, value, lease.fencing_token()).await;
+    assert!(
+        second.is_err(),
+        "still only one master held the value throughout: {:?}",
+        second.map(|lease| lease.report().clone())
+    );
+    engine.settle().await;
+    for url in &cluster.urls()[1..] {
+        assert_eq!(raw_get(url, "taken").await, None, "{url}");
+    }
+}

@@ -510,7 +510,10 @@ impl Redlock {
     /// restarted or standby controller resuming a lock its predecessor held. It succeeds only where a majority
     /// of masters still hold `value`: such keys have been present continuously since the predecessor last wrote
     /// them, which it only did while holding the lock, so nobody else can have held a majority in between.
-    /// Keys re-created by the attempt do not count, and are deleted again if the attempt fails.
+    /// The attempt compares and extends only, never re-creating a key: a key it re-created would be counted by
+    /// the next attempt as the predecessor's, and a master that did not answer in time still runs the request
+    /// when it wakes (so undoing what the attempt reported cannot catch them all). Extensions repair the
+    /// minority once the lock is taken back.
     /// `token` is the predecessor's fencing token: once reclaimed, extensions raise counters that lost it back
     /// to it. The attempt itself raises no counter: `token` comes from a status anyone allowed to may have
     /// written, and only a majority holding `value` (derived from the token) shows it is the acquisition's.
@@ -537,33 +540,11 @@ impl Redlock {
                 quorum: self.quorum(),
             }),
         };
-        let result = self.extend(&probe).await;
-        let report = match &result {
-            Err(ExtendError::NoQuorum { report } | ExtendError::Lost { report, .. }) => Some(report),
-            Err(ExtendError::Expired { report }) => report.as_ref(),
-            _ => None,
-        };
-        if let Some(report) = report {
-            // Only the keys this attempt re-created are undone: keys that still held the value are the
-            // predecessor's live lock (the attempt may have failed only because masters are quarantined).
-            let recreated: Vec<usize> = report
-                .nodes
-                .iter()
-                .enumerate()
-                .filter(|(_, node)| node.outcome == NodeOutcome::Recreated)
-                .map(|(index, _)| index)
-                .collect();
-            if !recreated.is_empty() {
-                self.fan_out(
-                    Op::Release,
-                    &probe.resource,
-                    &probe.value,
-                    false,
-                    Some(&recreated),
-                )
-                .await;
-            }
-        }
+        let result = self
+            .extend_many_without_repair(std::slice::from_ref(&probe))
+            .await
+            .pop()
+            .unwrap_or(Err(ExtendError::Expired { report: None }));
         result.map(|lease| Lease { token, ..lease })
     }
 
