@@ -86,8 +86,8 @@ impl Redlock {
                 break;
             };
             latencies[index] = latency;
-            for (per_lease, outcome) in outcomes.iter_mut().zip(replies) {
-                per_lease[index] = outcome;
+            for ((per_lease, outcome), lease) in outcomes.iter_mut().zip(replies).zip(leases) {
+                per_lease[index] = lease.counted(index, outcome);
             }
         }
         let decided_at = Instant::now();

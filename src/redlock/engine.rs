@@ -56,6 +56,10 @@ pub struct Lease {
     pub(super) token: i64,
     /// Shared, so that a copy of a lease (the keeper hands one to every extension batch) costs no allocation.
     pub(super) report: Arc<OperationReport>,
+    /// Masters where this lease's extensions re-created the key in a round that failed (see
+    /// [`Lease::after_failed_extension`]); they do not vote for it until an extension succeeds without them.
+    /// `None`, the usual case, costs nothing to copy.
+    pub(super) unconfirmed: Option<Arc<[usize]>>,
 }
 
 impl Lease {
@@ -78,6 +82,7 @@ impl Lease {
                 elapsed: Duration::ZERO,
                 quorum: 1,
             }),
+            unconfirmed: None,
         }
     }
 
@@ -116,6 +121,45 @@ impl Lease {
     /// Per-master outcomes of the operation that granted or last extended this lease.
     pub fn report(&self) -> &OperationReport {
         &self.report
+    }
+
+    /// The lease to retry with after an extension that failed but did not lose the lock (`NoQuorum`): masters
+    /// where that round re-created the key no longer vote for it until an extension succeeds. A re-created key
+    /// shows that the master lost ours (FLUSHALL, eviction, a restart), and says nothing about who could have
+    /// held that master meanwhile; counted in the next round, it would hide a loss on a majority that the
+    /// round itself caught.
+    pub fn after_failed_extension(&self, report: &OperationReport) -> Lease {
+        let mut unconfirmed: Vec<usize> = self.unconfirmed.as_deref().unwrap_or_default().to_vec();
+        for (index, node) in report.nodes.iter().enumerate() {
+            if node.outcome == NodeOutcome::Recreated && !unconfirmed.contains(&index) {
+                unconfirmed.push(index);
+            }
+        }
+        Lease {
+            unconfirmed: (!unconfirmed.is_empty()).then(|| unconfirmed.into()),
+            ..self.clone()
+        }
+    }
+
+    /// The masters (by index) that do not vote for this lease until an extension succeeds.
+    pub fn unconfirmed(&self) -> &[usize] {
+        self.unconfirmed.as_deref().unwrap_or_default()
+    }
+
+    /// What master `index` answered an extension of this lease, as a vote counts it: a key this lease
+    /// re-created in a failed round is extended as repair, not as a vote.
+    pub(super) fn counted(&self, index: usize, outcome: NodeOutcome) -> NodeOutcome {
+        match outcome {
+            NodeOutcome::Granted
+                if self
+                    .unconfirmed
+                    .as_deref()
+                    .is_some_and(|masters| masters.contains(&index)) =>
+            {
+                NodeOutcome::Recreated
+            }
+            other => other,
+        }
     }
 }
 
@@ -412,7 +456,7 @@ impl Redlock {
         let mut round = 1;
         let fan_out = loop {
             let fan_out = self
-                .fan_out(Op::Acquire { ttl_ms, token }, &resource, &value, true, None)
+                .fan_out(Op::Acquire { ttl_ms, token }, &resource, &value, true, None, None)
                 .await;
             // Even with a majority granted, a refusal means some master knows a higher token: propose above it
             // while rounds are left, so that masters that forgot their counters cannot send tokens back.
@@ -447,6 +491,7 @@ impl Redlock {
                     valid_until: started + validity,
                     token,
                     report: Arc::new(report),
+                    unconfirmed: None,
                 })
             }
             (granted, _) => {
@@ -493,6 +538,7 @@ impl Redlock {
                 &lease.value,
                 true,
                 None,
+                Some(lease),
             )
             .await
             .detach();
@@ -539,6 +585,7 @@ impl Redlock {
                 elapsed: Duration::ZERO,
                 quorum: self.quorum(),
             }),
+            unconfirmed: None,
         };
         let result = self
             .extend_many_without_repair(std::slice::from_ref(&probe))
@@ -560,7 +607,9 @@ impl Redlock {
     /// whose lease this process never had (a predecessor's acquisition, rebuilt from a derived value).
     pub async fn release_value(&self, resource: &str, value: LockValue) -> OperationReport {
         let resource: Arc<str> = resource.into();
-        let FanOut { report, pending, .. } = self.fan_out(Op::Release, &resource, &value, true, None).await;
+        let FanOut { report, pending, .. } = self
+            .fan_out(Op::Release, &resource, &value, true, None, None)
+            .await;
         self.finish_in_background(resource, pending);
         report
     }
@@ -599,7 +648,8 @@ impl Redlock {
 
     /// Sends `op` to the masters selected by `only` (all when `None`) concurrently. With `decide_early`,
     /// returns as soon as a majority voted yes or can no longer do so; the masters still answering are handed
-    /// back in `pending` (their outcome shows as `Pending`).
+    /// back in `pending` (their outcome shows as `Pending`). An extension passes its lease as `extended`, whose
+    /// unconfirmed masters do not vote.
     async fn fan_out(
         &self,
         op: Op,
@@ -607,6 +657,7 @@ impl Redlock {
         value: &LockValue,
         decide_early: bool,
         only: Option<&[usize]>,
+        extended: Option<&Lease>,
     ) -> FanOut {
         let started = Instant::now();
         let nodes = &self.inner.nodes;
@@ -642,6 +693,10 @@ impl Redlock {
             let Some((index, outcome, latency)) = pending.next().await else {
                 break;
             };
+            let outcome = match extended {
+                Some(lease) => lease.counted(index, outcome),
+                None => outcome,
+            };
             tally.record(op.counts(&outcome));
             reports[index].outcome = outcome;
             reports[index].latency = latency;
@@ -673,7 +728,7 @@ impl Redlock {
             .filter(|(_, node)| node.outcome != NodeOutcome::Pending)
             .map(|(index, _)| index)
             .collect();
-        let unlock_answered = self.fan_out(Op::Release, resource, value, false, Some(&answered));
+        let unlock_answered = self.fan_out(Op::Release, resource, value, false, Some(&answered), None);
         let unlock_late = async {
             let mut unlocks = FuturesUnordered::new();
             loop {
@@ -796,6 +851,9 @@ pub(super) fn extend_outcome(
             valid_until: started + validity,
             token: lease.token,
             report: Arc::new(report),
+            // The majority that voted held the key throughout, so every key this lease re-created since is
+            // its own.
+            unconfirmed: None,
         });
     }
     let taken = report

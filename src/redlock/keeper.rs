@@ -198,6 +198,7 @@ async fn keep(
                 tracing::debug!(resource = %lease.resource(), %report, "extension failed, retrying");
                 retrying = true;
                 state.send_modify(|current| {
+                    current.lease = current.lease.after_failed_extension(&report);
                     current.failed_extensions += 1;
                     current.last_failure = Some(report);
                 });

@@ -260,6 +260,7 @@ impl Table {
                 }
                 Err(ExtendError::NoQuorum { report }) => {
                     held.retrying = true;
+                    held.lease = held.lease.after_failed_extension(&report);
                     held.last_failure = Some(report);
                 }
                 Err(ExtendError::Lost { holder, .. }) => held.lost = Some(LossReason::TakenOver { holder }),
@@ -347,7 +348,7 @@ fn status_due(held: &HeldLock, now: Instant) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::redlock::LockValue;
+    use crate::redlock::{LockValue, NodeOutcome, NodeReport};
 
     const TTL: Duration = Duration::from_secs(10);
 
@@ -431,6 +432,40 @@ mod tests {
             "the next extension is planned from the new lease"
         );
         assert!(take_one(&mut table, third + TTL / 3).is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keys_a_failed_extension_re_created_do_not_vote_until_one_succeeds() {
+        let start = Instant::now();
+        let mut table = table_holding(start);
+        let third = start + TTL / 3;
+        let locks = take_one(&mut table, third).expect("due");
+        let node = |outcome| NodeReport {
+            endpoint: "redis://127.0.0.1:1".into(),
+            outcome,
+            latency: None,
+        };
+        let failed = ExtendError::NoQuorum {
+            report: OperationReport {
+                nodes: vec![
+                    node(NodeOutcome::Granted),
+                    node(NodeOutcome::Recreated),
+                    node(NodeOutcome::Timeout),
+                ],
+                elapsed: Duration::ZERO,
+                quorum: 2,
+            },
+        };
+        table.apply("default", locks, vec![Err(failed)], third);
+        let view = table.view(&lock(), third).expect("held");
+        assert_eq!(view.lease.unconfirmed(), [1]);
+        assert_eq!(view.lease.valid_until(), start + TTL, "the validity is unchanged");
+
+        let retry = third + Duration::from_millis(500);
+        let locks = take_one(&mut table, retry).expect("retried");
+        table.apply("default", locks, vec![Ok(lease(retry))], retry);
+        let view = table.view(&lock(), retry).expect("held");
+        assert!(view.lease.unconfirmed().is_empty());
     }
 
     #[tokio::test(start_paused = true)]
