@@ -4,7 +4,9 @@
 //!
 //! Sequential acquire/release is measured on a current-thread and on a multi-thread runtime, each against the
 //! raw fan-out on the same runtime; then the figures with two of five masters paused, the whole `lock`
-//! process, and throughput. `ENGINE_BENCH_SCALE=0.2` makes a quick run.
+//! process, and throughput: sequential acquire+release pairs on both runtimes (SUMMARY's
+//! `sequential_pairs_per_s` is the better of the two), concurrent pairs on the multi-thread one.
+//! `ENGINE_BENCH_SCALE=0.2` makes a quick run.
 //!
 //! With `NODE_REDLOCK_DIR` naming a directory where `benches/compare/node-redlock` is installed (the script
 //! `scripts/bench-vs-node-redlock.sh` does it), node-redlock v5 runs the same sequential pairs on the same
@@ -38,6 +40,11 @@ fn scale() -> f64 {
         .and_then(|value| value.parse::<f64>().ok())
         .filter(|scale| *scale > 0.0)
         .unwrap_or(1.0)
+}
+
+/// How long each throughput figure is measured.
+fn throughput_window() -> Duration {
+    Duration::from_secs_f64(2.0 * scale())
 }
 
 fn scaled(count: usize) -> usize {
@@ -90,8 +97,18 @@ fn main() -> Result<(), BoxError> {
         let core = flavor.runtime()?.block_on(core(&cluster, flavor.name()))?;
         cores.push((flavor, core));
     }
-    let (sequential, concurrent, raw_concurrent) =
+    let (sequential_multi, concurrent, raw_concurrent) =
         Flavor::MultiThread.runtime()?.block_on(throughput(&cluster))?;
+    // Sequential pairs are latency-bound: the current-thread runtime (the `lock` command's) is measured too.
+    let sequential_current = Flavor::CurrentThread.runtime()?.block_on(async {
+        let engine = engine_on(&cluster).await?;
+        sequential_pairs(&engine, "seq-current", throughput_window()).await
+    })?;
+    let (sequential_flavor, sequential) = if sequential_current >= sequential_multi {
+        (Flavor::CurrentThread, sequential_current)
+    } else {
+        (Flavor::MultiThread, sequential_multi)
+    };
     let (mut paused_acquire, mut paused_release) =
         Flavor::CurrentThread.runtime()?.block_on(paused(&cluster))?;
     let (mut lock_up, mut lock_paused) = lock_processes(&cluster)?;
@@ -179,7 +196,7 @@ fn main() -> Result<(), BoxError> {
         ms(paused50.saturating_sub(up50))
     );
     println!(
-        "acquire+release pairs/s (multi-thread): sequential {sequential:.0}, 64 concurrent tasks {concurrent:.0}"
+        "acquire+release pairs/s: sequential {sequential_current:.0} (current-thread), {sequential_multi:.0} (multi-thread); 64 concurrent tasks {concurrent:.0} (multi-thread)"
     );
     println!(
         "raw SET+delete fan-out pairs/s with 64 concurrent tasks: {raw_concurrent:.0} (ours {:.2}x of it)",
@@ -191,9 +208,10 @@ fn main() -> Result<(), BoxError> {
             scaled(2_000)
         );
         println!(
-            "ours beside it: best acquire p50 {} ({} runtime), sequential pairs/s {sequential:.0} (multi-thread)",
+            "ours beside it: best acquire p50 {} ({} runtime), sequential pairs/s {sequential:.0} ({} runtime)",
             ms(Duration::from_secs_f64(best_acquire)),
-            best_flavor.name()
+            best_flavor.name(),
+            sequential_flavor.name()
         );
     }
     println!(
@@ -340,8 +358,8 @@ async fn throughput(cluster: &RedisCluster) -> Result<(f64, f64, f64), BoxError>
         );
     }
     let release_sha = redis::Script::new(RELEASE_SCRIPT).get_hash().to_owned();
-    let seconds = Duration::from_secs_f64(2.0 * scale());
-    let sequential = sequential_pairs(&engine, seconds).await?;
+    let seconds = throughput_window();
+    let sequential = sequential_pairs(&engine, "seq-multi", seconds).await?;
     let concurrent = concurrent_pairs(&engine, 64, seconds).await;
     let raw_concurrent = raw_concurrent_pairs(&raw, &release_sha, 64, seconds).await;
     Ok((sequential, concurrent, raw_concurrent))
@@ -509,12 +527,19 @@ async fn raw_fan_out(
     Ok((quorum, all, started.elapsed()))
 }
 
-async fn sequential_pairs(engine: &Redlock, duration: Duration) -> Result<f64, BoxError> {
+/// Each pair on a key never used before (`prefix` apart from other runs): a used key's fencing counter would make
+/// the first proposal fail and measure the refused-then-granted path instead.
+async fn sequential_pairs(engine: &Redlock, prefix: &str, duration: Duration) -> Result<f64, BoxError> {
     let started = Instant::now();
     let mut pairs = 0u64;
     while started.elapsed() < duration {
         let lease = engine
-            .acquire(&format!("seq-{pairs}"), TTL, "bench", AcquireOptions::default())
+            .acquire(
+                &format!("{prefix}-{pairs}"),
+                TTL,
+                "bench",
+                AcquireOptions::default(),
+            )
             .await?;
         engine.release(&lease).await;
         pairs += 1;
