@@ -1,6 +1,6 @@
 //! End-to-end: fencing tokens strictly increase per (quorum, key) — across re-creation of a lock, a second
-//! object naming the key, an operator restart, and masters that forgot their counters — and a token that cannot
-//! advance is a condition and a Warning Event, not a stall. On the in-process test API server, or a real cluster
+//! object naming the key, an operator restart, two clusters and the `lock` command sharing the key, and masters
+//! that forgot their counters — and a token that cannot advance is a condition and a Warning Event, not a stall. On the in-process test API server, or a real cluster
 //! with `REDLOCK_E2E_KUBECONFIG`. Assertions are on order and outcomes only, never on timing.
 
 mod e2e;
@@ -119,6 +119,73 @@ async fn tokens_increase_across_re_creation_a_second_object_and_an_operator_rest
     );
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
+}
+
+/// The `lock` command takes `key` on `masters` (waiting while another holder has it or a master is still in its
+/// restart quarantine) and returns the fencing token its child was given.
+async fn lock_command_token(masters: &RedisCluster, key: &str) -> i64 {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_redlock-operator"))
+        .arg("lock")
+        .env("REDLOCK_REDIS", masters.urls().join(","))
+        .env_remove("RUST_LOG")
+        .args(["--ttl", TTL, "--max-ttl", MAX_TTL, "--wait", "60s", key])
+        .args(["--", "sh", "-c", "echo $REDLOCK_FENCING_TOKEN"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("run redlock-operator lock");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "lock: {stderr}");
+    String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("a token in the child's environment; lock said: {stderr}"))
+}
+
+/// Issue 14: one key shared by two clusters (each with its own operator, installation secret and floor record)
+/// and a process outside Kubernetes: whoever holds it next gets a higher token, although neither cluster's
+/// status, memory or floor record saw the other holders' grants — the masters' counters carry them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_across_two_clusters_and_the_lock_command_on_one_key() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let east = Env::new().await;
+    let west = Env::test_server().await;
+    let key = format!("ledger-{}", east.namespace);
+    let mut quorums = Vec::new();
+    for (env, seed) in [(&east, 44u8), (&west, 45u8)] {
+        let quorum = env.unique("q");
+        env.create_sharing_quorum(&quorum, &masters.urls(), MAX_TTL).await;
+        let operator = operator(env, &installation_secret(seed), None).await;
+        quorum_available(env, &quorum).await;
+        quorums.push((operator, quorum));
+    }
+    let (east_quorum, west_quorum) = (quorums[0].1.clone(), quorums[1].1.clone());
+
+    create_keyed_lock(&east, "ledger", &east_quorum, &key, "east").await;
+    let first = held_token(&east, "ledger").await;
+    delete_lock(&east, "ledger").await;
+
+    create_keyed_lock(&west, "ledger", &west_quorum, &key, "west").await;
+    let second = held_token(&west, "ledger").await;
+    assert!(second > first, "the other cluster: {second} after {first}");
+    delete_lock(&west, "ledger").await;
+
+    let third = lock_command_token(&masters, &format!("shared:{key}")).await;
+    assert!(third > second, "the lock command: {third} after {second}");
+
+    create_keyed_lock(&east, "ledger", &east_quorum, &key, "east").await;
+    let fourth = held_token(&east, "ledger").await;
+    assert!(
+        fourth > third,
+        "back in the first cluster, whose floor record holds {first}: {fourth} after {third}"
+    );
+
+    delete_lock(&east, "ledger").await;
+    for (operator, _) in quorums {
+        let (running, shutdown) = operator;
+        stop(running, shutdown).await;
+    }
+    east.cleanup(&[&east_quorum]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
