@@ -65,7 +65,8 @@ fn once() -> AcquireOptions {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_extend_release_and_contention() {
     let cluster = RedisCluster::start(5).expect("masters");
-    let ttl = Duration::from_secs(2);
+    // Long enough that a loaded machine's slowest master gets its write before the first one's expires.
+    let ttl = Duration::from_secs(10);
     let engine = engine(&cluster, ttl, Duration::from_millis(200)).await;
     wait_until_eligible(&engine, 5).await;
 
@@ -76,17 +77,20 @@ async fn acquire_extend_release_and_contention() {
     assert_eq!(lease.holder(), "alice");
     assert!(lease.validity() < ttl && !lease.validity().is_zero());
     assert!(lease.report().votes() >= 3, "{}", lease.report());
-    // Acquisition returns once a majority granted; the other masters' writes may still be on their way.
+    // Acquisition returns once a majority granted; the other masters' writes may still be on their way, and
+    // arrive within the validity.
     for url in cluster.urls() {
-        let mut stored = None;
-        for _ in 0..100 {
-            stored = raw_get(&url, "orders").await;
-            if stored.is_some() {
-                break;
+        let stored = loop {
+            if let Some(stored) = raw_get(&url, "orders").await {
+                break stored;
             }
+            assert!(
+                Instant::now() < lease.valid_until(),
+                "no key on {url} within the validity: {}",
+                lease.report()
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let stored = stored.expect("key on every master");
+        };
         assert!(stored.starts_with("alice|"), "holder label is stored");
         assert!(stored.len() >= "alice|".len() + 40, "at least 20 bytes of secret");
     }
@@ -116,12 +120,19 @@ async fn acquire_extend_release_and_contention() {
     }
     let extended = engine.extend(&lease).await.expect("extend");
     assert!(extended.valid_until() > lease.valid_until());
+    // Decided at a majority: the other masters' extensions may still be on their way.
     for url in cluster.urls() {
-        let left = raw_pttl(&url, "orders").await;
-        assert!(
-            left > left_before,
-            "PTTL was not reset to the TTL: {left} ms left, {left_before} ms before"
-        );
+        loop {
+            let left = raw_pttl(&url, "orders").await;
+            if left > left_before {
+                break;
+            }
+            assert!(
+                Instant::now() < lease.valid_until(),
+                "PTTL on {url} was not reset to the TTL: {left} ms left, {left_before} ms before"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     let report = engine.release(&extended).await;
@@ -139,18 +150,33 @@ async fn acquire_extend_release_and_contention() {
     );
     assert_eq!(report.votes(), 0, "{report}");
 
+    // The shortest TTL the node timeout allows, to wait out.
+    let short = Duration::from_secs(2);
     let lease = engine
-        .acquire("orders", ttl, "bob", once())
+        .acquire("orders", short, "bob", once())
         .await
         .expect("free again");
     // An expired lease can be neither extended nor used to delete someone else's lock.
     tokio::time::sleep_until(lease.valid_until() + Duration::from_millis(400)).await;
     assert!(engine.extend(&lease).await.is_err());
+    // A master's key expires a TTL after its write arrived, which on a loaded machine can be well after bob's
+    // validity was counted from: carol retries until a majority let the key expire.
     let carol = engine
-        .acquire("orders", ttl, "carol", once())
+        .acquire(
+            "orders",
+            ttl,
+            "carol",
+            AcquireOptions {
+                attempts: None,
+                deadline: Some(Instant::now() + Duration::from_secs(30)),
+                token_floor: 0,
+            },
+        )
         .await
         .expect("carol after expiry");
     engine.release(&lease).await;
+    // Every master answered bob's release, so carol's earlier writes on the same connections have landed.
+    engine.settle().await;
     assert_eq!(
         keys_left(&cluster, "orders").await,
         5,
@@ -1337,14 +1363,16 @@ async fn keys_lost_on_a_majority_stay_lost_when_the_extension_is_retried() {
     let retry = lease.after_failed_extension(&report);
     for round in 0..2 {
         match engine.extend(&retry).await {
+            // The first master's vote counts if it answered before the decision (the re-created keys made a
+            // majority impossible); the re-created keys never do.
             Err(ExtendError::NoQuorum { report }) => {
-                assert_eq!(report.votes(), 1, "round {round}: {report}");
+                assert!(report.votes() <= 1, "round {round}: {report}");
                 assert_eq!(recreated(&report), 2, "round {round}: {report}");
             }
             other => panic!("round {round} counted the re-created keys: {other:?}"),
         }
         match engine.extend_many(std::slice::from_ref(&retry)).await.pop() {
-            Some(Err(ExtendError::NoQuorum { report })) => assert_eq!(report.votes(), 1, "{report}"),
+            Some(Err(ExtendError::NoQuorum { report })) => assert!(report.votes() <= 1, "{report}"),
             other => panic!("a batch counted the re-created keys: {other:?}"),
         }
     }
