@@ -989,7 +989,8 @@ async fn repair_raises_the_counter_of_a_master_that_lost_it() {
         .expect("acquire");
     assert_eq!(lease.fencing_token(), 7);
 
-    // Master 0 forgets everything (whether or not the acquisition's write reached it before the decision) and waits out its quarantine while the lock is kept.
+    // Master 0 forgets everything (whether or not the acquisition's write reached it before the decision) and
+    // waits out its quarantine while the lock is kept.
     cluster[0].restart().expect("restart");
     let kept = engine.keep(lease, KeepPolicy::for_ttl(ttl, Duration::from_millis(200)));
     assert_eq!(raw_get(&cluster[0].url(), &counter).await, None);

@@ -1,7 +1,8 @@
 //! End-to-end: fencing tokens strictly increase per (quorum, key) — across re-creation of a lock, a second
 //! object naming the key, an operator restart, two clusters and the `lock` command sharing the key, and masters
-//! that forgot their counters — and a token that cannot advance is a condition and a Warning Event, not a stall. On the in-process test API server, or a real cluster
-//! with `REDLOCK_E2E_KUBECONFIG`. Assertions are on order and outcomes only, never on timing.
+//! that forgot their counters — and a token that cannot advance is a condition and a Warning Event, not a stall.
+//! On the in-process test API server, or a real cluster with `REDLOCK_E2E_KUBECONFIG`. Assertions are on order
+//! and outcomes only, never on timing.
 
 mod e2e;
 mod support;
@@ -181,8 +182,7 @@ async fn tokens_increase_across_two_clusters_and_the_lock_command_on_one_key() {
     );
 
     delete_lock(&east, "ledger").await;
-    for (operator, _) in quorums {
-        let (running, shutdown) = operator;
+    for ((running, shutdown), _) in quorums {
         stop(running, shutdown).await;
     }
     east.cleanup(&[&east_quorum]).await;
