@@ -10,6 +10,7 @@ use redlock_operator::redlock::{
     AcquireError, AcquireOptions, ExtendError, FailureKind, KeepPolicy, LockValue, LossReason, NodeHealth,
     NodeOutcome, Redlock, RedlockConfig, counter_key,
 };
+use support::fault_proxy::{Direction, FaultProxy};
 use support::redis_server::{RedisCluster, raw_get};
 use tokio::time::Instant;
 
@@ -811,6 +812,64 @@ async fn a_release_is_decided_at_a_majority_and_the_rest_follows() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+}
+
+/// Issue 22: an operation decided at a majority still writes to the masters that had not answered. A master
+/// whose script cache was flushed needs a second request after its first answer (NOSCRIPT, then the script);
+/// the slow link makes that answer come after the decision, so only a request finished in the background ever
+/// sends the second one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_decided_at_a_majority_still_reach_the_other_masters() {
+    let cluster = RedisCluster::start(5).expect("masters");
+    let slow = FaultProxy::start(cluster[4].addr()).await.expect("proxy");
+    let mut urls = cluster.urls();
+    urls[4] = slow.url();
+    let ttl = Duration::from_secs(30);
+    let mut config = RedlockConfig::from_urls(&urls).expect("config");
+    config.max_ttl = ttl;
+    config.node_timeout = Duration::from_secs(3);
+    config.assume_durable = true;
+    let engine = Redlock::connect(config).await.expect("engine");
+    wait_until_eligible(&engine, 5).await;
+    slow.set_latency(Direction::ServerToClient, Duration::from_millis(300));
+    let flush_scripts = || async {
+        let client = redis::Client::open(cluster[4].url()).expect("url");
+        let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+        redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("SCRIPT FLUSH");
+    };
+
+    flush_scripts().await;
+    let lease = engine
+        .acquire("late-writes", ttl, "a", once())
+        .await
+        .expect("acquire");
+    engine.settle().await;
+    let value = raw_get(&cluster.urls()[0], "late-writes").await;
+    assert!(value.is_some(), "{}", lease.report());
+    assert_eq!(
+        raw_get(&cluster.urls()[4], "late-writes").await,
+        value,
+        "the slow master never got the acquisition's key: {}",
+        lease.report()
+    );
+
+    // An extension re-creates the key where it was lost, also on a master that answers after the decision.
+    raw_del(&cluster.urls()[4], "late-writes").await;
+    flush_scripts().await;
+    let extended = engine.extend(&lease).await.expect("extend");
+    engine.settle().await;
+    assert_eq!(
+        raw_get(&cluster.urls()[4], "late-writes").await,
+        value,
+        "the slow master never got the key back: {}",
+        extended.report()
+    );
+    engine.release(&extended).await;
+    engine.settle().await;
 }
 
 async fn raw_set(url: &str, key: &str, value: &str) {

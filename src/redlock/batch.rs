@@ -1,13 +1,14 @@
 //! Extending many leases at once: one pipeline per master per batch instead of one round trip per lease, so
 //! that a controller holding thousands of locks spends its CPU on locks, not on request overhead.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use redis::Value;
 use tokio::time::Instant;
 
-use super::engine::{Op, extend_outcome, interpret, millis};
+use super::engine::{Op, Tail, extend_outcome, interpret, millis};
 use super::node::Ready;
 use super::quorum::Tally;
 use super::{ExtendError, Lease, NodeOutcome, NodeReport, OperationReport, Redlock, scripts};
@@ -91,6 +92,14 @@ impl Redlock {
             }
         }
         let decided_at = Instant::now();
+        // Masters that had not answered when every lease was decided still get their pipeline (the repair of
+        // keys they lost among it): dropped, one not sent yet never would be.
+        self.finish_tail_in_background(
+            Arc::from("extension batch"),
+            Tail::Writes,
+            pending,
+            |(_, answers, _)| answers.len(),
+        );
         let elapsed = decided_at - started;
         leases
             .iter()

@@ -209,16 +209,6 @@ struct FanOut {
     pending: FuturesUnordered<NodeFuture>,
 }
 
-impl FanOut {
-    /// Stops waiting for the masters that have not answered. Requests already sent still run and only their
-    /// replies are dropped; one not sent yet is not sent (a master without the key is repaired by the next
-    /// extension). A broken connection is noticed by the next operation instead.
-    /// Cheaper than draining them in a task of their own, which matters at tens of thousands of locks a second.
-    fn detach(self) -> (OperationReport, bool) {
-        (self.report, self.majority)
-    }
-}
-
 #[derive(Clone, Copy)]
 pub(super) enum Op {
     Acquire { ttl_ms: u64, token: i64 },
@@ -237,21 +227,40 @@ impl Op {
     }
 }
 
-/// Background deletes of one release; says so if they are dropped unfinished (the runtime shut down before
-/// [`Redlock::settle`]), since those masters then keep the key until it expires.
+/// What the masters that had not answered when an operation was decided are still being sent.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Tail {
+    /// An acquisition's or extension's writes: without them a lock sits on a bare majority, and one more lost
+    /// master loses it.
+    Writes,
+    /// A release's deletes: without them those masters keep the key until it expires.
+    Deletes,
+}
+
+/// The unanswered part of one operation, finished in the background; says so if it is dropped unfinished (the
+/// runtime shut down before [`Redlock::settle`]).
 struct Straggler {
     resource: Arc<str>,
+    tail: Tail,
     left: usize,
 }
 
 impl Drop for Straggler {
     fn drop(&mut self) {
-        if self.left > 0 {
-            tracing::warn!(
+        if self.left == 0 {
+            return;
+        }
+        match self.tail {
+            Tail::Deletes => tracing::warn!(
                 resource = %self.resource,
                 masters = self.left,
                 "release abandoned before every master answered; the key expires there by its TTL"
-            );
+            ),
+            Tail::Writes => tracing::debug!(
+                resource = %self.resource,
+                masters = self.left,
+                "writes abandoned before every master answered; the next extension repairs them"
+            ),
         }
     }
 }
@@ -482,7 +491,11 @@ impl Redlock {
             .filter(|validity| !validity.is_zero());
         match (granted, validity) {
             (true, Some(validity)) => {
-                let (report, _) = fan_out.detach();
+                let FanOut { report, pending, .. } = fan_out;
+                // Decided at a majority, the rest still get the key (each write bounded by the per-node
+                // timeout, so within the validity): dropped, a write not sent yet would never be sent, and the
+                // lock would sit on a bare majority until its first extension.
+                self.finish_in_background(resource.clone(), Tail::Writes, pending);
                 Ok(Lease {
                     resource,
                     value,
@@ -528,7 +541,11 @@ impl Redlock {
             return Err(ExtendError::Expired { report: None });
         }
         let ttl = lease.ttl;
-        let (report, extended) = self
+        let FanOut {
+            report,
+            majority: extended,
+            pending,
+        } = self
             .fan_out(
                 Op::Extend {
                     ttl_ms: millis(ttl),
@@ -540,8 +557,8 @@ impl Redlock {
                 None,
                 Some(lease),
             )
-            .await
-            .detach();
+            .await;
+        self.finish_in_background(lease.resource.clone(), Tail::Writes, pending);
         extend_outcome(
             lease,
             started,
@@ -610,13 +627,14 @@ impl Redlock {
         let FanOut { report, pending, .. } = self
             .fan_out(Op::Release, &resource, &value, true, None, None)
             .await;
-        self.finish_in_background(resource, pending);
+        self.finish_in_background(resource, Tail::Deletes, pending);
         report
     }
 
-    /// Waits until the work left to the background (the deletes of releases decided at a majority) is done:
-    /// at most one per-node timeout after the last release. A process that exits right after releasing calls
-    /// this first, so that a slow master still gets its delete instead of keeping the key until it expires.
+    /// Waits until the work left to the background (the writes and deletes of operations decided at a
+    /// majority) is done: at most one per-node timeout after the last operation. A process that exits right
+    /// after releasing calls this first, so that a slow master still gets its delete instead of keeping the key
+    /// until it expires.
     pub async fn settle(&self) {
         let background = &self.inner.background;
         background.close();
@@ -624,19 +642,39 @@ impl Redlock {
         background.reopen();
     }
 
-    fn finish_in_background(&self, resource: Arc<str>, mut pending: FuturesUnordered<NodeFuture>) {
+    /// Keeps the requests of a decided operation going until each master answered or timed out. Requests
+    /// already written to a connection run either way; the point is the ones not written yet, which the client
+    /// discards once nobody waits for them.
+    fn finish_in_background(&self, resource: Arc<str>, tail: Tail, pending: FuturesUnordered<NodeFuture>) {
+        self.finish_tail_in_background(resource, tail, pending, |(_, outcome, _)| outcome);
+    }
+
+    /// [`Redlock::finish_in_background`] for any per-master future; `outcome` says what one master answered.
+    pub(super) fn finish_tail_in_background<F, O>(
+        &self,
+        resource: Arc<str>,
+        tail: Tail,
+        mut pending: FuturesUnordered<F>,
+        outcome: fn(F::Output) -> O,
+    ) where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send,
+        O: std::fmt::Debug + 'static,
+    {
         if pending.is_empty() {
             return;
         }
         let mut straggler = Straggler {
             resource,
+            tail,
             left: pending.len(),
         };
         // Runs on its own clones of the connections: dropping the engine does not cut it short.
         self.inner.background.spawn(async move {
-            while let Some((_, outcome, _)) = pending.next().await {
-                straggler.left -= 1;
-                tracing::debug!(resource = %straggler.resource, %outcome, "late answer to a release");
+            while let Some(answer) = pending.next().await {
+                straggler.left = straggler.left.saturating_sub(1);
+                let answer = outcome(answer);
+                tracing::debug!(resource = %straggler.resource, ?straggler.tail, ?answer, "late answer");
             }
         });
     }
