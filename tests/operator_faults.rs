@@ -474,6 +474,76 @@ async fn a_replica_cut_off_while_a_standby_takes_over_stops_once_the_standby_han
     env.cleanup(&[&quorum]).await;
 }
 
+/// Issue 22: a takeover that fails gives up what is left of its predecessor's keys once the holder is fenced.
+/// Left alone, the two masters that still hold the key (and that the failed takeover just extended) would keep
+/// it for a whole TTL, and with one more master down nobody could get a majority until then: a minute here,
+/// longer than the test waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_takeover_gives_up_the_predecessors_keys_once_its_holder_is_fenced() {
+    let masters = RedisCluster::start(5).expect("masters");
+    let env = Env::new().await;
+    let quorum = env.unique("q");
+    let urls = masters.urls();
+    env.create_quorum_from(serde_json::json!({
+        "apiVersion": "redlock.io/v1alpha1",
+        "kind": "RedisQuorum",
+        "metadata": { "name": quorum },
+        // Durable masters: no quarantine to wait out before a one-minute lock.
+        "spec": { "endpoints": urls, "maxTtl": "60s", "assumeDurable": true },
+    }))
+    .await;
+    let secret = installation_secret(18);
+    let (first, first_stop) = operator(&env, &secret, Some("first")).await;
+    all_masters_voting(&env, &quorum, 5).await;
+    env.create_lock("orphan", &quorum, "app", "60s").await;
+    lock_where(&env, "orphan", "held", |lock| {
+        phase(lock) == Some(LockPhase::Held)
+    })
+    .await;
+    let key = format!("{}/orphan", env.namespace);
+    let (_, values) = key_on(&urls, &key).await;
+    let value = values.first().expect("the key on a majority").clone();
+    stop(first, first_stop).await;
+
+    // What the predecessor left: its key on two masters only, one master hung, and a status whose validity has
+    // run out, so that the successor's takeover fails at once and the lock counts as lost.
+    for url in &urls[2..] {
+        let client = redis::Client::open(url.as_str()).expect("url");
+        let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+        redis::cmd("DEL")
+            .arg(&key)
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("DEL");
+    }
+    masters[4].stop();
+    let mut lock = env.locks().get("orphan").await.expect("lock");
+    if let Some(status) = lock.status.as_mut() {
+        status.valid_until = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+            k8s_openapi::jiff::Timestamp::now(),
+        ));
+    }
+    env.locks()
+        .replace_status("orphan", &Default::default(), &lock)
+        .await
+        .expect("status");
+
+    let (second, second_stop) = operator(&env, &secret, Some("second")).await;
+    let lock = lock_where(&env, "orphan", "held again with a new token", |lock| {
+        phase(lock) == Some(LockPhase::Held) && token(lock).is_some_and(|token| token > 1)
+    })
+    .await;
+    let (_, values) = key_on(&urls[..4], &key).await;
+    assert!(
+        !values.contains(&value),
+        "the predecessor's key is still there: {values:?} ({:?})",
+        lock.status
+    );
+    masters[4].cont();
+    stop(second, second_stop).await;
+    env.cleanup(&[&quorum]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_with_hung_masters_delays_no_other_quorums_locks() {
     let fast_masters = RedisCluster::start(3).expect("masters");

@@ -157,7 +157,7 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
             _ => Ok(Action::requeue(RESYNC)),
         },
         LockAction::ReportLost { reason } => {
-            actions::fence::report_lost(&target, ctx, &holder, &reason.to_string()).await
+            actions::fence::report_lost(&target, ctx, &holder, &reason.to_string(), None).await
         }
         LockAction::ReleaseHeld => actions::release::release_for_change(&target, ctx, held, &holder).await,
         LockAction::ReleasePrevious {

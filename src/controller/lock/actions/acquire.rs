@@ -332,11 +332,11 @@ pub async fn resume(
         Err(ExtendError::Lost { holder: by, .. }) => {
             let by = by.unwrap_or_else(|| "another holder".into());
             let reason = format!("taken over by {by} while no replica was extending it");
-            super::fence::report_lost(target, ctx, holder, &reason).await
+            super::fence::report_lost(target, ctx, holder, &reason, Some(token)).await
         }
         Err(err) => {
             let reason = format!("could not be resumed after a controller restart: {err}");
-            super::fence::report_lost(target, ctx, holder, &reason).await
+            super::fence::report_lost(target, ctx, holder, &reason, Some(token)).await
         }
     }
 }

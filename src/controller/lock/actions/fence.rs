@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use rand::Rng;
@@ -19,12 +20,16 @@ use crate::controller::lock::status;
 use crate::controller::lock::status_write::write_status;
 use crate::redlock::ExtendError;
 
-/// Fences the holder, then gives up the keys (or leaves them to expire) and shows `Lost`.
+/// Fences the holder, then gives up the keys (or leaves them to expire) and shows `Lost`. `unkept` is the token
+/// of an acquisition this replica does not keep (a predecessor's, whose takeover failed): where the policy gives
+/// the keys up, its keys go too, instead of blocking the next holder until their TTL ends where a takeover
+/// refreshed them or a late master re-created them.
 pub async fn report_lost(
     target: &Target<'_>,
     ctx: &Context,
     holder: &str,
     reason: &str,
+    unkept: Option<i64>,
 ) -> Result<Action, Error> {
     // The holder of the lease this replica keeps, if any: the one to fence, even if the spec wants another now.
     // A Job is fenced by the name its turn gives.
@@ -36,7 +41,10 @@ pub async fn report_lost(
     };
     match target.policy.before_lost(ctx, &fenced, token, reason).await? {
         KeysAfterLoss::Release => {
-            release_held(ctx, &target.lref, Some(&target.settings.quorum)).await;
+            let released = release_held(ctx, &target.lref, Some(&target.settings.quorum)).await;
+            if let (None, Some(token)) = (released, unkept) {
+                release_unkept(target, ctx, holder, token).await?;
+            }
         }
         KeysAfterLoss::LeaveToExpire => {
             ctx.keeper.remove(&target.lref).await;
@@ -101,4 +109,20 @@ pub async fn requeue(target: &Target<'_>, ctx: &Context, job: &str, token: i64) 
         jobs.requeue_or_mark_stale(ctx, job, token).await?;
     }
     Ok(Action::requeue(Duration::from_millis(10)))
+}
+
+/// Deletes a predecessor's acquisition (its value rebuilt from `token` and `holder`) wherever it is still the
+/// value. Only after its holder was fenced: the keys are all that kept a contender out meanwhile.
+async fn release_unkept(target: &Target<'_>, ctx: &Context, holder: &str, token: i64) -> Result<(), Error> {
+    if !ctx.leadership.is_leader() {
+        return Ok(());
+    }
+    let uid = target.lock.uid().unwrap_or_default();
+    let value = ctx.secret.lock_value(&target.settings.key, &uid, token, holder)?;
+    target
+        .engine
+        .engine
+        .release_value(&target.settings.key, value)
+        .await;
+    Ok(())
 }
