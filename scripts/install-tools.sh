@@ -18,10 +18,13 @@ wanted=("$@")
 [ "${#wanted[@]}" -gt 0 ] || wanted=(helm kubectl)
 
 version_of() { # TOOL: its version line, or nothing when it does not run
+  local out
   case $1 in
-    helm) "$bin/helm" version --short 2>/dev/null ;;
-    kubectl) "$bin/kubectl" version --client 2>/dev/null | head -n 1 ;;
+    helm) out=$("$bin/helm" version --short 2>/dev/null) || return 0 ;;
+    kubectl) out=$("$bin/kubectl" version --client 2>/dev/null) || return 0 ;;
   esac
+  # The first line, without a pipe into `head` (whose early exit would fail the pipeline under pipefail).
+  printf '%s\n' "${out%%$'\n'*}"
 }
 
 missing=()
