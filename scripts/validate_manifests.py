@@ -17,7 +17,8 @@
 - ValidatingAdmissionPolicy: every CEL expression is compiled; the Job policy is run against sample Jobs.
 - With --render (a `helm template` output), cross-object checks: selectors match the pods they are meant to,
   named ports exist, namespaced objects carry a namespace, RedisQuorum endpoints name real StatefulSet pods,
-  Secret keys that are referenced exist.
+  Secret keys that are referenced exist, NetworkPolicy peers of their own namespace match pods of the render, and
+  the `helm test` Pod runs `lock` on the RedisQuorum's masters with its Secrets, maxTtl and nodeTimeout.
 
 Prints one line per problem and a summary per file; exits 1 when anything failed.
 """
@@ -526,10 +527,13 @@ def write_promql(objects, directory, stem):
 
 
 def pod_templates(objects):
+    """Every pod the render makes: workloads' templates and bare Pods (the `helm test` hook)."""
     for obj in objects:
         if obj.get("kind") in WORKLOADS:
             template = obj["spec"]["template"]
             yield obj, (template.get("metadata") or {}).get("labels") or {}, template["spec"]
+        elif obj.get("kind") == "Pod":
+            yield obj, obj["metadata"].get("labels") or {}, obj["spec"]
 
 
 def check_render(objects, crds):
@@ -551,7 +555,7 @@ def check_render(objects, crds):
             add(obj, "cluster-scoped object rendered with metadata.namespace")
 
     for workload, labels, spec in pods:
-        if not selector_matches(workload["spec"].get("selector"), labels) and workload["kind"] != "Job":
+        if workload["kind"] not in ("Job", "Pod") and not selector_matches(workload["spec"].get("selector"), labels):
             add(workload, "spec.selector does not match the pod template's labels")
         port_names = {p["name"] for c in spec["containers"] for p in c.get("ports") or [] if "name" in p}
         for container in spec["containers"]:
@@ -589,6 +593,12 @@ def check_render(objects, crds):
             selector = spec.get("selector") if kind == "PodDisruptionBudget" else spec.get("podSelector")
             if selector and not any(selector_matches(selector, labels) for _, labels, _ in pods):
                 add(obj, "its pod selector matches no pod template of this render")
+            # Peers of the policy's own namespace are pods of this render (the operator, the test hook).
+            for rule in spec.get("ingress") or []:
+                for peer in rule.get("from") or []:
+                    if "podSelector" in peer and "namespaceSelector" not in peer and not any(
+                            selector_matches(peer["podSelector"], labels) for _, labels, _ in pods):
+                        add(obj, f"ingress peer {peer['podSelector']} matches no pod of this render")
         elif kind == "ServiceMonitor":
             matched = [s for s in services if selector_matches(spec.get("selector"), s["metadata"].get("labels") or {})]
             if not matched:
@@ -613,6 +623,50 @@ def check_render(objects, crds):
                 add(obj, f"policyName {spec.get('policyName')!r} is not rendered")
         elif kind == "RedisQuorum":
             errors += [f"{describe(obj)}: {e}" for e in check_quorum_endpoints(spec, objects, secrets)]
+            for pod in objects:
+                if pod["kind"] == "Pod" and (pod["metadata"].get("annotations") or {}).get("helm.sh/hook") == "test":
+                    errors += [f"{describe(pod)}: {e}" for e in check_test_hook(pod, spec)]
+    return errors
+
+
+def check_test_hook(pod, quorum):
+    """The `helm test` Pod runs `lock` on the quorum's masters with its credentials and settings."""
+    container = pod["spec"]["containers"][0]
+    args = container.get("args") or []
+    if args[:1] != ["lock"] or "--" not in args:
+        return [f"expected `lock … -- COMMAND`, got {args}"]
+    flags = args[1:args.index("--")]
+    values = lambda name: [a.split("=", 1)[1] for a in flags if a.startswith(f"--{name}=")]
+    errors = []
+    if values("redis") != quorum.get("endpoints"):
+        errors.append(f"--redis {values('redis')} are not the RedisQuorum's endpoints {quorum.get('endpoints')}")
+    for flag, field in (("max-ttl", "maxTtl"), ("node-timeout", "nodeTimeout")):
+        if values(flag) != [quorum.get(field)]:
+            errors.append(f"--{flag} {values(flag)} is not the RedisQuorum's {field} {quorum.get(field)!r}")
+    if ("--assume-durable" in flags) != bool(quorum.get("assumeDurable")):
+        errors.append("--assume-durable differs from the RedisQuorum's assumeDurable")
+    mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts") or []}
+    volumes = {v["name"]: v.get("secret") or {} for v in pod["spec"].get("volumes") or []}
+
+    def secret_file(flag):
+        """(Secret name, key) behind the file a flag names, or None."""
+        paths = values(flag)
+        if not paths:
+            return None
+        directory, _, file = paths[0].rpartition("/")
+        secret = volumes.get(mounts.get(directory), {})
+        key = next((i["key"] for i in secret.get("items") or [] if i["path"] == file), None)
+        return (secret.get("secretName"), key)
+
+    auth, tls = quorum.get("auth") or {}, quorum.get("tls") or {}
+    expected = {
+        "redis-password-file": auth and (auth["secretName"], auth.get("passwordKey", "password")),
+        "redis-username-file": auth.get("usernameKey") and (auth["secretName"], auth["usernameKey"]),
+        "redis-ca": tls.get("caSecretName") and (tls["caSecretName"], tls.get("caKey", "ca.crt")),
+    }
+    for flag, want in expected.items():
+        if (secret_file(flag) or None) != (want or None):
+            errors.append(f"--{flag} reads {secret_file(flag)}, the RedisQuorum uses {want or None}")
     return errors
 
 

@@ -25,6 +25,7 @@ use redlock_operator::api::{DistributedLock, RedisQuorum};
 use serde_json::json;
 use support::apiserver::TestApiServer;
 use support::apiserver::realism::{Jitter, Realism, seed_from};
+use support::fixtures::{identity_lock as lock, install_crds};
 use tokio::time::Instant;
 
 const UPPER_BOUND: Duration = Duration::from_secs(10);
@@ -47,16 +48,6 @@ fn secret(name: &str, labels: &[(&str, &str)]) -> Secret {
     }
 }
 
-fn lock(name: &str) -> DistributedLock {
-    serde_json::from_value(json!({
-        "apiVersion": "redlock.io/v1alpha1",
-        "kind": "DistributedLock",
-        "metadata": {"name": name},
-        "spec": {"quorum": "default", "ttl": "10s", "holder": {"identity": "me"}},
-    }))
-    .expect("a DistributedLock")
-}
-
 /// A suspended Job that never started, with one container.
 fn suspended_job(name: &str) -> Job {
     serde_json::from_value(json!({
@@ -66,16 +57,6 @@ fn suspended_job(name: &str) -> Job {
         } } }
     }))
     .expect("a Job")
-}
-
-/// What a real cluster needs before custom resources can be used, done the same way.
-async fn install_crds(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in [DistributedLock::crd(), RedisQuorum::crd()] {
-        crds.create(&PostParams::default(), &crd)
-            .await
-            .expect("create CRD");
-    }
 }
 
 async fn started() -> (TestApiServer, Client) {

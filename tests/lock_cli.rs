@@ -404,3 +404,112 @@ fn each_run_gets_a_higher_fencing_token() {
     }
     assert!(tokens.windows(2).all(|pair| pair[0] < pair[1]), "{tokens:?}");
 }
+
+/// Issue 24, item 2: right after an installation every master is in its restart quarantine. `lock` says so,
+/// how many, and when a majority can vote, instead of only "too few masters".
+#[test]
+fn a_quarantined_quorum_says_when_a_majority_can_vote() {
+    let started = Instant::now();
+    let mut cluster = RedisCluster::start(5).expect("masters");
+    cluster[4].kill();
+    let args = ["--ttl", "1s", "--max-ttl", "60s", "fresh"];
+    let output = run(lock(&cluster, &args, &["true"]));
+    let elapsed = started.elapsed();
+    let all = stderr(&output);
+    assert_eq!(output.status.code(), Some(69), "{all}");
+    // The engine warns about each quarantined master as it connects; the error is the last line.
+    let err = all.trim().lines().last().unwrap_or_default().to_owned();
+    // `lock` starts once a majority is connected: the fourth live master may still be connecting.
+    let connecting = usize::from(err.contains("3 of 5 masters are still"));
+    assert!(
+        err.contains(&format!(
+            "{} of 5 masters are still in their restart quarantine (started less than max-ttl ago, they may have \
+             forgotten locks), {} not connected; 3 of 5 can vote in about ",
+            4 - connecting,
+            1 + connecting
+        )),
+        "{all}"
+    );
+    // The quarantine is 60.602 s from the masters' start (max-ttl plus drift), known to the second; they
+    // started within `elapsed` before the reply.
+    let seconds: u64 = err
+        .split("can vote in about ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|number| number.parse().ok())
+        .unwrap_or_else(|| panic!("a number of seconds: {err}"));
+    let earliest = 61u64.saturating_sub(elapsed.as_secs() + 2);
+    assert!(
+        (earliest..=61).contains(&seconds),
+        "{seconds} s, expected {earliest}..=61 after {elapsed:?}: {err}"
+    );
+    assert!(
+        err.contains(&format!("(`--wait {}s` waits for them)", seconds + 5 - 1))
+            || err.contains(&format!("(`--wait {}s` waits for them)", seconds + 5)),
+        "a --wait that would do: {err}"
+    );
+
+    // Two of five left: even the end of the quarantine does not make a majority, and the message says that.
+    cluster[3].kill();
+    cluster[2].kill();
+    let output = run(lock(&cluster, &args, &["true"]));
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(69), "{err}");
+    assert!(
+        err.contains("2 of 5 masters are still in their restart quarantine")
+            && err.contains("3 not connected; even once it is over only 2 of the 3 needed could vote"),
+        "{err}"
+    );
+    assert!(!err.contains("--wait"), "no wait helps: {err}");
+}
+
+/// Credentials from files (a mounted Secret), put into the URLs percent-encoded: the chart's `helm test` hook
+/// reads the masters' password this way.
+#[test]
+fn the_password_can_come_from_a_file() {
+    let password = "p@ss:w/rd %1";
+    let cluster = RedisCluster::start_with(3, |_| support::redis_server::Options {
+        password: Some(password.to_owned()),
+        ..Default::default()
+    })
+    .expect("masters");
+    std::thread::sleep(Duration::from_millis(3_100));
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("password");
+    std::fs::write(&file, format!("{password}\n")).expect("password file");
+    let plain: Vec<String> = cluster
+        .servers()
+        .iter()
+        .map(|server| format!("redis://127.0.0.1:{}", server.port()))
+        .collect();
+    let with_file = |urls: &[String]| {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("lock")
+            .env("REDLOCK_REDIS", urls.join(","))
+            .env_remove("RUST_LOG")
+            .args(SHORT)
+            .arg("--redis-password-file")
+            .arg(&file)
+            .args(["from-file", "--", "true"]);
+        cmd
+    };
+    let output = run(with_file(&plain));
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+
+    // A password in a URL as well is ambiguous: refused, without showing either.
+    let in_url: Vec<String> = plain
+        .iter()
+        .map(|url| url.replace("redis://", "redis://:hunter2@"))
+        .collect();
+    let output = run(with_file(&in_url));
+    let err = stderr(&output);
+    assert_eq!(output.status.code(), Some(64), "{err}");
+    assert!(err.contains("not both") && !err.contains("hunter2"), "{err}");
+    // Without the file, the masters refuse.
+    let output = run(lock(
+        &cluster,
+        &[SHORT, &["--redis", &plain.join(","), "no-password"]].concat(),
+        &["true"],
+    ));
+    assert_ne!(output.status.code(), Some(0), "{}", stderr(&output));
+}

@@ -1,7 +1,7 @@
 //! `redlock-operator lock`: acquire, run a command under the lock, stop it if the lock is lost, release.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
@@ -11,8 +11,12 @@ use super::exit_code;
 use super::supervise::{Child, Ended};
 use crate::redlock::{
     AcquireError, AcquireOptions, Endpoint, FailureKind, KeepPolicy, OperationReport, Redlock, RedlockConfig,
-    kill_grace, shortest_ttl,
+    kill_grace, shortest_ttl, with_credentials,
 };
+
+/// Added to the quarantine's end in the `--wait` an error suggests: the next run measures the masters' uptime
+/// again, to the second.
+const QUARANTINE_WAIT_MARGIN_SECS: u64 = 5;
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -50,6 +54,13 @@ pub struct LockArgs {
     /// Holder name stored with the lock and shown to contenders (default: HOSTNAME/PID).
     #[arg(long)]
     pub holder: Option<String>,
+    /// File holding the masters' password (a mounted Secret key, for example), for --redis URLs that carry
+    /// none: no URL encoding needed. One trailing newline is ignored.
+    #[arg(long, value_name = "FILE")]
+    pub redis_password_file: Option<PathBuf>,
+    /// File holding the masters' ACL user name, with --redis-password-file.
+    #[arg(long, value_name = "FILE", requires = "redis_password_file")]
+    pub redis_username_file: Option<PathBuf>,
     /// PEM file with the CA that signed the masters' TLS certificates (rediss:// URLs).
     #[arg(long, value_name = "FILE")]
     pub redis_ca: Option<PathBuf>,
@@ -83,13 +94,27 @@ fn config_from(args: &LockArgs) -> Result<RedlockConfig, Failure> {
     if args.resource.is_empty() {
         return Err(usage("the resource name must not be empty".into()));
     }
+    let username = read_secret_file(args.redis_username_file.as_deref()).map_err(usage)?;
+    let password = read_secret_file(args.redis_password_file.as_deref()).map_err(usage)?;
     let endpoints = args
         .redis
         .iter()
         .filter(|url| !url.trim().is_empty())
-        .map(|url| Endpoint::parse(url))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|err| usage(err.to_string()))?;
+        .map(|url| {
+            let endpoint = Endpoint::parse(url).map_err(|err| usage(err.to_string()))?;
+            if password.is_none() {
+                return Ok(endpoint);
+            }
+            if endpoint.display() != url.trim() {
+                return Err(usage(format!(
+                    "{endpoint}: give the password in the URL or with --redis-password-file, not both"
+                )));
+            }
+            let url =
+                with_credentials(url.trim(), username.as_deref(), password.as_deref()).map_err(usage)?;
+            Endpoint::parse(&url).map_err(|err| usage(err.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let mut config = RedlockConfig::new(endpoints);
     config.max_ttl = args.max_ttl;
     config.node_timeout = args.node_timeout;
@@ -207,12 +232,38 @@ async fn hold(
     Ok(code)
 }
 
+/// A credential from a file, without the one trailing newline editors and `echo` add.
+fn read_secret_file(path: Option<&Path>) -> Result<Option<String>, String> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let text =
+        std::fs::read_to_string(path).map_err(|err| format!("cannot read {}: {err}", path.display()))?;
+    let text = text
+        .strip_suffix('\n')
+        .map(|line| line.strip_suffix('\r').unwrap_or(line))
+        .unwrap_or(&text);
+    Ok(Some(text.to_owned()))
+}
+
 fn acquire_failure(err: &AcquireError) -> Failure {
     match err {
         AcquireError::NotAcquired {
             kind: FailureKind::TooFewMasters,
+            report,
             ..
-        } => (exit_code::UNAVAILABLE, err.to_string()),
+        } => {
+            let mut message = err.to_string();
+            // Quarantined masters are a matter of time: say how to wait for them instead of failing.
+            if let Some(wait) = report
+                .quarantine_outlook()
+                .and_then(|outlook| outlook.majority_in)
+            {
+                let seconds = wait.as_secs().saturating_add(QUARANTINE_WAIT_MARGIN_SECS);
+                message.push_str(&format!(" (`--wait {seconds}s` waits for them)"));
+            }
+            (exit_code::UNAVAILABLE, message)
+        }
         AcquireError::NotAcquired { .. } => (exit_code::TEMPFAIL, err.to_string()),
         AcquireError::Config(_) => (exit_code::USAGE, err.to_string()),
         AcquireError::Value(_) => (exit_code::SOFTWARE, err.to_string()),

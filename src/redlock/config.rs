@@ -80,6 +80,26 @@ impl fmt::Display for Endpoint {
     }
 }
 
+/// Puts a user name and password into an endpoint URL, percent-encoded, so that passwords with `@`, `:` or `/`
+/// work; with neither, the URL is returned as it is.
+pub fn with_credentials(raw: &str, username: Option<&str>, password: Option<&str>) -> Result<String, String> {
+    if username.is_none() && password.is_none() {
+        return Ok(raw.to_owned());
+    }
+    let mut url = url::Url::parse(raw).map_err(|err| format!("endpoint {}: {err}", redact(raw)))?;
+    // The URL standard's userinfo encoding leaves `%` alone (it may start an escape already made), and the
+    // Redis client decodes every escape: a `%` of the credential itself is escaped first.
+    if let Some(username) = username {
+        url.set_username(&username.replace('%', "%25"))
+            .map_err(|()| format!("endpoint {} cannot carry a user name", redact(raw)))?;
+    }
+    if let Some(password) = password {
+        url.set_password(Some(&password.replace('%', "%25")))
+            .map_err(|()| format!("endpoint {} cannot carry a password", redact(raw)))?;
+    }
+    Ok(url.to_string())
+}
+
 /// Replaces a URL's userinfo (`user:password@` or `:password@`) with `***`: the password, and the user name
 /// too, which names an ACL user of the masters and is as private as the Secret it came from.
 fn redact(raw: &str) -> String {
@@ -87,14 +107,13 @@ fn redact(raw: &str) -> String {
         return raw.to_owned();
     };
     let authority_start = scheme_end + 3;
-    let authority_end = raw[authority_start..]
-        .find(['/', '?', '#'])
-        .map_or(raw.len(), |i| authority_start + i);
-    let authority = &raw[authority_start..authority_end];
-    let Some(at) = authority.rfind('@') else {
+    // The last `@` of the whole URL, not of the authority as a parser would delimit it: a password typed
+    // without percent-encoding may hold `/`, `?` or `#`, and none of it may show. (No `@` belongs after the
+    // authority of a Redis URL.)
+    let Some(at) = raw[authority_start..].rfind('@') else {
         return raw.to_owned();
     };
-    let userinfo = &authority[..at];
+    let userinfo = &raw[authority_start..authority_start + at];
     let masked = if userinfo.contains(':') && !userinfo.starts_with(':') {
         "***:***"
     } else {
@@ -328,6 +347,34 @@ mod tests {
         assert_eq!(endpoint.display(), "rediss://***@127.0.0.1:6380");
         assert!(endpoint.is_tls());
         assert!(!format!("{endpoint:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn passwords_typed_without_encoding_never_show_either() {
+        for raw in [
+            "redis://:p@ss/w?rd#1@127.0.0.1:6379",
+            "redis://u:p/ss@127.0.0.1:6379",
+        ] {
+            let shown = match Endpoint::parse(raw) {
+                Ok(endpoint) => endpoint.display().to_owned(),
+                Err(err) => err.to_string(),
+            };
+            assert!(!shown.contains("ss") && !shown.contains("rd"), "{raw}: {shown}");
+        }
+    }
+
+    #[test]
+    fn credentials_are_put_in_percent_encoded() {
+        let url = with_credentials("rediss://a:6380", Some("locker"), Some("p@ss:w/rd %1")).unwrap();
+        assert_eq!(url, "rediss://locker:p%40ss%3Aw%2Frd%20%251@a:6380");
+        assert_eq!(
+            Endpoint::parse(&url).unwrap().display(),
+            "rediss://***:***@a:6380"
+        );
+        assert_eq!(
+            with_credentials("redis://a:1", None, None).unwrap(),
+            "redis://a:1"
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 use std::fmt;
+use std::time::Duration;
 
-use super::{ConfigError, OperationReport, ValueError};
+use super::{ConfigError, OperationReport, QuarantineOutlook, ValueError};
 
 /// Why an acquisition failed, in the terms a caller acts on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,7 +32,7 @@ pub enum AcquireError {
     Value(#[from] ValueError),
     #[error(
         "lock `{resource}` not acquired after {attempts} attempt(s): {kind}{}",
-        blocker(report)
+        blocker(*kind, report)
     )]
     NotAcquired {
         resource: String,
@@ -46,12 +47,55 @@ pub enum AcquireError {
     TokenExhausted { resource: String, counter: i64 },
 }
 
-fn blocker(report: &OperationReport) -> String {
+fn blocker(kind: FailureKind, report: &OperationReport) -> String {
+    if kind == FailureKind::TooFewMasters
+        && let Some(outlook) = report.quarantine_outlook()
+    {
+        return quarantine_blocker(report, &outlook);
+    }
     let unreachable = report.unreachable_summary();
     match report.blocking_holder() {
         Some(holder) => format!(" (held by {holder})"),
         None if !unreachable.is_empty() => format!(" ({unreachable} of {})", report.nodes.len()),
         None => String::new(),
+    }
+}
+
+/// ": 3 of 5 masters are still in their restart quarantine …; 3 of 5 can vote in about 42 s": what a fresh
+/// installation shows for its first minute, said so that nobody takes it for a failure.
+fn quarantine_blocker(report: &OperationReport, outlook: &QuarantineOutlook) -> String {
+    let total = report.nodes.len();
+    let others = report.unreachable_summary_but_quarantined();
+    let others = if others.is_empty() {
+        String::new()
+    } else {
+        format!(", {others}")
+    };
+    let outlook_text = match outlook.majority_in {
+        Some(wait) => format!(
+            "{} of {total} can vote in about {}, if the others stay up",
+            report.quorum,
+            rounded_wait(wait)
+        ),
+        None => format!(
+            "even once it is over only {} of the {} needed could vote",
+            outlook.can_vote_after, report.quorum
+        ),
+    };
+    format!(
+        ": {} of {total} masters are still in their restart quarantine (started less than max-ttl ago, they may \
+         have forgotten locks){others}; {outlook_text}",
+        outlook.quarantined
+    )
+}
+
+/// A wait in whole seconds, rounded up ("about 42 s"), or minutes from two minutes on.
+pub fn rounded_wait(wait: Duration) -> String {
+    let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    if seconds < 120 {
+        format!("{} s", seconds.max(1))
+    } else {
+        format!("{} min", seconds.div_ceil(60))
     }
 }
 
@@ -77,4 +121,113 @@ pub enum ExtendError {
     },
     #[error("extension reached no majority: {report}")]
     NoQuorum { report: OperationReport },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::redlock::{NodeOutcome, NodeReport};
+
+    fn report(outcomes: Vec<NodeOutcome>) -> OperationReport {
+        let quorum = outcomes.len() / 2 + 1;
+        OperationReport {
+            nodes: outcomes
+                .into_iter()
+                .enumerate()
+                .map(|(i, outcome)| NodeReport {
+                    endpoint: format!("redis://m{i}:6379"),
+                    outcome,
+                    latency: None,
+                })
+                .collect(),
+            elapsed: Duration::from_millis(1),
+            quorum,
+        }
+    }
+
+    fn not_acquired(report: OperationReport) -> String {
+        AcquireError::NotAcquired {
+            resource: "r".into(),
+            attempts: 1,
+            kind: FailureKind::TooFewMasters,
+            report,
+        }
+        .to_string()
+    }
+
+    fn quarantined(seconds: f64) -> NodeOutcome {
+        NodeOutcome::Quarantined {
+            remaining: Duration::from_secs_f64(seconds),
+        }
+    }
+
+    #[test]
+    fn a_fresh_quorum_says_when_a_majority_can_vote() {
+        // Two answered; one more is needed: the earliest quarantine to end completes the majority.
+        let message = not_acquired(report(vec![
+            NodeOutcome::Granted,
+            NodeOutcome::Granted,
+            quarantined(50.0),
+            quarantined(41.2),
+            quarantined(59.0),
+        ]));
+        assert!(
+            message.ends_with(
+                ": 3 of 5 masters are still in their restart quarantine (started less than max-ttl ago, they may \
+                 have forgotten locks); 3 of 5 can vote in about 42 s, if the others stay up"
+            ),
+            "{message}"
+        );
+        // All quarantined, one down: the third quarantine to end makes three.
+        let message = not_acquired(report(vec![
+            quarantined(30.0),
+            quarantined(10.0),
+            quarantined(20.0),
+            quarantined(40.0),
+            NodeOutcome::Unavailable("connection refused".into()),
+        ]));
+        assert!(
+            message.contains("4 of 5 masters are still in their restart quarantine")
+                && message.contains("), 1 not connected; 3 of 5 can vote in about 30 s"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_quarantine_that_cannot_make_a_majority_says_so() {
+        let message = not_acquired(report(vec![
+            quarantined(30.0),
+            NodeOutcome::Timeout,
+            NodeOutcome::Unavailable("connection refused".into()),
+        ]));
+        assert!(
+            message.contains(
+                "1 of 3 masters are still in their restart quarantine (started less than max-ttl ago, they may \
+                 have forgotten locks), 1 timed out, 1 not connected; even once it is over only 1 of the 2 needed \
+                 could vote"
+            ),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn without_quarantine_the_message_is_unchanged() {
+        let message = not_acquired(report(vec![
+            NodeOutcome::Granted,
+            NodeOutcome::Timeout,
+            NodeOutcome::Unavailable("refused".into()),
+        ]));
+        assert!(
+            message.ends_with("too few masters reachable for a majority (1 timed out, 1 not connected of 3)"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn waits_are_rounded_up() {
+        assert_eq!(rounded_wait(Duration::from_millis(1)), "1 s");
+        assert_eq!(rounded_wait(Duration::from_millis(41_001)), "42 s");
+        assert_eq!(rounded_wait(Duration::from_secs(119)), "119 s");
+        assert_eq!(rounded_wait(Duration::from_secs(121)), "3 min");
+    }
 }

@@ -18,12 +18,14 @@ mod scripts;
 mod value;
 
 pub use batch::MAX_BATCH;
-pub use config::{ConfigError, DEFAULT_TOKEN_RETENTION, Endpoint, RedlockConfig, RetryPolicy, TlsOptions};
+pub use config::{
+    ConfigError, DEFAULT_TOKEN_RETENTION, Endpoint, RedlockConfig, RetryPolicy, TlsOptions, with_credentials,
+};
 pub use engine::{AcquireOptions, Lease, Redlock};
-pub use error::{AcquireError, ExtendError, FailureKind};
+pub use error::{AcquireError, ExtendError, FailureKind, rounded_wait};
 pub use keeper::{KeepPolicy, KeepState, KeptLock, LossReason, kill_grace};
 pub use node::{NodeHealth, NodeStatus};
-pub use outcome::{NodeOutcome, NodeReport, OperationReport};
+pub use outcome::{NodeOutcome, NodeReport, OperationReport, QuarantineOutlook};
 pub use quarantine::quarantine_until;
 pub use quorum::quorum_of;
 pub(crate) use schedule::fence_time;

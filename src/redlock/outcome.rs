@@ -81,6 +81,19 @@ fn round_ms(duration: Duration) -> Duration {
     Duration::from_millis(duration.as_millis() as u64)
 }
 
+/// Masters kept out by their restart quarantine, from one operation's report (see
+/// [`OperationReport::quarantine_outlook`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuarantineOutlook {
+    /// How many masters were quarantined.
+    pub quarantined: usize,
+    /// How long until enough of them have left the quarantine to make a majority with the masters that
+    /// answered, if those keep answering; `None` if even all of them would not make one.
+    pub majority_in: Option<Duration>,
+    /// How many masters could vote once every quarantine is over (the others staying as they are).
+    pub can_vote_after: usize,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeReport {
     /// The master's URL without its password.
@@ -112,12 +125,21 @@ impl OperationReport {
 
     /// "2 timed out, 1 quarantined": why masters did not vote, for error messages.
     pub fn unreachable_summary(&self) -> String {
+        self.unreachable_counts(true)
+    }
+
+    /// Like [`Self::unreachable_summary`], leaving the quarantined masters out (told separately).
+    pub(crate) fn unreachable_summary_but_quarantined(&self) -> String {
+        self.unreachable_counts(false)
+    }
+
+    fn unreachable_counts(&self, with_quarantined: bool) -> String {
         let mut counts: Vec<(&'static str, usize)> = Vec::new();
         for node in &self.nodes {
             let label = match node.outcome {
                 NodeOutcome::Timeout => "timed out",
                 NodeOutcome::Error(_) => "failed",
-                NodeOutcome::Quarantined { .. } => "quarantined (restarted recently)",
+                NodeOutcome::Quarantined { .. } if with_quarantined => "quarantined (restarted recently)",
                 NodeOutcome::Unavailable(_) => "not connected",
                 _ => continue,
             };
@@ -131,6 +153,31 @@ impl OperationReport {
             .map(|(label, count)| format!("{count} {label}"))
             .collect::<Vec<_>>()
             .join(", ")
+    }
+
+    /// Whether the restart quarantine is what keeps a majority from voting, and for how long: `None` when no
+    /// master was quarantined, or when enough masters answered anyway.
+    pub fn quarantine_outlook(&self) -> Option<QuarantineOutlook> {
+        let mut remaining: Vec<Duration> = self
+            .nodes
+            .iter()
+            .filter_map(|node| match node.outcome {
+                NodeOutcome::Quarantined { remaining } => Some(remaining),
+                _ => None,
+            })
+            .collect();
+        let answered = self.nodes.len().saturating_sub(self.unreachable());
+        let missing = self.quorum.saturating_sub(answered);
+        if remaining.is_empty() || missing == 0 {
+            return None;
+        }
+        remaining.sort_unstable();
+        Some(QuarantineOutlook {
+            quarantined: remaining.len(),
+            // The `missing`-th quarantine to end completes the majority; none does when too few are left.
+            majority_in: missing.checked_sub(1).and_then(|i| remaining.get(i)).copied(),
+            can_vote_after: answered.saturating_add(remaining.len()),
+        })
     }
 
     /// The highest fencing counter that masters refusing a proposal reported.

@@ -364,7 +364,7 @@ fn fastclock_library() -> io::Result<PathBuf> {
         .map_err(io::Error::other)
 }
 
-fn free_port() -> io::Result<u16> {
+pub fn free_port() -> io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 

@@ -48,6 +48,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: redis
 {{- end }}
 
+{{/* Selector labels of the `helm test` Pod. */}}
+{{- define "redlock-operator.testSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "redlock-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: test
+{{- end }}
+
 {{/* The one namespace quorum Secrets are read from (and the only one the operator may read Secrets in). */}}
 {{- define "redlock-operator.secretsNamespace" -}}
 {{- default .Release.Namespace .Values.operator.secretsNamespace }}

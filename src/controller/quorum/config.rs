@@ -3,7 +3,7 @@
 
 use crate::api::RedisQuorumSpec;
 use crate::api::limits;
-use crate::redlock::{Endpoint, RedlockConfig, shortest_ttl};
+use crate::redlock::{Endpoint, RedlockConfig, shortest_ttl, with_credentials};
 
 /// What the quorum's Secrets hold, already read.
 #[derive(Clone, Default)]
@@ -86,22 +86,10 @@ fn refuse_insecure(raw: &str) -> Result<(), String> {
     }
 }
 
-/// Puts the Secret's credentials into an endpoint URL, percent-encoded, so that passwords with `@`, `:` or `/`
-/// work. The spec's own URLs never carry credentials (the schema forbids it).
+/// Puts the Secret's credentials into an endpoint URL. The spec's own URLs never carry credentials (the schema
+/// forbids it).
 fn add_credentials(raw: &str, secrets: &QuorumSecrets) -> Result<String, String> {
-    if secrets.username.is_none() && secrets.password.is_none() {
-        return Ok(raw.to_owned());
-    }
-    let mut url = url::Url::parse(raw).map_err(|err| format!("endpoint {raw}: {err}"))?;
-    if let Some(username) = &secrets.username {
-        url.set_username(username)
-            .map_err(|()| format!("endpoint {raw} cannot carry a user name"))?;
-    }
-    if let Some(password) = &secrets.password {
-        url.set_password(Some(password))
-            .map_err(|()| format!("endpoint {raw} cannot carry a password"))?;
-    }
-    Ok(url.to_string())
+    with_credentials(raw, secrets.username.as_deref(), secrets.password.as_deref())
 }
 
 #[cfg(test)]

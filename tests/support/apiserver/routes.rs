@@ -12,6 +12,7 @@ use serde_json::Value;
 use super::Shared;
 use super::encode::{error_response, json_response, list_body};
 use super::errors::{ApiError, ApiResult};
+use super::field_validation;
 use super::kinds::{self, Kind};
 use super::lifecycle::{DeleteOptions, delete, delete_reply};
 use super::meta::{name_of, namespace_of};
@@ -173,7 +174,11 @@ pub(super) async fn handle(AxumState(shared): AxumState<Arc<Shared>>, request: R
         return error_response(&ApiError::unavailable("set_down"));
     }
     let (Some(route), Some(verb)) = (route, verb) else {
-        return error_response(&ApiError::no_such_resource());
+        // Not a resource: discovery and OpenAPI documents (kubectl), or nothing.
+        let (method, path) = (&parts.method, parts.uri.path());
+        return super::discovery::serve(&shared, method, path)
+            .or_else(|| super::openapi::serve(&shared, method, path))
+            .unwrap_or_else(|| error_response(&ApiError::no_such_resource()));
     };
     let verb = match verb {
         Ok(verb) => verb,
@@ -205,6 +210,12 @@ pub(super) async fn handle(AxumState(shared): AxumState<Arc<Shared>>, request: R
         pause(shared.realism.list_delay(route.kind.plural)).await;
     }
     match reply {
+        // Reads as `kubectl get` asks for them: a Table, when it can be made (table.rs).
+        Ok((200, body)) if matches!(verb, "get" | "list") => {
+            let wanted = super::table::Wanted::from(&parts.headers);
+            super::table::reply(&shared.lock(), route.kind, &query, &wanted, body)
+                .unwrap_or_else(|error| error_response(&error))
+        }
         Ok((code, body)) => json_response(code, body),
         Err(error) => error_response(&error),
     }
@@ -243,15 +254,22 @@ impl Shared {
             "list" => self.list(route, query),
             "create" => {
                 let object = incoming(kind, body)?;
+                field_validation::check(&self.lock(), kind, query, &object)?;
                 let created = create(&mut self.lock(), kind, route.namespace(), object)?;
                 Ok((201, object_body(&created)))
             }
             "update" => {
                 let object = incoming(kind, body)?;
+                field_validation::check(&self.lock(), kind, query, &object)?;
                 let stored = replace(&mut self.lock(), route, object)?;
                 Ok((200, object_body(&stored)))
             }
             "patch" => {
+                if content_type != "application/json-patch+json"
+                    && let Ok(sent) = serde_yaml_ng::from_slice::<Value>(body)
+                {
+                    field_validation::check(&self.lock(), kind, query, &sent)?;
+                }
                 let (code, stored) = patch(&mut self.lock(), route, query, content_type, body)?;
                 Ok((code, object_body(&stored)))
             }
