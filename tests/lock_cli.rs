@@ -513,3 +513,91 @@ fn the_password_can_come_from_a_file() {
     ));
     assert_ne!(output.status.code(), Some(0), "{}", stderr(&output));
 }
+
+/// Issue 23: `--permits N` runs at most N commands at once on one name; each gets its own permit and token.
+#[test]
+fn at_most_n_commands_run_at_once_with_permits() {
+    let cluster = start_cluster();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let release = dir.path().join("release");
+    let args = [SHORT, &["--permits", "2", "migrations"]].concat();
+    let holder = |name: &str| {
+        let out = dir.path().join(name);
+        let script = format!(
+            "echo \"$REDLOCK_PERMIT $REDLOCK_FENCING_TOKEN\" > {out}.tmp && mv {out}.tmp {out}; \
+             while [ ! -e {release} ]; do sleep 0.05; done",
+            out = out.display(),
+            release = release.display()
+        );
+        // Started together, two contenders can split the masters between two permits and both fail an
+        // attempt (as two contenders for one lock can): they retry.
+        let waiting = [&args[..], &["--wait", "20s"]].concat();
+        let mut cmd = lock(&cluster, &waiting, &["sh", "-c", &script]);
+        cmd.stdin(Stdio::null());
+        (KillOnDrop(cmd.spawn().expect("spawn lock")), out)
+    };
+    let (mut first, first_out) = holder("first");
+    let (mut second, second_out) = holder("second");
+    let permits: Vec<(u32, i64)> = [&first_out, &second_out]
+        .iter()
+        .map(|path| {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !path.exists() {
+                assert!(Instant::now() < deadline, "{} never got a permit", path.display());
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let line = read_first(path);
+            let mut fields = line.split_whitespace();
+            let permit = fields.next().and_then(|f| f.parse().ok()).expect("permit");
+            let token = fields.next().and_then(|f| f.parse().ok()).expect("token");
+            (permit, token)
+        })
+        .collect();
+    let mut numbers: Vec<u32> = permits.iter().map(|(permit, _)| *permit).collect();
+    numbers.sort_unstable();
+    assert_eq!(numbers, vec![0, 1], "one permit each: {permits:?}");
+
+    // Both permits are taken: a third command does not run.
+    let third = run(lock(&cluster, &args, &["true"]));
+    assert_eq!(third.status.code(), Some(75), "{}", stderr(&third));
+
+    std::fs::write(&release, b"").expect("release");
+    assert_eq!(first.0.wait().expect("first").code(), Some(0));
+    assert_eq!(second.0.wait().expect("second").code(), Some(0));
+    let output = run(lock(
+        &cluster,
+        &args,
+        &["sh", "-c", "echo \"$REDLOCK_PERMIT $REDLOCK_FENCING_TOKEN\""],
+    ));
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let mut fields = stdout.split_whitespace();
+    let permit: u32 = fields.next().and_then(|f| f.parse().ok()).expect("permit");
+    let token: i64 = fields.next().and_then(|f| f.parse().ok()).expect("token");
+    let before = permits
+        .iter()
+        .find(|(number, _)| *number == permit)
+        .map(|(_, token)| *token)
+        .expect("a permit used before");
+    assert!(
+        token > before,
+        "permit {permit}'s token rises: {before} then {token}"
+    );
+
+    let bad = run(lock(
+        &cluster,
+        &[SHORT, &["--permits", "0", "x"]].concat(),
+        &["true"],
+    ));
+    assert_eq!(bad.status.code(), Some(64), "{}", stderr(&bad));
+}
+
+/// A command started in the background, killed (with its lock process) if the test ends early.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

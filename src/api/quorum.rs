@@ -104,6 +104,13 @@ impl SharedKeys {
             .prefix
             .chars()
             .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'));
+        if self.prefix.starts_with(crate::redlock::PERMIT_KEY_PREFIX) {
+            return Err(format!(
+                "spec.sharedKeys.prefix `{}` must not start with `{}`: the keys of a semaphore's permits do",
+                self.prefix,
+                crate::redlock::PERMIT_KEY_PREFIX
+            ));
+        }
         match first_other {
             Some(c) if c != '/' => Ok(()),
             _ => Err(format!(

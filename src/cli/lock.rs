@@ -10,8 +10,8 @@ use tokio::time::Instant;
 use super::exit_code;
 use super::supervise::{Child, Ended};
 use crate::redlock::{
-    AcquireError, AcquireOptions, Endpoint, FailureKind, KeepPolicy, OperationReport, Redlock, RedlockConfig,
-    kill_grace, shortest_ttl, with_credentials,
+    AcquireError, AcquireOptions, Endpoint, FailureKind, KeepPolicy, MAX_PERMITS, OperationReport, Redlock,
+    RedlockConfig, kill_grace, shortest_ttl, with_credentials,
 };
 
 /// Added to the quarantine's end in the `--wait` an error suggests: the next run measures the masters' uptime
@@ -23,9 +23,10 @@ const QUARANTINE_WAIT_MARGIN_SECS: u64 = 5;
 Exit status: the command's own, or 64 bad usage, 69 too few masters reachable, 75 not acquired within --wait,
 76 lock lost while the command ran (it was stopped before the lock's validity ended), 126/127 command not runnable.
 
-The command gets REDLOCK_RESOURCE, REDLOCK_HOLDER, REDLOCK_VALIDITY_MS and REDLOCK_FENCING_TOKEN (from the masters'
-counter for the key) in its environment, not REDLOCK_REDIS (the masters' passwords), and runs in its own process
-group, so that on loss of the lock every process of the group is stopped.")]
+The command gets REDLOCK_RESOURCE, REDLOCK_HOLDER, REDLOCK_VALIDITY_MS, REDLOCK_FENCING_TOKEN (from the masters'
+counter for the key) and REDLOCK_PERMIT (0 to N-1 with --permits N; 0 without) in its environment, not REDLOCK_REDIS
+(the masters' passwords), and runs in its own process group, so that on loss of the lock every process of the group
+is stopped.")]
 pub struct LockArgs {
     /// A Redis master, as redis://[user:password@]host:port or rediss://… for TLS; repeat for each master.
     #[arg(
@@ -67,6 +68,10 @@ pub struct LockArgs {
     /// Skip the restart quarantine: only for masters that fsync every write.
     #[arg(long)]
     pub assume_durable: bool,
+    /// A counting semaphore: at most this many commands hold the lock at once, across every machine that uses
+    /// the same name and the same number (each holds one permit, with a fencing token of its own).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_PERMITS)))]
+    pub permits: u32,
     /// Print per-master outcomes on stderr.
     #[arg(short, long)]
     pub verbose: bool,
@@ -166,7 +171,10 @@ async fn hold(
         deadline: Some(Instant::now() + args.wait),
         token_floor: 0,
     };
-    let lease = match engine.acquire(&args.resource, args.ttl, holder, options).await {
+    let acquired = engine
+        .acquire_permit(&args.resource, args.permits, args.ttl, holder, options)
+        .await;
+    let lease = match acquired {
         Ok(lease) => lease,
         Err(err) => {
             if args.verbose
@@ -180,6 +188,14 @@ async fn hold(
     if args.verbose {
         print_report("acquire", lease.report());
         eprintln!("redlock-operator lock: fencing token {}", lease.fencing_token());
+        if args.permits > 1 {
+            eprintln!(
+                "redlock-operator lock: permit {} of {} (key `{}`)",
+                lease.permit(),
+                args.permits,
+                lease.resource()
+            );
+        }
     }
     let validity_ms = lease.remaining(Instant::now()).as_millis().to_string();
     let mut policy = KeepPolicy::for_ttl(args.ttl, node_timeout);
@@ -191,6 +207,7 @@ async fn hold(
         ("REDLOCK_HOLDER", holder.to_owned()),
         ("REDLOCK_VALIDITY_MS", validity_ms),
         ("REDLOCK_FENCING_TOKEN", lease.fencing_token().to_string()),
+        ("REDLOCK_PERMIT", lease.permit().to_string()),
     ];
     let kept = engine.keep(lease, policy);
     let mut child = match Child::spawn(&args.command, &env) {

@@ -60,6 +60,8 @@ pub struct Lease {
     /// [`Lease::after_failed_extension`]); they do not vote for it until an extension succeeds without them.
     /// `None`, the usual case, costs nothing to copy.
     pub(super) unconfirmed: Option<Arc<[usize]>>,
+    /// Which permit of a semaphore this lease holds (0 for a plain lock: its key is the semaphore's key).
+    pub(super) permit: u32,
 }
 
 impl Lease {
@@ -83,6 +85,7 @@ impl Lease {
                 quorum: 1,
             }),
             unconfirmed: None,
+            permit: 0,
         }
     }
 
@@ -94,6 +97,11 @@ impl Lease {
 
     pub fn holder(&self) -> &str {
         self.value.holder()
+    }
+
+    /// The permit this lease holds, of a semaphore (see [`Redlock::acquire_permit`]); 0 for a plain lock.
+    pub fn permit(&self) -> u32 {
+        self.permit
     }
 
     pub fn ttl(&self) -> Duration {
@@ -177,7 +185,7 @@ pub struct AcquireOptions {
 
 /// Proposal rounds in one acquisition attempt: the first, and re-proposals above the counters masters reported.
 /// One re-proposal is enough unless contenders raise the counters at the same time.
-const PROPOSAL_ROUNDS: u32 = 4;
+pub(super) const PROPOSAL_ROUNDS: u32 = 4;
 
 /// The keys one operation touches on every master; the counter's name is made once, not per master.
 #[derive(Clone)]
@@ -394,6 +402,25 @@ impl Redlock {
         options: AcquireOptions,
     ) -> Result<Lease, AcquireError> {
         self.inner.config.check_ttl(ttl)?;
+        self.retrying(resource, holder, options, |value, floor| {
+            self.try_acquire(resource, ttl, value, floor)
+        })
+        .await
+    }
+
+    /// The retry loop of an acquisition: `attempt` with a fresh value and the floor known so far, then a random
+    /// pause, as often and as long as `options` and the retry policy allow.
+    pub(super) async fn retrying<F, Fut>(
+        &self,
+        resource: &str,
+        holder: &str,
+        options: AcquireOptions,
+        mut attempt: F,
+    ) -> Result<Lease, AcquireError>
+    where
+        F: FnMut(LockValue, i64) -> Fut,
+        Fut: std::future::Future<Output = Result<Lease, AcquireError>>,
+    {
         let retry = self.inner.config.retry;
         let max_attempts = options
             .attempts
@@ -403,22 +430,22 @@ impl Redlock {
                 retry.attempts
             })
             .max(1);
-        let mut attempt: u32 = 0;
+        let mut attempts: u32 = 0;
         let mut floor = options.token_floor;
         loop {
-            attempt = attempt.saturating_add(1);
+            attempts = attempts.saturating_add(1);
             let value = LockValue::random(holder)?;
-            let error = match self.try_acquire(resource, ttl, value, floor).await {
+            let error = match attempt(value, floor).await {
                 Ok(lease) => return Ok(lease),
                 Err(AcquireError::NotAcquired { kind, report, .. }) => AcquireError::NotAcquired {
                     resource: resource.to_owned(),
-                    attempts: attempt,
+                    attempts,
                     kind,
                     report,
                 },
                 Err(other) => return Err(other),
             };
-            if attempt >= max_attempts {
+            if attempts >= max_attempts {
                 return Err(error);
             }
             // What the masters said their counters are saves the next attempt a refused round.
@@ -505,6 +532,7 @@ impl Redlock {
                     token,
                     report: Arc::new(report),
                     unconfirmed: None,
+                    permit: 0,
                 })
             }
             (granted, _) => {
@@ -603,6 +631,7 @@ impl Redlock {
                 quorum: self.quorum(),
             }),
             unconfirmed: None,
+            permit: 0,
         };
         let result = self
             .extend_many_without_repair(std::slice::from_ref(&probe))
@@ -892,6 +921,7 @@ pub(super) fn extend_outcome(
             // The majority that voted held the key throughout, so every key this lease re-created since is
             // its own.
             unconfirmed: None,
+            permit: lease.permit,
         });
     }
     let taken = report

@@ -11,6 +11,7 @@ mod info;
 mod keeper;
 mod node;
 mod outcome;
+mod permits;
 mod quarantine;
 mod quorum;
 mod schedule;
@@ -30,7 +31,7 @@ pub use quarantine::quarantine_until;
 pub use quorum::quorum_of;
 pub(crate) use schedule::fence_time;
 pub use schedule::{KeepAction, next_keep_action, shortest_ttl};
-pub use scripts::counter_key;
+pub use scripts::{MAX_PERMITS, PERMIT_KEY_PREFIX, counter_key, permit_key};
 
 /// The acquire script, for the engine benchmark's raw baseline of the same script without the engine.
 #[doc(hidden)]

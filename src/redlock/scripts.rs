@@ -99,6 +99,52 @@ return 1
     )
 }
 
+/// One of several permits (a counting semaphore): KEYS are pairs (permit key, its fencing counter) in the order
+/// the client tries them; ARGV[1] our value, ARGV[2] ttl in ms, ARGV[3] the counters' retention in ms, ARGV[4..]
+/// the token proposed for each pair. Takes the first permit that is free or already ours, as [`acquire`] takes
+/// its one key, and stops there. Returns {1, i} (granted permit pair i, 1-based), {0, i, counter} (permit i's
+/// counter is not below its proposal; nothing changed but the counter's retention) or {2, value} (every permit
+/// held by another; the first one's value). Masters in the same state take the same permit, so one round trip
+/// decides as for a single key; the client settles any disagreement.
+fn acquire_any(version: &str) -> String {
+    format!(
+        "{version}{BELOW}{}",
+        r"
+local first
+for i = 1, #KEYS / 2 do
+  local key, counter_key, token = KEYS[2 * i - 1], KEYS[2 * i], ARGV[3 + i]
+  local held
+  if MODERN then
+    held = redis.call('SET', key, ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
+  else
+    held = redis.call('GET', key)
+    if not held then redis.call('SET', key, ARGV[1], 'PX', ARGV[2]) end
+  end
+  if not held or held == ARGV[1] then
+    local counter
+    if MODERN then
+      counter = redis.call('SET', counter_key, token, 'PX', ARGV[3], 'GET')
+    else
+      counter = redis.call('GET', counter_key)
+      if not counter or below(counter, token) then redis.call('SET', counter_key, token, 'PX', ARGV[3]) end
+    end
+    if counter and not below(counter, token) then
+      redis.call('SET', counter_key, counter, 'PX', ARGV[3])
+      if not held then redis.call('DEL', key) end
+      if not string.find(counter, '^%d+$') then
+        return redis.error_reply('ERR fencing counter ' .. counter_key .. ' is not a non-negative integer')
+      end
+      return {0, i, counter}
+    end
+    return {1, i}
+  end
+  first = first or held
+end
+return {2, first}
+"
+    )
+}
+
 /// KEYS[1] lock key, KEYS[2] its fencing counter; ARGV[1] our value, ARGV[2] ttl in ms, ARGV[3] our token
 /// ('0' when unknown), ARGV[4] the counter's retention in ms.
 /// Returns 1 (extended), 2 (re-created: the key had vanished) or the other holder's value. Where it re-creates
@@ -159,11 +205,53 @@ pub(crate) fn legacy_scripts() -> (redis::Script, redis::Script) {
     )
 }
 pub(crate) static RELEASE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RELEASE));
+pub(crate) static ACQUIRE_ANY: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(&acquire_any(MODERN)));
+
+/// KEYS the permit keys, ARGV[1] our value. Deletes each key that holds our value; returns how many. What an
+/// attempt on several permits leaves behind where it did not win: the counters stay, as for [`RELEASE`].
+const RELEASE_ANY: &str = r"
+local deleted = 0
+for _, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then
+    deleted = deleted + redis.call('DEL', key)
+  end
+end
+return deleted
+";
+pub(crate) static RELEASE_ANY_SCRIPT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(RELEASE_ANY));
 
 /// Every script, for loading them on a new connection.
-pub(crate) fn all() -> [&'static redis::Script; 4] {
-    [&*ACQUIRE, &*EXTEND, &*EXTEND_ONLY_SCRIPT, &*RELEASE_SCRIPT]
+pub(crate) fn all() -> [&'static redis::Script; 6] {
+    [
+        &*ACQUIRE,
+        &*EXTEND,
+        &*EXTEND_ONLY_SCRIPT,
+        &*RELEASE_SCRIPT,
+        &*ACQUIRE_ANY,
+        &*RELEASE_ANY_SCRIPT,
+    ]
 }
+
+/// The largest number of permits of one semaphore (`permits` of a lock, `lock --permits`).
+pub const MAX_PERMITS: u32 = 100;
+
+/// The Redis key of permit `permit` of the semaphore on `key`. Permit 0 is `key` itself, so a lock of one
+/// permit is exactly a lock. Permit i ≥ 1 is `permit:<i>:<key>`: no namespaced key (`<namespace>/…`, a DNS
+/// label before the first `/`) and no shared key (a `sharedKeys.prefix` may not start with `permit:`) can
+/// equal it, nor can the permit key of another key or another number (the number is the only digits between
+/// the two first colons).
+pub fn permit_key(key: &str, permit: u32) -> String {
+    if permit == 0 {
+        key.to_owned()
+    } else {
+        format!("{PERMIT_KEY_PREFIX}{permit}:{key}")
+    }
+}
+
+/// What every permit key but permit 0's begins with.
+pub const PERMIT_KEY_PREFIX: &str = "permit:";
 
 /// The key of `key`'s fencing counter, in the same Redis Cluster hash slot (should the masters be clusters): a
 /// key that has a hash tag keeps it (`a{b}` → `a{b}:token`), any other is wrapped in one (`orders` →
@@ -183,6 +271,16 @@ pub fn counter_key(key: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn permit_keys_are_the_key_for_permit_0_and_distinct_from_every_lock_key_otherwise() {
+        assert_eq!(permit_key("ns/jobs", 0), "ns/jobs");
+        assert_eq!(permit_key("ns/jobs", 1), "permit:1:ns/jobs");
+        assert_eq!(permit_key("ns/jobs", 12), "permit:12:ns/jobs");
+        // Another key's permit cannot be this one: the number ends at the second colon.
+        assert_ne!(permit_key("2:ns/jobs", 1), permit_key("ns/jobs", 12));
+        assert_ne!(permit_key("ns/jobs", 1), counter_key("ns/jobs"));
+    }
 
     #[test]
     fn counter_keys_share_the_hash_slot_of_their_lock() {

@@ -260,6 +260,15 @@ mod tests {
             shared_keys: Some(&everyone),
         };
         assert_eq!(key(&rules).unwrap_err().reason, "InvalidSharedKeys");
+        // A shared key could otherwise be a semaphore's permit key.
+        let permits: SharedKeys =
+            serde_json::from_value(serde_json::json!({"namespaces": ["*"], "prefix": "permit:"})).unwrap();
+        let rules = QuorumRules {
+            max_ttl,
+            node_timeout: Duration::from_millis(50),
+            shared_keys: Some(&permits),
+        };
+        assert_eq!(key(&rules).unwrap_err().reason, "InvalidSharedKeys");
     }
 
     #[test]
