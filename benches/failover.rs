@@ -19,6 +19,7 @@ use redlock_operator::api::DistributedLock;
 use redlock_operator::controller::installation_secret::InstallationSecret;
 use redlock_operator::controller::run::{RunOptions, start};
 use support::apiserver::TestApiServer;
+use support::node::FakeNode;
 use support::redis_server::RedisCluster;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -78,13 +79,15 @@ async fn bench() -> Result<(), BoxError> {
     let server = TestApiServer::start().await;
     let client: Client = server.client();
     install_with_default_quorum(&client, &masters).await?;
+    // The test server deletes pods bound to a node that does not exist, as a real cluster's pod GC does.
+    let node = FakeNode::register(client.clone(), "bench-node").await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     for name in ["web-0", "web-1"] {
         create(
             &pods,
             serde_json::json!({ "apiVersion": "v1", "kind": "Pod",
                 "metadata": { "name": name, "labels": { "app": "web" } },
-                "spec": { "nodeName": "bench-node", "containers": [{ "name": "app", "image": "app:1" }] } }),
+                "spec": { "nodeName": node.name(), "containers": [{ "name": "app", "image": "app:1" }] } }),
         )
         .await?;
         set_ready(&pods, name, true).await?;

@@ -1,7 +1,8 @@
 //! End-to-end leader election: the operator labels one pod of a set as the leader, moves the label when the
 //! leader goes, removes it before the lock's validity ends when the lock is lost, and the `elect` helper runs
-//! a command only on the leader. The tests play the kubelet: pods are bound to a node no kubelet serves, and
-//! their status is set through the status subresource — the same on the test server and on a real cluster.
+//! a command only on the leader. The tests play the kubelet: pods are bound to the test's own node, registered
+//! and kept Ready with no kubelet behind it (`support::node`), and their status is set through the status
+//! subresource — the same on the test server and on a real cluster.
 
 mod e2e;
 mod support;
@@ -28,7 +29,7 @@ async fn create_pod(env: &Env, name: &str) {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": { "name": name, "labels": { "app": "web" } },
         "spec": {
-            "nodeName": "redlock-e2e-no-such-node",
+            "nodeName": env.node_name(),
             "terminationGracePeriodSeconds": 30,
             "containers": [{ "name": "app", "image": "registry.invalid/app:1" }]
         }

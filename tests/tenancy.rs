@@ -354,7 +354,7 @@ async fn a_leader_label_naming_a_selector_key_is_refused_and_no_pod_is_touched()
         let pod: Pod = serde_json::from_value(serde_json::json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": { "name": name, "labels": { "app": "web" } },
-            "spec": { "nodeName": "redlock-e2e-no-such-node",
+            "spec": { "nodeName": env.node_name(),
                       "containers": [{ "name": "app", "image": "registry.invalid/app:1" }] }
         }))
         .expect("pod");

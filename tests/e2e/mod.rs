@@ -20,10 +20,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::support::apiserver::{OPERATOR_HEADER, TestApiServer};
 use crate::support::fault_proxy::FaultProxy;
+use crate::support::node::{self, FakeNode};
 use crate::support::redis_server::raw_get;
 
 /// Long enough for anything the operator does in a test, short enough that a hang fails the test quickly.
 pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A fake node whose Lease went unrenewed this long was left by a run that crashed.
+const STALE_NODE: Duration = Duration::from_secs(300);
 
 /// One Kubernetes API to run against, with a namespace of the test's own.
 pub struct Env {
@@ -34,6 +38,10 @@ pub struct Env {
     pub server: Option<TestApiServer>,
     /// A kubeconfig file for a subprocess (the binary) talking to the same API.
     pub kubeconfig: PathBuf,
+    /// The node this test's pods are bound to ([`Env::node_name`]): registered and kept Ready, so that neither
+    /// the pod garbage collector nor the node lifecycle controller takes the pods away mid-test; on a real
+    /// cluster removed when the Env is dropped, a failed test's included.
+    node: FakeNode,
     _dir: tempfile::TempDir,
     /// On a real cluster, this test's turn: every operator watches every namespace, so the tests of one binary
     /// take turns instead of reconciling each other's locks.
@@ -67,12 +75,19 @@ impl Env {
         let kubeconfig = dir.path().join("kubeconfig");
         server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
         let config = Config::new(server.url().parse().expect("server URL"));
+        let client = Client::try_from(config.clone()).expect("client");
+        let namespace = format!("e2e-{}", suffix());
+        // The test server goes away with its nodes: nothing to remove.
+        let node = FakeNode::register(client.clone(), &format!("{namespace}-node"))
+            .await
+            .expect("register the test's node");
         let env = Self {
-            client: Client::try_from(config.clone()).expect("client"),
+            client,
             config,
-            namespace: format!("e2e-{}", suffix()),
+            namespace,
             server: Some(server),
             kubeconfig,
+            node,
             _dir: dir,
             _turn: None,
         };
@@ -90,12 +105,19 @@ impl Env {
             .expect("kubeconfig");
         let client = Client::try_from(config.clone()).expect("client");
         let dir = tempfile::tempdir().expect("tempdir");
+        let namespace = format!("redlock-e2e-{}", suffix());
+        node::remove_stale(&client, STALE_NODE).await;
+        let node = FakeNode::register(client.clone(), &format!("{namespace}-node"))
+            .await
+            .expect("register the test's node")
+            .removed_on_drop(config.clone());
         let env = Self {
             client,
             config,
-            namespace: format!("redlock-e2e-{}", suffix()),
+            namespace,
             server: None,
             kubeconfig: path.to_owned(),
+            node,
             _dir: dir,
             _turn: Some(turn),
         };
@@ -142,6 +164,11 @@ impl Env {
             axum::http::HeaderValue::from_static("true"),
         ));
         config
+    }
+
+    /// The node to bind this test's pods to (`spec.nodeName`), as a kubelet-less node the test plays.
+    pub fn node_name(&self) -> &str {
+        self.node.name()
     }
 
     pub fn is_test_server(&self) -> bool {

@@ -8,7 +8,9 @@
 //! - A suspended Job's active pods are deleted (gracefully: their termination grace period applies), and
 //!   `status` counts them as `terminating` until they are gone (JobPodReplacementPolicy, on by default).
 //! - A Succeeded pod completes the Job (`Complete`); Failed pods past `backoffLimit` fail it (`Failed`).
-//! - Pods are bound to a node at once; the kubelet runs `sleep N` for N seconds and `false` fails at once.
+//! - Pods are bound to a node at once, one registered and kept Ready first (`support::node`: the test server's
+//!   pod garbage collector deletes pods bound to a node that does not exist, as a real one does); the kubelet
+//!   runs `sleep N` for N seconds and `false` fails at once.
 //!   Deleted pods go when their grace period ends (the test server's own sweep), whatever they run: the
 //!   command is PID 1 in its container and ignores SIGTERM, as a real `sleep` there does.
 //! - Pods whose owner Job is gone are deleted (background propagation).
@@ -27,8 +29,12 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
+use super::node::FakeNode;
+
 /// The node every pod is bound to.
 pub const NODE: &str = "e2e-node";
+/// Between attempts to register the node while the API does not answer.
+const REGISTER_RETRY: Duration = Duration::from_millis(200);
 const SYNC_PERIOD: Duration = Duration::from_millis(50);
 
 /// Runs until dropped.
@@ -41,6 +47,13 @@ impl FakeJobRuntime {
     pub fn start(client: Client, namespace: Option<&str>) -> Self {
         let namespace = namespace.map(str::to_owned);
         let task = tokio::spawn(async move {
+            // Kept Ready as long as this task runs; its heartbeat stops when the task is aborted.
+            let _node = loop {
+                match FakeNode::register(client.clone(), NODE).await {
+                    Ok(node) => break node,
+                    Err(_) => tokio::time::sleep(REGISTER_RETRY).await,
+                }
+            };
             loop {
                 // The API may be down on purpose in a test: try again on the next round.
                 let _ = sync(&client, namespace.as_deref()).await;
@@ -69,7 +82,7 @@ where
 }
 
 async fn sync(client: &Client, namespace: Option<&str>) -> kube::Result<()> {
-    // Only the pods of Jobs: other tests' pods have no kubelet, as on a node that does not exist.
+    // Only the pods of Jobs: the tests play the kubelet of their own pods.
     let all_pods: Vec<Pod> = api::<Pod>(client, namespace)
         .list(&ListParams::default())
         .await?

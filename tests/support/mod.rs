@@ -5,5 +5,6 @@ pub mod apiserver;
 pub mod fault_proxy;
 pub mod fixtures;
 pub mod job_controller;
+pub mod node;
 pub mod redis_server;
 pub mod safety;

@@ -45,7 +45,7 @@ const BASE: Kind = Kind {
     special: Special::Plain,
 };
 
-pub(super) static KINDS: [Kind; 10] = [
+pub(super) static KINDS: [Kind; 11] = [
     Kind {
         plural: "pods",
         kind: "Pod",
@@ -71,6 +71,15 @@ pub(super) static KINDS: [Kind; 10] = [
         kind: "Namespace",
         namespaced: false,
         special: Special::Namespace,
+        ..BASE
+    },
+    // Served for the nodes the harnesses register (and the pod garbage collector reads); the node strategy
+    // keeps the status given at creation, as the generic store does.
+    Kind {
+        plural: "nodes",
+        kind: "Node",
+        namespaced: false,
+        status: true,
         ..BASE
     },
     Kind {

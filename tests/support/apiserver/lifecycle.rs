@@ -26,6 +26,13 @@ pub(super) struct DeleteOptions {
 }
 
 impl DeleteOptions {
+    /// `gracePeriodSeconds=0`: the kubelet's final delete, and the force delete of controllers.
+    pub fn immediate() -> Self {
+        DeleteOptions {
+            grace_period: Some(0),
+        }
+    }
+
     pub fn parse(query: &Query, body: &[u8]) -> ApiResult<Self> {
         let mut options = DeleteOptions::default();
         if !body.is_empty() {
@@ -196,10 +203,13 @@ pub(super) fn sweep(state: &mut State) {
             .get(pods, &pod.namespace, &pod.name)
             .is_some_and(|current| uid_of(&current) == pod.uid && is_deleting(&current));
         if still_terminating {
-            let final_delete = DeleteOptions {
-                grace_period: Some(0),
-            };
-            let _ = delete(state, pods, &pod.namespace, &pod.name, &final_delete);
+            let _ = delete(
+                state,
+                pods,
+                &pod.namespace,
+                &pod.name,
+                &DeleteOptions::immediate(),
+            );
         }
     }
 }

@@ -9,9 +9,9 @@
 //!
 //! # What it models
 //!
-//! - Resources (a fixed table, `kinds.rs`): core/v1 pods, secrets, configmaps, namespaces; events.k8s.io/v1 events;
-//!   coordination.k8s.io/v1 leases; batch/v1 jobs; redlock.io/v1alpha1 distributedlocks and redisquorums;
-//!   apiextensions.k8s.io/v1 customresourcedefinitions.
+//! - Resources (a fixed table, `kinds.rs`): core/v1 pods, secrets, configmaps, namespaces, nodes;
+//!   events.k8s.io/v1 events; coordination.k8s.io/v1 leases; batch/v1 jobs; redlock.io/v1alpha1
+//!   distributedlocks and redisquorums; apiextensions.k8s.io/v1 customresourcedefinitions.
 //! - Metadata (`meta.rs`, `write.rs`): random uid, creationTimestamp, one global resourceVersion counter,
 //!   generation (kinds that track it: bumped when anything outside metadata and status changes, and when
 //!   deletion starts), generateName, empty metadata fields dropped as Go's `omitempty` does. No-op writes store
@@ -37,8 +37,12 @@
 //!   the CRDs' schemas (`openapi.rs`), `fieldValidation=Strict` for custom resources (`field_validation.rs`),
 //!   and the Table format of custom resources from their CRDs' printer columns (`table.rs`). Each file's header
 //!   says what of the real behaviour it leaves out.
+//! - The pod garbage collector's removal of orphaned pods (`pod_gc.rs`): pods bound to a node that does not
+//!   exist are marked Failed and force-deleted after a quarantine, as kube-controller-manager does, on a
+//!   quicker clock ([`PodGc::QUICK`]; [`TestApiServer::set_pod_gc`], `REDLOCK_E2E_POD_GC_QUARANTINE`). Pods
+//!   must be bound to a registered node (`support::node`), as on a real cluster.
 //! - Test controls (`controls.rs`): [`TestApiServer::fail_next`], [`TestApiServer::set_down`],
-//!   [`TestApiServer::request_count`].
+//!   [`TestApiServer::request_count`]; [`TestApiServer::set_pod_gc`], [`TestApiServer::pod_gc_passes`].
 //!
 //! # What it leaves out
 //!
@@ -66,11 +70,12 @@
 //!   `managedFields`, conflicts between managers and removal of fields a manager stops applying are not
 //!   modelled. `managedFields` and `selfLink` are never stored.
 //! - PUT never creates (no AllowCreateOnUpdate for events or leases).
-//! - No controllers: no garbage collector (ownerReferences are stored, `propagationPolicy` is accepted and
-//!   ignored, no `orphan`/`foregroundDeletion` finalizers are added, so a Job is removed at once and its pods
-//!   stay), no scheduler, kubelet (beyond the grace-period sweep), job controller, namespace controller or CRD
-//!   cleanup. Objects can be created in namespaces that do not exist, and deleting a Namespace or a CRD is
-//!   refused (405).
+//! - No controllers but the pod garbage collector's orphan pass: no garbage collector (ownerReferences are
+//!   stored, `propagationPolicy` is accepted and ignored, no `orphan`/`foregroundDeletion` finalizers are
+//!   added, so a Job is removed at once and its pods stay), no scheduler, kubelet (beyond the grace-period
+//!   sweep), job controller, node lifecycle controller (a node's conditions and Lease are stored, never
+//!   judged), namespace controller or CRD cleanup. Objects can be created in namespaces that do not exist, and
+//!   deleting a Namespace or a CRD is refused (405).
 //! - Pods track `metadata.generation` as from Kubernetes 1.34 (PodObservedGenerationTracking); a 1.33 server
 //!   without that feature leaves it unset.
 //! - Watches: a resourceVersion newer than the server's is served as "now" (a real server waits, then answers
@@ -95,6 +100,7 @@ mod lifecycle;
 mod meta;
 mod openapi;
 mod patch;
+pub mod pod_gc;
 pub mod realism;
 mod routes;
 mod selectors;
@@ -106,7 +112,7 @@ mod write;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -114,6 +120,7 @@ use axum::Router;
 use tokio::sync::{mpsc, oneshot};
 
 use controls::Control;
+pub use pod_gc::PodGc;
 use realism::{Dice, Realism, SEED_ENV};
 use store::State;
 
@@ -155,12 +162,15 @@ impl TestApiServer {
         server
     }
 
-    /// The realistic mode ([`Realism::typical`]) when `REDLOCK_E2E_REALISTIC=1`, the quick one otherwise.
+    /// The realistic mode ([`Realism::typical`]) when `REDLOCK_E2E_REALISTIC=1`, the quick one otherwise; the
+    /// pod garbage collector as `REDLOCK_E2E_POD_GC_QUARANTINE` says ([`PodGc::from_env`]).
     pub async fn start_from_env() -> TestApiServer {
-        match Realism::from_env() {
+        let server = match Realism::from_env() {
             Some(realism) => Self::start_with(realism).await,
             None => Self::start().await,
-        }
+        };
+        server.set_pod_gc(PodGc::from_env());
+        server
     }
 
     fn launch(realism: Realism) -> TestApiServer {
@@ -247,6 +257,19 @@ impl TestApiServer {
         }
     }
 
+    /// The pod garbage collector's timing from its next pass on, or `None` to turn it off ([`PodGc::QUICK`]
+    /// from the start). Turning it off forgets the nodes in quarantine, as a restarted controller-manager does.
+    pub fn set_pod_gc(&self, timing: Option<PodGc>) {
+        // Between passes: a pass runs under the store's lock.
+        let _between_passes = self.shared.lock();
+        *self.shared.pod_gc.lock().unwrap_or_else(PoisonError::into_inner) = timing;
+    }
+
+    /// How many passes the pod garbage collector has made: a test waits for passes rather than for time.
+    pub fn pod_gc_passes(&self) -> u64 {
+        self.shared.pod_gc_passes.load(Ordering::SeqCst)
+    }
+
     /// Requests received so far for `verb` on `plural` ("*" matches any; `plural` includes its status
     /// subresource, `plural/status` is the subresource alone). Failed requests count too (refused while
     /// down, injected faults), and so does each retry kube's client makes of a 429, 503 or 504.
@@ -272,6 +295,8 @@ struct Shared {
     down: AtomicBool,
     realism: Realism,
     dice: Dice,
+    pod_gc: Mutex<Option<PodGc>>,
+    pod_gc_passes: AtomicU64,
 }
 
 impl Shared {
@@ -283,6 +308,8 @@ impl Shared {
             down: AtomicBool::new(false),
             dice: Dice::new(realism.seed),
             realism,
+            pod_gc: Mutex::new(Some(PodGc::QUICK)),
+            pod_gc_passes: AtomicU64::new(0),
         }
     }
 
@@ -296,6 +323,10 @@ impl Shared {
 
     fn is_down(&self) -> bool {
         self.down.load(Ordering::SeqCst)
+    }
+
+    fn pod_gc(&self) -> Option<PodGc> {
+        *self.pod_gc.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -346,6 +377,7 @@ async fn serve(
     listener.set_nonblocking(true).expect("non-blocking listener");
     let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
     tokio::spawn(sweep_loop(shared.clone()));
+    tokio::spawn(pod_gc::run(shared.clone()));
     let app = Router::new().fallback(routes::handle).with_state(shared);
     let server = axum::serve(listener, app).into_future();
     tokio::pin!(server);
