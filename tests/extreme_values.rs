@@ -54,7 +54,7 @@ fn every_quorum_field_at_its_extremes_gives_a_message_naming_it() {
             json!({ "retry": { "delayMin": "0ms", "delayMax": text } }),
         ));
     }
-    for attempts in [json!(0), json!(101), json!(u32::MAX)] {
+    for attempts in [json!(0), json!(101), json!(-1), json!(i32::MAX), json!(u32::MAX)] {
         cases.push((
             "spec.retry.attempts",
             json!({ "retry": { "attempts": attempts } }),
