@@ -14,7 +14,7 @@ use redlock_operator::redlock::{NodeHealth, NodeStatus};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-const EXTREME_DURATIONS: [&str; 10] = [
+const EXTREME_DURATIONS: [&str; 15] = [
     "0s",
     "0ms",
     "100000000h",
@@ -22,7 +22,12 @@ const EXTREME_DURATIONS: [&str; 10] = [
     "99999999999999999999999999h",
     "9223372036854775807s",
     "1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h",
+    "2562047h47m16.854775807s",
     "-1s",
+    "-0.5ms",
+    "1.0000000001s",
+    "0.5ns",
+    "1000.5ms",
     "",
     "soon",
 ];
@@ -81,11 +86,11 @@ fn every_quorum_field_at_its_extremes_gives_a_message_naming_it() {
         }
     }
     let err = engine_config(
-        &quorum_spec(json!({ "maxTtl": "100000000h" })).expect("spec"),
+        &quorum_spec(json!({ "maxTtl": "1000000h" })).expect("spec"),
         &secrets,
     )
     .expect_err("out of range");
-    assert_eq!(err, "spec.maxTtl must be between 100ms and 24h, got 100000000h");
+    assert_eq!(err, "spec.maxTtl must be between 100ms and 24h, got 1000000h");
 }
 
 #[test]
@@ -135,16 +140,13 @@ fn every_lock_field_at_its_extremes_gives_a_ready_reason() {
         }
     }
     let err = lock_settings(
-        &lock_spec(json!({ "ttl": "100000000h", "holder": { "identity": "x" } })).expect("spec"),
+        &lock_spec(json!({ "ttl": "1000000h", "holder": { "identity": "x" } })).expect("spec"),
         "ns",
         "n",
         &QuorumRules::unshared(max_ttl),
     )
     .expect_err("out of range");
-    assert_eq!(
-        err.message,
-        "spec.ttl must be between 100ms and 1h, got 100000000h"
-    );
+    assert_eq!(err.message, "spec.ttl must be between 100ms and 1h, got 1000000h");
 
     let long = long_text();
     let many: Vec<String> = (0..10_000).map(|i| format!("pod-{i}")).collect();

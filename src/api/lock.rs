@@ -46,7 +46,7 @@ pub struct DistributedLockSpec {
 
     /// Time to live of the lock in Redis; it is extended well before it runs out. At most the quorum's maxTtl.
     #[serde(default = "default_ttl")]
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 64))]
+    #[schemars(regex(pattern = crate::duration::PATTERN), length(max = 64))]
     #[x_kube(validation = Rule::new("duration(self) >= duration('100ms') && duration(self) <= duration('1h')").message("ttl must be between 100ms and 1h"))]
     pub ttl: String,
 
@@ -101,7 +101,7 @@ pub struct LeaderElectionPolicy {
     pub preference: Vec<String>,
     /// Remove the leader label this long before the lock's validity ends when it cannot be extended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 64))]
+    #[schemars(regex(pattern = crate::duration::PATTERN), length(max = 64))]
     #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("fenceMargin must be greater than 0"))]
     pub fence_margin: Option<String>,
 }
@@ -147,7 +147,7 @@ fn default_leader_label() -> String {
 pub struct JobsPolicy {
     /// Suspend the running Job this long before the lock's validity ends when it cannot be extended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 64))]
+    #[schemars(regex(pattern = crate::duration::PATTERN), length(max = 64))]
     #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("fenceMargin must be greater than 0"))]
     pub fence_margin: Option<String>,
 }

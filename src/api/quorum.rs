@@ -42,7 +42,7 @@ pub struct RedisQuorumSpec {
 
     /// How long one master may take to answer one command.
     #[serde(default = "default_node_timeout")]
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 64))]
+    #[schemars(regex(pattern = crate::duration::PATTERN), length(max = 64))]
     #[x_kube(validation = Rule::new("duration(self) >= duration('1ms') && duration(self) <= duration('10s')").message("nodeTimeout must be between 1ms and 10s"))]
     pub node_timeout: String,
 
@@ -54,7 +54,7 @@ pub struct RedisQuorumSpec {
     /// The longest TTL any lock on these masters may use. A master that restarted less than this ago does not
     /// vote, because it may have forgotten live locks.
     #[serde(default = "default_max_ttl")]
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 64))]
+    #[schemars(regex(pattern = crate::duration::PATTERN), length(max = 64))]
     #[x_kube(validation = Rule::new("duration(self) >= duration('100ms') && duration(self) <= duration('24h')").message("maxTtl must be between 100ms and 24h"))]
     pub max_ttl: String,
 
@@ -183,10 +183,10 @@ pub struct QuorumRetry {
     // one the API server knows; `uint32` draws an "unrecognized format" warning from `kubectl apply`.
     #[schemars(range(min = 1, max = 100))]
     pub attempts: Option<i32>,
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 64))]
+    #[schemars(regex(pattern = crate::duration::PATTERN), length(max = 64))]
     #[x_kube(validation = Rule::new("duration(self) >= duration('0ms') && duration(self) <= duration('1m')").message("delayMin must be between 0ms and 1m"))]
     pub delay_min: Option<String>,
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 64))]
+    #[schemars(regex(pattern = crate::duration::PATTERN), length(max = 64))]
     #[x_kube(validation = Rule::new("duration(self) >= duration('0ms') && duration(self) <= duration('1m')").message("delayMax must be between 0ms and 1m"))]
     pub delay_max: Option<String>,
 }
