@@ -29,12 +29,25 @@ const UNITS: [(&str, u64); 8] = [
 /// Go's durations are signed 64-bit nanoseconds: nothing longer (about 292 years) exists there.
 const MAX_NANOS: u64 = i64::MAX as u64;
 
+/// Why a text is not a duration here.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    /// Not in the grammar, or negative; the message says which and how.
+    #[error("{0}")]
+    Invalid(String),
+    /// In the grammar, but longer than any duration Go (and so the API server) has.
+    #[error("`{0}`: too long (at most 2562047h47m16.854775807s, about 292 years)")]
+    TooLong(String),
+}
+
 /// Parses a duration the way Go's `time.ParseDuration` does. Negative durations are refused: every duration of
 /// this project (a TTL, a timeout, a margin, a wait) is a length of time.
-pub fn parse(text: &str) -> Result<Duration, String> {
+pub fn parse(text: &str) -> Result<Duration, ParseError> {
     let (negative, nanos) = parse_go(text)?;
     if negative && nanos > 0 {
-        return Err(format!("`{text}`: a duration here cannot be negative"));
+        return Err(ParseError::Invalid(format!(
+            "`{text}`: a duration here cannot be negative"
+        )));
     }
     if nanos > MAX_NANOS {
         return Err(too_long(text));
@@ -44,8 +57,12 @@ pub fn parse(text: &str) -> Result<Duration, String> {
 
 /// Go's `ParseDuration` up to the sign: whether the text is negative, and its size in nanoseconds (at most
 /// 2^63, which only a negative duration may reach).
-fn parse_go(text: &str) -> Result<(bool, u64), String> {
-    let not_a_duration = || format!("`{text}` is not a duration like 0, 250ms, 10s, 1m30s or 1.5h");
+fn parse_go(text: &str) -> Result<(bool, u64), ParseError> {
+    let not_a_duration = || {
+        ParseError::Invalid(format!(
+            "`{text}` is not a duration like 0, 250ms, 10s, 1m30s or 1.5h"
+        ))
+    };
     let (negative, mut rest) = match text.as_bytes().first() {
         Some(b'-') => (true, &text[1..]),
         Some(b'+') => (false, &text[1..]),
@@ -82,14 +99,14 @@ fn parse_go(text: &str) -> Result<(bool, u64), String> {
         let (unit, after_unit) = rest.split_at(unit_len);
         rest = after_unit;
         if unit.is_empty() {
-            return Err(format!(
+            return Err(ParseError::Invalid(format!(
                 "`{text}`: a number needs a unit (ns, us, ms, s, m or h); only 0 goes without"
-            ));
+            )));
         }
         let Some(&(_, unit_nanos)) = UNITS.iter().find(|(name, _)| *name == unit) else {
-            return Err(format!(
+            return Err(ParseError::Invalid(format!(
                 "`{text}`: unknown unit `{unit}`; the units are ns, us (or µs), ms, s, m and h"
-            ));
+            )));
         };
         if whole > LIMIT / unit_nanos {
             return Err(too_long(text));
@@ -149,8 +166,8 @@ fn leading_fraction(text: &str) -> (u64, f64, &str) {
     (value, scale, &text[digits..])
 }
 
-fn too_long(text: &str) -> String {
-    format!("`{text}`: too long (at most 2562047h47m16.854775807s, about 292 years)")
+fn too_long(text: &str) -> ParseError {
+    ParseError::TooLong(text.to_owned())
 }
 
 /// Whether `duration` is a whole number of milliseconds, as a Redis TTL must be (`PX`): Go's grammar reaches down
@@ -185,7 +202,7 @@ mod tests {
     const M: u64 = 60 * S;
     const H: u64 = 60 * M;
 
-    fn nanos(text: &str) -> Result<u64, String> {
+    fn nanos(text: &str) -> Result<u64, ParseError> {
         parse(text).map(|duration| u64::try_from(duration.as_nanos()).unwrap())
     }
 
@@ -305,17 +322,19 @@ mod tests {
     #[test]
     fn negative_durations_are_refused_with_a_reason() {
         for negative in ["-1s", "-1ns", "-1.5h", "-9223372036854775808ns"] {
-            let err = parse(negative).unwrap_err();
+            let err = parse(negative).unwrap_err().to_string();
             assert!(err.contains("cannot be negative"), "{negative}: {err}");
         }
     }
 
     #[test]
     fn errors_say_what_is_wrong() {
-        assert!(parse("10").unwrap_err().contains("needs a unit"));
-        assert!(parse("10sec").unwrap_err().contains("unknown unit `sec`"));
-        assert!(parse("2562048h").unwrap_err().contains("too long"));
-        assert!(parse("soon").unwrap_err().contains("not a duration"));
+        let message = |text| parse(text).unwrap_err().to_string();
+        assert!(message("10").contains("needs a unit"));
+        assert!(message("10sec").contains("unknown unit `sec`"));
+        assert!(message("2562048h").contains("too long"));
+        assert_eq!(parse("2562048h"), Err(ParseError::TooLong("2562048h".into())));
+        assert!(message("soon").contains("not a duration"));
     }
 
     /// The schema's pattern and the parser take the same strings (less those too long for 64-bit nanoseconds,
