@@ -14,7 +14,7 @@ use redlock_operator::redlock::{NodeHealth, NodeStatus};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-const EXTREME_DURATIONS: [&str; 10] = [
+const EXTREME_DURATIONS: [&str; 15] = [
     "0s",
     "0ms",
     "100000000h",
@@ -22,7 +22,12 @@ const EXTREME_DURATIONS: [&str; 10] = [
     "99999999999999999999999999h",
     "9223372036854775807s",
     "1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h1h",
+    "2562047h47m16.854775807s",
     "-1s",
+    "-0.5ms",
+    "1.0000000001s",
+    "0.5ns",
+    "1000.5ms",
     "",
     "soon",
 ];
@@ -54,7 +59,7 @@ fn every_quorum_field_at_its_extremes_gives_a_message_naming_it() {
             json!({ "retry": { "delayMin": "0ms", "delayMax": text } }),
         ));
     }
-    for attempts in [json!(0), json!(101), json!(u32::MAX)] {
+    for attempts in [json!(0), json!(101), json!(-1), json!(i32::MAX), json!(u32::MAX)] {
         cases.push((
             "spec.retry.attempts",
             json!({ "retry": { "attempts": attempts } }),

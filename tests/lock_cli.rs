@@ -96,6 +96,14 @@ fn contended_lock_exits_75_after_waiting() {
     let output = run(lock(&cluster, &[SHORT, &["busy"]].concat(), &["true"]));
     assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
     assert!(stderr(&output).contains("held by first"), "{}", stderr(&output));
+    // `--wait 0`, as the help has it: a single attempt.
+    let output = run(lock(
+        &cluster,
+        &[SHORT, &["--wait", "0", "busy"]].concat(),
+        &["true"],
+    ));
+    assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
+    assert!(stderr(&output).contains("after 1 attempt"), "{}", stderr(&output));
 
     let started = Instant::now();
     let output = run(lock(
@@ -117,6 +125,23 @@ fn contended_lock_exits_75_after_waiting() {
     ));
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert!(holder.wait().expect("holder").success());
+
+    // Every duration flag takes Go's (and Kubernetes') spellings.
+    let go_spellings = [
+        "--ttl",
+        "1.0s",
+        "--max-ttl",
+        "1000ms",
+        "--node-timeout",
+        "50000us",
+        "--fence-margin",
+        ".2s",
+        "--wait",
+        "0",
+        "busy",
+    ];
+    let output = run(lock(&cluster, &go_spellings, &["true"]));
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
 }
 
 #[test]
@@ -129,6 +154,10 @@ fn bad_usage_exits_64_with_one_line() {
         vec!["--ttl", "0s", "r"],
         vec!["--ttl", "2m", "--max-ttl", "1m", "r"],
         vec!["--ttl", "ten seconds", "r"],
+        vec!["--ttl", "1000.5ms", "r"],
+        vec!["--wait", "5", "r"],
+        vec!["--wait=-1s", "r"],
+        vec!["--wait", "2562048h", "r"],
         vec!["--no-such-flag", "r"],
         vec![""],
     ];

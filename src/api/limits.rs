@@ -32,13 +32,22 @@ impl DurationRange {
     /// Parses `text` and checks it is in range; the error names the field and the range.
     pub fn parse(&self, text: &str) -> Result<Duration, String> {
         let field = self.field;
-        let value = duration::parse(text).map_err(|err| format!("{field}: {err}"))?;
-        let bound = |limit: &str| duration::parse(limit).unwrap_or(Duration::ZERO);
-        if value < bound(self.min) || value > bound(self.max) {
-            return Err(format!(
+        let out_of_range = || {
+            format!(
                 "{field} must be between {} and {}, got {text}",
                 self.min, self.max
-            ));
+            )
+        };
+        let value = match duration::parse(text) {
+            Ok(value) => value,
+            // Longer than any duration is out of range too: the API server answers the same with the CEL rule's
+            // message, its `duration()` failing on it.
+            Err(duration::ParseError::TooLong(_)) => return Err(out_of_range()),
+            Err(err) => return Err(format!("{field}: {err}")),
+        };
+        let bound = |limit: &str| duration::parse(limit).unwrap_or(Duration::ZERO);
+        if value < bound(self.min) || value > bound(self.max) {
+            return Err(out_of_range());
         }
         Ok(value)
     }
@@ -83,11 +92,15 @@ mod tests {
             let err = MAX_TTL.parse(bad).unwrap_err();
             assert!(err.starts_with("spec.maxTtl"), "{bad}: {err}");
         }
-        assert!(
-            MAX_TTL
-                .parse("25h")
-                .unwrap_err()
-                .contains("between 100ms and 24h")
-        );
+        // Longer than any duration, as the API server's rule message says of it too.
+        for too_long in ["25h", "100000000h", "99999999999999999999999h"] {
+            assert!(
+                MAX_TTL
+                    .parse(too_long)
+                    .unwrap_err()
+                    .contains("between 100ms and 24h"),
+                "{too_long}"
+            );
+        }
     }
 }

@@ -28,21 +28,25 @@ use serde::{Deserialize, Serialize};
 #[x_kube(validation = Rule::new("has(self.resourceKey) == has(oldSelf.resourceKey) && (!has(self.resourceKey) || self.resourceKey == oldSelf.resourceKey)").message("resourceKey is immutable: create a new DistributedLock to lock another key"))]
 #[x_kube(validation = Rule::new("!has(self.holder.leaderElection) || !has(self.holder.leaderElection.fenceMargin) || duration(self.holder.leaderElection.fenceMargin) < duration(self.ttl)").message("holder.leaderElection.fenceMargin must be shorter than ttl"))]
 #[x_kube(validation = Rule::new("!has(self.holder.jobs) || !has(self.holder.jobs.fenceMargin) || duration(self.holder.jobs.fenceMargin) < duration(self.ttl)").message("holder.jobs.fenceMargin must be shorter than ttl"))]
+#[schemars(transform = crate::api::schema::one_line_paragraphs)]
 pub struct DistributedLockSpec {
     /// The `RedisQuorum` holding this lock.
     #[serde(default = "default_quorum")]
     #[schemars(length(min = 1, max = 253))]
     pub quorum: String,
 
-    /// The Redis key; defaults to `<namespace>/<name>`. Two locks naming the same key on the same masters, in one
-    /// cluster or in several, contend for one lock.
+    /// Names the lock's Redis key; defaults to the lock's name. The key is scoped by the lock's namespace:
+    /// `<namespace>/<resourceKey>`, so two locks on the same masters contend only when they name the same key in
+    /// namespaces of the same name (in one cluster, or in several). Where the quorum's `sharedKeys` lists the
+    /// namespace, the key is `<prefix><resourceKey>` instead, shared with every such lock on these masters.
+    /// Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
     pub resource_key: Option<String>,
 
     /// Time to live of the lock in Redis; it is extended well before it runs out. At most the quorum's maxTtl.
     #[serde(default = "default_ttl")]
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 64))]
+    #[schemars(regex(pattern = crate::duration::PATTERN), length(max = 64))]
     #[x_kube(validation = Rule::new("duration(self) >= duration('100ms') && duration(self) <= duration('1h')").message("ttl must be between 100ms and 1h"))]
     pub ttl: String,
 
@@ -97,7 +101,7 @@ pub struct LeaderElectionPolicy {
     pub preference: Vec<String>,
     /// Remove the leader label this long before the lock's validity ends when it cannot be extended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 64))]
+    #[schemars(regex(pattern = crate::duration::PATTERN), length(max = 64))]
     #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("fenceMargin must be greater than 0"))]
     pub fence_margin: Option<String>,
 }
@@ -143,7 +147,7 @@ fn default_leader_label() -> String {
 pub struct JobsPolicy {
     /// Suspend the running Job this long before the lock's validity ends when it cannot be extended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 64))]
+    #[schemars(regex(pattern = crate::duration::PATTERN), length(max = 64))]
     #[x_kube(validation = Rule::new("duration(self) > duration('0s')").message("fenceMargin must be greater than 0"))]
     pub fence_margin: Option<String>,
 }
@@ -166,6 +170,7 @@ pub enum LockPhase {
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::api::schema::one_line_paragraphs)]
 pub struct DistributedLockStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<LockPhase>,

@@ -5,6 +5,7 @@ pub mod label_key;
 pub mod limits;
 pub mod lock;
 pub mod quorum;
+pub mod schema;
 
 pub use lock::{DistributedLock, DistributedLockSpec, DistributedLockStatus, HolderPolicy, LockPhase};
 pub use quorum::{RedisQuorum, RedisQuorumSpec, RedisQuorumStatus, SharedKeys};

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.retry) || !has(self.retry.delayMin) || !has(self.retry.delayMax) || duration(self.retry.delayMin) <= duration(self.retry.delayMax)").message("retry.delayMin must not exceed retry.delayMax"))]
+#[schemars(transform = crate::api::schema::one_line_paragraphs)]
 pub struct RedisQuorumSpec {
     /// The masters, as `redis://host:port` or `rediss://host:port` (TLS). Put credentials in `auth`, not here.
     /// A `set`: the API server rejects duplicates, since each master must count once.
@@ -41,7 +42,7 @@ pub struct RedisQuorumSpec {
 
     /// How long one master may take to answer one command.
     #[serde(default = "default_node_timeout")]
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 64))]
+    #[schemars(regex(pattern = crate::duration::PATTERN), length(max = 64))]
     #[x_kube(validation = Rule::new("duration(self) >= duration('1ms') && duration(self) <= duration('10s')").message("nodeTimeout must be between 1ms and 10s"))]
     pub node_timeout: String,
 
@@ -53,7 +54,7 @@ pub struct RedisQuorumSpec {
     /// The longest TTL any lock on these masters may use. A master that restarted less than this ago does not
     /// vote, because it may have forgotten live locks.
     #[serde(default = "default_max_ttl")]
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 64))]
+    #[schemars(regex(pattern = crate::duration::PATTERN), length(max = 64))]
     #[x_kube(validation = Rule::new("duration(self) >= duration('100ms') && duration(self) <= duration('24h')").message("maxTtl must be between 100ms and 24h"))]
     pub max_ttl: String,
 
@@ -185,25 +186,30 @@ fn default_ca_key() -> String {
 #[serde(rename_all = "camelCase")]
 pub struct QuorumRetry {
     /// Attempts per acquisition, the first included.
+    // The counts in these resources are i32, as Kubernetes' API conventions ask: the schema format `int32` is
+    // one the API server knows; `uint32` draws an "unrecognized format" warning from `kubectl apply`.
     #[schemars(range(min = 1, max = 100))]
-    pub attempts: Option<u32>,
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 64))]
+    pub attempts: Option<i32>,
+    #[schemars(regex(pattern = crate::duration::PATTERN), length(max = 64))]
     #[x_kube(validation = Rule::new("duration(self) >= duration('0ms') && duration(self) <= duration('1m')").message("delayMin must be between 0ms and 1m"))]
     pub delay_min: Option<String>,
-    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"), length(max = 64))]
+    #[schemars(regex(pattern = crate::duration::PATTERN), length(max = 64))]
     #[x_kube(validation = Rule::new("duration(self) >= duration('0ms') && duration(self) <= duration('1m')").message("delayMax must be between 0ms and 1m"))]
     pub delay_max: Option<String>,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::api::schema::one_line_paragraphs)]
 pub struct RedisQuorumStatus {
     /// Masters that can vote now (connected, verified, not quarantined).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub eligible: Option<u32>,
+    #[schemars(range(min = 0))]
+    pub eligible: Option<i32>,
     /// The majority of the configured masters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub required: Option<u32>,
+    #[schemars(range(min = 0))]
+    pub required: Option<i32>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub masters: Vec<MasterStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -23,11 +23,12 @@ use super::supervise::{Child, Ended};
 use crate::api::{DistributedLock, LockPhase};
 
 #[derive(Debug, Args)]
-#[command(after_help = "\
+#[command(after_help = concat!(durations_help!(), "
+
 The command gets REDLOCK_LOCK (namespace/name), REDLOCK_LEADER (this pod), REDLOCK_FENCING_TOKEN and
 REDLOCK_VALID_UNTIL in its environment. It needs get, list and watch on distributedlocks.redlock.io in the
 lock's namespace (a Role bound to the pod's service account). Exit status: the command's own when it ends by
-itself; 64 bad usage; 69 no Kubernetes configuration; 0 after SIGTERM/SIGINT while not leading.")]
+itself; 64 bad usage; 69 no Kubernetes configuration; 0 after SIGTERM/SIGINT while not leading."))]
 pub struct ElectArgs {
     /// The DistributedLock (with holder.leaderElection) whose leader runs the command.
     #[arg(long, value_name = "NAME")]
@@ -39,7 +40,7 @@ pub struct ElectArgs {
     #[arg(long, env = "POD_NAME")]
     pub pod: String,
     /// Stop the command this long before the validity shown in status ends.
-    #[arg(long, default_value = "1s", value_parser = crate::duration::parse)]
+    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = crate::duration::parse)]
     pub fence_margin: Duration,
     /// The command to run while leading, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]

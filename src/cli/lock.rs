@@ -19,14 +19,15 @@ use crate::redlock::{
 const QUARANTINE_WAIT_MARGIN_SECS: u64 = 5;
 
 #[derive(Debug, Args)]
-#[command(after_help = "\
+#[command(after_help = concat!(durations_help!(), "
+
 Exit status: the command's own, or 64 bad usage, 69 too few masters reachable, 75 not acquired within --wait,
 76 lock lost while the command ran (it was stopped before the lock's validity ended), 126/127 command not runnable.
 
 The command gets REDLOCK_RESOURCE, REDLOCK_HOLDER, REDLOCK_VALIDITY_MS, REDLOCK_FENCING_TOKEN (from the masters'
 counter for the key) and REDLOCK_PERMIT (0 to N-1 with --permits N; 0 without) in its environment, not REDLOCK_REDIS
 (the masters' passwords), and runs in its own process group, so that on loss of the lock every process of the group
-is stopped.")]
+is stopped."))]
 pub struct LockArgs {
     /// A Redis master, as redis://[user:password@]host:port or rediss://… for TLS; repeat for each master.
     #[arg(
@@ -38,19 +39,19 @@ pub struct LockArgs {
     )]
     pub redis: Vec<String>,
     /// Lock time to live; the lock is extended while the command runs.
-    #[arg(long, default_value = "10s", value_parser = crate::duration::parse)]
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = crate::duration::parse)]
     pub ttl: Duration,
     /// How long to keep trying to acquire; 0 = a single attempt.
-    #[arg(long, default_value = "0s", value_parser = crate::duration::parse)]
+    #[arg(long, default_value = "0s", value_name = "DURATION", value_parser = crate::duration::parse)]
     pub wait: Duration,
     /// The longest TTL any client of these masters uses; a master restarted less than this ago does not vote.
-    #[arg(long, default_value = "60s", value_parser = crate::duration::parse)]
+    #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = crate::duration::parse)]
     pub max_ttl: Duration,
     /// How long one master may take to answer.
-    #[arg(long, default_value = "50ms", value_parser = crate::duration::parse)]
+    #[arg(long, default_value = "50ms", value_name = "DURATION", value_parser = crate::duration::parse)]
     pub node_timeout: Duration,
     /// Tell the command the lock is lost this long before its validity ends (default: ttl/5, at most 5s).
-    #[arg(long, value_parser = crate::duration::parse)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
     pub fence_margin: Option<Duration>,
     /// Holder name stored with the lock and shown to contenders (default: HOSTNAME/PID).
     #[arg(long)]
@@ -166,9 +167,12 @@ async fn hold(
 ) -> Result<i32, Failure> {
     // No memory between runs: the first proposal is token 1, and masters that know the key answer with their
     // counter, which the engine proposes above at once (one more round trip, only for keys used before).
+    let deadline = Instant::now()
+        .checked_add(args.wait)
+        .ok_or_else(|| (exit_code::USAGE, "--wait is too long".to_owned()))?;
     let options = AcquireOptions {
         attempts: (args.wait.is_zero()).then_some(1),
-        deadline: Some(Instant::now() + args.wait),
+        deadline: Some(deadline),
         token_floor: 0,
     };
     let acquired = engine

@@ -1,5 +1,14 @@
 //! The `redlock-operator` command line.
 
+/// The duration syntax, for the help of every subcommand with duration flags (a macro: `after_help` texts are
+/// put together with `concat!`, which takes literals only).
+macro_rules! durations_help {
+    () => {
+        "Durations are written as in Go and Kubernetes: 0, 300us, 250ms, 1.5s, 10s, 1m30s, 2h45m
+(units ns, us, ms, s, m and h; every number but 0 needs one)."
+    };
+}
+
 pub mod crd;
 pub mod elect;
 pub mod exit_code;

@@ -14,6 +14,7 @@ use crate::controller::replica_lease::LeaseTiming;
 use crate::controller::run::{ElectionOptions, RunOptions, start};
 
 #[derive(Debug, Args)]
+#[command(after_help = durations_help!())]
 pub struct RunArgs {
     /// Where /metrics, /healthz and /readyz are served.
     #[arg(long, env = "REDLOCK_METRICS_ADDR", default_value = "0.0.0.0:8080")]
@@ -29,7 +30,7 @@ pub struct RunArgs {
     pub identity: Option<String>,
     /// A standby takes over after the Lease has not been renewed for this long. Keep it well below the
     /// shortest lock TTL, or locks lapse (and get a new token) on failover.
-    #[arg(long, env = "REDLOCK_LEASE_DURATION", default_value = "4s", value_parser = crate::duration::parse)]
+    #[arg(long, env = "REDLOCK_LEASE_DURATION", default_value = "4s", value_name = "DURATION", value_parser = crate::duration::parse)]
     pub lease_duration: Duration,
     /// Run as the only replica, without a Lease.
     #[arg(long)]
@@ -43,7 +44,7 @@ pub struct RunArgs {
     #[arg(long, env = "REDLOCK_SECRETS_NAMESPACE")]
     pub secrets_namespace: Option<String>,
     /// How often each RedisQuorum's masters are checked and its status written.
-    #[arg(long, default_value = "5s", value_parser = crate::duration::parse)]
+    #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = crate::duration::parse)]
     pub health_interval: Duration,
 }
 
@@ -54,6 +55,12 @@ pub async fn run(args: RunArgs) -> i32 {
     };
     if args.lease_duration < Duration::from_secs(1) {
         return fail(exit_code::USAGE, "--lease-duration must be at least 1s".into());
+    }
+    if args.health_interval.is_zero() {
+        return fail(
+            exit_code::USAGE,
+            "--health-interval must be greater than 0".into(),
+        );
     }
     let secret = match &args.installation_secret_file {
         Some(path) => match InstallationSecret::read(path) {

@@ -305,6 +305,13 @@ impl RedlockConfig {
         if ttl < Duration::from_millis(1) {
             return Err(ConfigError::InvalidTtl("ttl must be at least 1ms".into()));
         }
+        // The masters keep the key for whole milliseconds; a validity computed from a finer TTL could outlast it.
+        if !crate::duration::is_whole_millis(ttl) {
+            return Err(ConfigError::InvalidTtl(format!(
+                "ttl {} is not a whole number of milliseconds, which Redis keeps a key's time to live in",
+                crate::duration::format(ttl)
+            )));
+        }
         if ttl > self.max_ttl {
             return Err(ConfigError::InvalidTtl(format!(
                 "ttl {} exceeds max-ttl {}; restarted masters are only kept out for max-ttl, so a longer lock could be granted twice",
@@ -408,6 +415,12 @@ mod tests {
         assert!(config.check_ttl(Duration::from_secs(61)).is_err());
         assert!(config.check_ttl(Duration::from_millis(2)).is_err());
         assert!(config.check_ttl(Duration::from_secs(10)).is_ok());
+        assert!(config.check_ttl(Duration::from_millis(1500)).is_ok());
+        let finer = config.check_ttl(Duration::from_micros(10_000_500)).unwrap_err();
+        assert!(
+            finer.to_string().contains("whole number of milliseconds"),
+            "{finer}"
+        );
     }
 
     #[test]

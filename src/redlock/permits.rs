@@ -555,7 +555,7 @@ mod tests {
         ));
         assert_eq!(
             interpret_any(
-                Value::Array(vec![Value::Int(2), Value::BulkString(b"bob|x".to_vec())]),
+                Value::Array(vec![Value::Int(2), Value::BulkString(b"bob|ab12".to_vec())]),
                 3
             ),
             Answer::AllHeld(Some("bob".into()))

@@ -201,7 +201,7 @@ impl Metrics {
 
     /// The quorum's configured, eligible and required masters (the majority of the configured ones, as the
     /// engine counts it), set on every health check and when the quorum cannot be used at all (eligible 0).
-    pub fn set_quorum_masters(&self, quorum: &str, configured: usize, eligible: u32) {
+    pub fn set_quorum_masters(&self, quorum: &str, configured: usize, eligible: i32) {
         let labels = QuorumLabels {
             quorum: quorum.to_owned(),
         };

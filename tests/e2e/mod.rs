@@ -449,7 +449,7 @@ pub async fn lock_where(
 
 /// Waits until every one of `masters` masters of the quorum can vote (fresh masters are quarantined for the
 /// quorum's maxTtl first).
-pub async fn all_masters_voting(env: &Env, quorum: &str, masters: u32) {
+pub async fn all_masters_voting(env: &Env, quorum: &str, masters: i32) {
     let api = env.quorums();
     eventually_within("every master out of quarantine", Duration::from_secs(90), || {
         let api = api.clone();

@@ -103,7 +103,8 @@ pub fn resume_still_possible(status: &DistributedLockStatus, fence_margin: Durat
     let Some(valid_until) = &status.valid_until else {
         return false;
     };
-    let margin = SignedDuration::from_millis(i64::try_from(fence_margin.as_millis()).unwrap_or(i64::MAX));
+    // Exact to the nanosecond: a margin cut to whole milliseconds would leave room that is not there.
+    let margin = SignedDuration::try_from(fence_margin).unwrap_or(SignedDuration::MAX);
     // `validUntil` is whatever status says, written by anyone allowed to: an out-of-range subtraction means
     // the margin reaches before any time a timestamp can show, so no room is left.
     valid_until

@@ -67,6 +67,15 @@ pub fn lock_settings(
     let ttl = limits::LOCK_TTL
         .parse(&spec.ttl)
         .map_err(|message| invalid("InvalidTtl", message))?;
+    if !duration::is_whole_millis(ttl) {
+        return Err(invalid(
+            "InvalidTtl",
+            format!(
+                "spec.ttl {} is not a whole number of milliseconds, which Redis keeps a key's time to live in",
+                spec.ttl
+            ),
+        ));
+    }
     if ttl > quorum_max_ttl {
         return Err(invalid(
             "TtlAboveMaxTtl",
@@ -269,6 +278,59 @@ mod tests {
             shared_keys: Some(&permits),
         };
         assert_eq!(key(&rules).unwrap_err().reason, "InvalidSharedKeys");
+    }
+
+    #[test]
+    fn durations_mean_what_the_api_server_admitted() {
+        let rules = QuorumRules::unshared(Duration::from_secs(600));
+        let settings = |ttl: &str, margin: &str| {
+            let lock = spec(serde_json::json!({
+                "ttl": ttl,
+                "holder": {"jobs": {"fenceMargin": margin}},
+            }));
+            lock_settings(&lock, "ns", "n", &rules)
+        };
+        for (ttl, margin, expected_ttl, expected_margin) in [
+            (
+                "1m30s",
+                "1.5s",
+                Duration::from_secs(90),
+                Duration::from_millis(1500),
+            ),
+            (
+                "0.5m",
+                "300us",
+                Duration::from_secs(30),
+                Duration::from_micros(300),
+            ),
+            (
+                "2m0.25s",
+                "+1s",
+                Duration::from_millis(120_250),
+                Duration::from_secs(1),
+            ),
+        ] {
+            let held = settings(ttl, margin).unwrap();
+            assert_eq!(
+                (held.ttl, held.fence_margin),
+                (expected_ttl, Some(expected_margin))
+            );
+        }
+        let finer = settings("1500.5ms", "1s").unwrap_err();
+        assert_eq!(finer.reason, "InvalidTtl");
+        assert!(
+            finer.message.contains("whole number of milliseconds"),
+            "{}",
+            finer.message
+        );
+        for margin in ["0", "-1s"] {
+            assert_eq!(
+                settings("10s", margin).unwrap_err().reason,
+                "InvalidFenceMargin",
+                "{margin}"
+            );
+        }
+        assert_eq!(settings("-10s", "1s").unwrap_err().reason, "InvalidTtl");
     }
 
     #[test]

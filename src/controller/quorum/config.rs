@@ -51,12 +51,10 @@ pub fn engine_config(spec: &RedisQuorumSpec, secrets: &QuorumSecrets) -> Result<
     config.assume_durable = spec.assume_durable;
     if let Some(retry) = &spec.retry {
         if let Some(attempts) = retry.attempts {
-            if !(1..=100).contains(&attempts) {
-                return Err(format!(
-                    "spec.retry.attempts must be between 1 and 100, got {attempts}"
-                ));
-            }
-            config.retry.attempts = attempts;
+            config.retry.attempts = u32::try_from(attempts)
+                .ok()
+                .filter(|attempts| (1..=100).contains(attempts))
+                .ok_or_else(|| format!("spec.retry.attempts must be between 1 and 100, got {attempts}"))?;
         }
         if let Some(min) = &retry.delay_min {
             config.retry.delay_min = limits::RETRY_DELAY_MIN.parse(min)?;

@@ -80,8 +80,8 @@ pub fn healthy_status(
         .collect();
     let eligible = nodes.iter().filter(|node| node.health == NodeHealth::Up).count();
     let mut status = RedisQuorumStatus {
-        eligible: u32::try_from(eligible).ok(),
-        required: u32::try_from(required).ok(),
+        eligible: i32::try_from(eligible).ok(),
+        required: i32::try_from(required).ok(),
         masters,
         observed_generation: stamp.generation,
         conditions: previous.conditions.clone(),

@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
@@ -10,18 +9,18 @@ use kube::runtime::events::EventType;
 use rand::Rng;
 use tokio::time::Instant;
 
+use super::holding::{keep, show_held, take_back};
 use super::release::release_held;
 use super::token_floor::{self, Recorded};
 use super::wait::not_ready;
 use super::{Target, stamp_now};
-use crate::api::conditions::Stamp;
 use crate::api::{DistributedLockStatus, LockPhase};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
-use crate::controller::keeper::{HeldView, Holding};
+use crate::controller::keeper::HeldView;
 use crate::controller::lock::RESYNC;
 use crate::controller::lock::decide::{contended_retry, resume_still_possible};
-use crate::controller::lock::status::{self, Blocked, HeldFacts, wall_at};
+use crate::controller::lock::status::{self, Blocked};
 use crate::controller::lock::status_write::write_status;
 use crate::controller::lock::token::{EXHAUSTED_REASON, Exhausted, Places, exhausted_message};
 use crate::controller::lock::token_floor::record_name;
@@ -339,83 +338,4 @@ pub async fn resume(
             super::fence::report_lost(target, ctx, holder, &reason, Some(token)).await
         }
     }
-}
-
-/// Takes over the acquisition with `token` for `holder` (its value rebuilt from the installation secret) and
-/// keeps it from now on; the inner error says why it could not be taken back.
-pub async fn take_back(
-    target: &Target<'_>,
-    ctx: &Context,
-    token: i64,
-    holder: &str,
-) -> Result<Result<Lease, ExtendError>, Error> {
-    let uid = target.lock.uid().unwrap_or_default();
-    let value = ctx.secret.lock_value(&target.settings.key, &uid, token, holder)?;
-    let result = target
-        .engine
-        .engine
-        .reclaim(&target.settings.key, target.settings.ttl, value, token)
-        .await;
-    if let Ok(lease) = &result {
-        keep(target, ctx, lease, token);
-    }
-    Ok(result)
-}
-
-/// Writes the `Held` status for `lease`, then lets the policy act on the holder (label, grant). With
-/// `new_token`, only if status still shows an older token; without, only if it shows no newer one — the
-/// resourceVersion precondition makes check and write one atomic step. `Ok(false)`: a newer token is there.
-pub async fn show_held(
-    target: &Target<'_>,
-    ctx: &Context,
-    holder: &str,
-    lease: &Lease,
-    token: i64,
-    new_token: bool,
-) -> Result<bool, Error> {
-    let now = Instant::now();
-    let wall_now = Timestamp::now();
-    let facts = HeldFacts {
-        holder,
-        token,
-        new_token,
-        renewed_at: wall_at(lease.granted_at(), now, wall_now),
-        valid_until: wall_at(lease.valid_until(), now, wall_now),
-        report: lease.report(),
-    };
-    let margin = target.keep.fence_margin;
-    let decoration = target.policy.decoration(Some(holder), margin);
-    let stamp = Stamp {
-        now: wall_now,
-        ..stamp_now(target.lock)
-    };
-    let written = write_status(ctx, target.lock, |current| {
-        status::held(current, &facts, &decoration, margin, stamp)
-    })
-    .await?;
-    if written {
-        ctx.keeper.note_token(&target.lref, token);
-        ctx.keeper.status_written(&target.lref, lease.valid_until());
-        let valid_until = MicroTime(facts.valid_until);
-        target
-            .policy
-            .after_held(ctx, target.lock, holder, token, &valid_until, margin)
-            .await?;
-    }
-    Ok(written)
-}
-
-/// Hands `lease` to the keeper, which extends it from now on.
-fn keep(target: &Target<'_>, ctx: &Context, lease: &Lease, token: i64) {
-    let settings = &target.settings;
-    ctx.keeper.insert(
-        target.lref.clone(),
-        lease.clone(),
-        Holding {
-            quorum: settings.quorum.clone(),
-            key: settings.key.clone(),
-            token,
-            policy: target.keep,
-        },
-    );
 }

@@ -8,7 +8,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use rand::Rng;
 
-use super::acquire::{show_held, take_back};
+use super::holding::{show_held, take_back};
 use super::release::release_held;
 use super::{Target, stamp_now};
 use crate::controller::context::Context;
