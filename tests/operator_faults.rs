@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use e2e::*;
-use kube::api::{Patch, PatchParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use redlock_operator::api::{DistributedLock, LockPhase, RedisQuorum};
 use support::redis_server::{Options, RedisCluster};
 use tokio::time::Instant;
@@ -78,13 +78,24 @@ async fn bad_lock_specs_are_reported_as_conditions() {
     })
     .await;
 
-    env.create_lock_from(serde_json::json!({
+    // A fence margin as long as the ttl: the CRD's rule refuses it at admission; one admitted before the rule
+    // existed is reported by the operator.
+    let tight: DistributedLock = serde_json::from_value(serde_json::json!({
         "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
         "metadata": { "name": "tight" },
         "spec": { "quorum": quorum, "ttl": "1s", "holder": { "leaderElection": {
             "selector": { "matchLabels": { "app": "x" } }, "fenceMargin": "2s" } } }
     }))
-    .await;
+    .expect("lock");
+    let refused = env.locks().create(&PostParams::default(), &tight).await;
+    let status = invalid(&refused).expect("refused at admission");
+    assert!(
+        status.message.contains(
+            "spec: Invalid value: \"object\": holder.leaderElection.fenceMargin must be shorter than ttl"
+        ),
+        "{status:?}"
+    );
+    create_admitted_before_rules(&env, &env.locks(), &[tight]).await;
     lock_where(&env, "tight", "InvalidFenceMargin", |lock| {
         reason(lock, "Ready").as_deref() == Some("InvalidFenceMargin")
     })
