@@ -277,3 +277,106 @@ async fn an_object_older_than_a_rule_takes_status_writes_unless_the_rule_cannot_
     );
     env.cleanup(&[&name]).await;
 }
+
+/// What the shared cases cannot reach, since the CRDs do not use it: a rule's `messageExpression`, `reason`
+/// and `fieldPath`, rules on map values and list items, and a transition rule inside a list item, which never
+/// applies (list items have no old value). Always on the in-process server: it changes the CRD's rules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule_options_and_nested_rules_follow_the_api_server() {
+    let env = Env::test_server().await;
+    let mut crd = serde_json::to_value(DistributedLock::crd()).expect("CRD");
+    let spec = crd
+        .pointer_mut("/spec/versions/0/schema/openAPIV3Schema/properties/spec")
+        .expect("spec schema");
+    spec["x-kubernetes-validations"]
+        .as_array_mut()
+        .expect("spec rules")
+        .push(json!({
+            "rule": "self.ttl != '7s'", "messageExpression": "'ttl ' + self.ttl + ' is unlucky'",
+            "reason": "FieldValueForbidden", "fieldPath": ".ttl"
+        }));
+    let election = &mut spec["properties"]["holder"]["properties"]["leaderElection"]["properties"];
+    election["selector"]["properties"]["matchLabels"]["additionalProperties"]["x-kubernetes-validations"] =
+        json!([{ "rule": "self.size() <= 3", "message": "label values are short here" }]);
+    election["preference"]["items"]["x-kubernetes-validations"] = json!([
+        { "rule": "self != 'bad'" },
+        { "rule": "self == oldSelf", "message": "never evaluated" }
+    ]);
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    let crd: CustomResourceDefinition = serde_json::from_value(crd).expect("CRD");
+    crds.patch(
+        &crd.name_any(),
+        &kube::api::PatchParams::apply("redlock-e2e").force(),
+        &kube::api::Patch::Apply(&crd),
+    )
+    .await
+    .expect("apply the CRD with more rules");
+
+    let locks = Kind::of(&env, "DistributedLock");
+    let causes = |answer: Result<DynamicObject, kube::Error>| -> Vec<(String, String, String)> {
+        let status = invalid(&answer).expect("refused").clone();
+        status
+            .details
+            .expect("details")
+            .causes
+            .into_iter()
+            .map(|cause| (cause.field, cause.reason, cause.message))
+            .collect()
+    };
+    let unlucky = json!({ "ttl": "7s", "holder": { "identity": "me" } });
+    let answer = locks
+        .api
+        .create(&PostParams::default(), &locks.object("unlucky", &unlucky))
+        .await;
+    assert_eq!(
+        causes(answer),
+        [(
+            "spec.ttl".to_owned(),
+            "FieldValueForbidden".to_owned(),
+            "Forbidden: ttl 7s is unlucky".to_owned()
+        )]
+    );
+    let elect = |app: &str, preference: Value| {
+        json!({ "ttl": "10s", "holder": { "leaderElection": {
+            "selector": { "matchLabels": { "app": app } }, "preference": preference } } })
+    };
+    let answer = locks
+        .api
+        .create(
+            &PostParams::default(),
+            &locks.object("nested", &elect("webserver", json!(["good", "bad"]))),
+        )
+        .await;
+    let mut got = causes(answer);
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            (
+                "spec.holder.leaderElection.preference[1]".to_owned(),
+                "FieldValueInvalid".to_owned(),
+                "Invalid value: \"string\": failed rule: self != 'bad'".to_owned()
+            ),
+            (
+                "spec.holder.leaderElection.selector.matchLabels[app]".to_owned(),
+                "FieldValueInvalid".to_owned(),
+                "Invalid value: \"string\": label values are short here".to_owned()
+            ),
+        ]
+    );
+    let created = locks
+        .api
+        .create(
+            &PostParams::default(),
+            &locks.object("nested", &elect("web", json!(["a"]))),
+        )
+        .await
+        .expect("admitted");
+    let mut changed = created.clone();
+    changed.data["spec"]["holder"]["leaderElection"]["preference"] = json!(["b", "c"]);
+    locks
+        .api
+        .replace("nested", &PostParams::default(), &changed)
+        .await
+        .expect("list items have no oldSelf: their transition rule does not apply");
+}
