@@ -2,7 +2,8 @@
 # Checks the Helm chart in charts/redlock-operator: `helm lint --strict` and `helm template` for the default values,
 # every examples/values-*.yaml, an external-masters install and one with every switch flipped; every rendered
 # object validated against the Kubernetes schemas (strict) and our CRs against our CRDs
-# (scripts/validate_manifests.py); the chart's crds/ equal to crds/; the values schema and the validator shown to
+# (scripts/validate_manifests.py); the CRDs' CEL rules against the cases shared with the test API server's test
+# (tests/cel-cases.yaml); the chart's crds/ equal to crds/; the values schema and the validator shown to
 # reject what they must; the alerts (PrometheusRule) and the Grafana dashboard's queries parsed by promtool, and
 # the alerts unit-tested with `promtool test rules` (scripts/alert-tests.yaml); and the roles compared with what the
 # operator requested in the end-to-end tests (scripts/rbac_check.py, when scripts/test.sh recorded them).
@@ -179,6 +180,10 @@ for file in examples/*.yaml; do
 done
 check "examples/ custom resources against crds/ (${#crs[@]} files)" \
   "$python" scripts/validate_manifests.py --crds crds --kube-version "$kube_version" "${crs[@]}"
+# The CRDs' CEL rules against the cases the test API server's test runs too (tests/cel_cases.rs): both evaluators,
+# cel-python here and the cel crate there, must give every case the verdict it states.
+check "CEL rules: cel-python gives the shared cases of tests/cel-cases.yaml their verdicts" \
+  "$python" scripts/validate_manifests.py --crds crds --cel-cases tests/cel-cases.yaml
 same_crds() { diff -r crds "$chart/crds" || { echo "to update the chart: cp crds/*.yaml $chart/crds/"; return 1; }; }
 check "chart crds/ identical to crds/" same_crds
 
@@ -313,6 +318,14 @@ check_rejects "validator rejects a RedisQuorum outside its CRD's schema" "driftF
   validate_mutated "driftFactor: 0.01" "driftFactor: 0.5"
 check_rejects "validator rejects credentials in a RedisQuorum endpoint (CRD CEL rule)" "put credentials in spec.auth" \
   validate_mutated "- redis://redlock-redlock-operator-redis-0" "- redis://user:pw@redlock-redlock-operator-redis-0"
+# The shared CEL cases with one case's ttl brought into range: its stated refusal no longer holds.
+mutated_cel_cases() {
+  "$python" -c 'import sys; s = open(sys.argv[1]).read(); assert sys.argv[2] in s, sys.argv[2]; open(sys.argv[4], "w").write(s.replace(sys.argv[2], sys.argv[3], 1))' \
+    tests/cel-cases.yaml "ttl: 1h1s," "ttl: 1h," "$out/cel-cases-mutated.yaml" &&
+    "$python" scripts/validate_manifests.py --crds crds --cel-cases "$out/cel-cases-mutated.yaml"
+}
+check_rejects "the shared CEL cases catch a verdict the rules do not give" "a ttl above 1h.*got admitted" \
+  mutated_cel_cases
 check_rejects "validator rejects a quorum endpoint that is no StatefulSet pod" "not a pod of a StatefulSet" \
   validate_mutated "redis-4.redlock" "redis-5.redlock"
 check_rejects "validator rejects a helm test hook on other masters than the RedisQuorum's" \

@@ -38,9 +38,10 @@ cargo test --locked 2>&1 | tee "$log"
 # request and watch event, late initial lists of Jobs and pods, watches that end or expire (410) and relist.
 # A failing test prints its seed; REDLOCK_E2E_SEED repeats the random choices.
 echo "==> end-to-end tests against the realistic test API server"
-REDLOCK_E2E_REALISTIC=1 cargo test --locked --no-fail-fast --test operator --test operator_faults --test leader --test jobs --test tenancy --test fencing_tokens --test readme_local_path 2>&1 | tee -a "$log"
+REDLOCK_E2E_REALISTIC=1 cargo test --locked --no-fail-fast --test operator --test operator_faults --test leader --test jobs --test tenancy --test fencing_tokens --test cel_cases --test readme_local_path 2>&1 | tee -a "$log"
 # The end-to-end tests once more in their real-cluster mode (REDLOCK_E2E_KUBECONFIG), against a stand-in cluster:
-# the test API server and a simulated Job controller in a process of their own, shared by all the tests.
+# the test API server and a simulated Job controller in a process of their own, shared by all the tests. Like a
+# real API server, it evaluates the CRDs' CEL rules, so the tests take their real-cluster paths.
 echo "==> end-to-end tests in real-cluster mode, against a stand-in cluster"
 cargo build --locked --example stand-in-cluster
 kubeconfig="$PWD/target/stand-in-cluster.kubeconfig"
@@ -54,7 +55,7 @@ if [ ! -f "$kubeconfig" ]; then
   cat target/stand-in-cluster.log >&2
   exit 1
 fi
-REDLOCK_E2E_KUBECONFIG="$kubeconfig" cargo test --locked --test operator --test operator_faults --test leader --test jobs --test fencing_tokens --test readme_local_path 2>&1 | tee -a "$log"
+REDLOCK_E2E_KUBECONFIG="$kubeconfig" cargo test --locked --test operator --test operator_faults --test leader --test jobs --test tenancy --test fencing_tokens --test cel_cases --test readme_local_path 2>&1 | tee -a "$log"
 kill "$stand_in"
 # The Helm chart: lint, render and validate (installs helm and a Python venv under target/tools when missing).
 echo "==> chart check"

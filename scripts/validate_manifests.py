@@ -7,6 +7,8 @@
   server checks them: defaults applied, unknown fields rejected, `nullable`, and the CEL rules
   (x-kubernetes-validations) evaluated with cel-python. Transition rules (those reading oldSelf) only apply to
   updates and are compiled, not evaluated.
+- With --cel-cases FILE (tests/cel-cases.yaml): the rules against the cases shared with the test API server's
+  test (tests/cel_cases.rs), creates and updates (transition rules and ratcheting), each with its verdict.
 - ServiceMonitor (prometheus-operator): no schema is available offline; the fields the chart renders are checked
   against a hand-written subset of its CRD.
 - PrometheusRule (prometheus-operator): likewise against a hand-written subset of its CRD; group names unique.
@@ -25,6 +27,7 @@ Prints one line per problem and a summary per file; exits 1 when anything failed
 
 import argparse
 import copy
+import datetime
 import glob
 import json
 import os
@@ -214,23 +217,77 @@ def openapi_to_jsonschema(schema, root=False):
 
 
 def apply_defaults(schema, value):
-    """Structural defaulting: missing fields with a `default` get it, inside every object that is present."""
-    if isinstance(value, dict) and "properties" in schema:
-        for name, sub in schema["properties"].items():
-            if name not in value and "default" in sub:
-                value[name] = copy.deepcopy(sub["default"])
-            if name in value:
-                apply_defaults(sub, value[name])
-    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+    """The API server's structural defaulting: nulls in fields neither nullable nor defaulted are dropped, then
+    missing fields, and nulls in fields that are not nullable, get their `default`, inside every object present."""
+    prune_nulls(schema, value)
+    fill_defaults(schema, value)
+
+
+def field_schema(schema, name):
+    if not isinstance(schema, dict):
+        return None
+    if name in (schema.get("properties") or {}):
+        return schema["properties"][name]
+    additional = schema.get("additionalProperties")
+    return additional if isinstance(additional, dict) else None
+
+
+def prune_nulls(schema, value):
+    if isinstance(value, dict):
+        for name in list(value):
+            sub = field_schema(schema, name)
+            if value[name] is None and sub is not None and not sub.get("nullable") and "default" not in sub:
+                del value[name]
+            else:
+                prune_nulls(sub, value[name])
+    elif isinstance(value, list):
         for item in value:
-            apply_defaults(schema["items"], item)
+            prune_nulls(schema.get("items") if isinstance(schema, dict) else None, item)
+
+
+def fill_defaults(schema, value):
+    def non_nullable_null(item, sub):
+        return item is None and not sub.get("nullable")
+
+    if isinstance(value, dict):
+        for name, sub in (schema.get("properties") or {}).items():
+            if "default" in sub and (name not in value or non_nullable_null(value[name], sub)):
+                value[name] = copy.deepcopy(sub["default"])
+        additional = schema.get("additionalProperties")
+        for name in list(value):
+            if name in (schema.get("properties") or {}):
+                fill_defaults(schema["properties"][name], value[name])
+            elif isinstance(additional, dict):
+                if "default" in additional and non_nullable_null(value[name], additional):
+                    value[name] = copy.deepcopy(additional["default"])
+                fill_defaults(additional, value[name])
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        items = schema["items"]
+        for index, item in enumerate(value):
+            if "default" in items and non_nullable_null(item, items):
+                value[index] = copy.deepcopy(items["default"])
+            fill_defaults(items, value[index])
+
+
+# The API server evaluates CEL with cel-go, whose durations are Go's time.Duration: int64 nanoseconds, about
+# ±2562047h. cel-python allows the CEL specification's ±10000 years, so a duration() between the two would be
+# an evaluation error on the API server and a value here.
+GO_MAX_DURATION = datetime.timedelta(microseconds=(2**63 - 1) // 1000)
+
+
+def go_duration(value):
+    result = celpy.celtypes.DurationType(value)
+    if abs(result) > GO_MAX_DURATION:
+        raise ValueError(f"range error: {value} is past what a Go time.Duration holds")
+    return result
 
 
 CEL = celpy.Environment()
+CEL_FUNCTIONS = {"duration": go_duration}
 
 
 def cel_eval(expression, activation):
-    program = CEL.program(CEL.compile(expression))
+    program = CEL.program(CEL.compile(expression), functions=CEL_FUNCTIONS)
     # Values already evaluated (a policy's variables) keep their CEL types; JSON is converted.
     result = program.evaluate({name: value if isinstance(value, celpy.celtypes.MapType) else celpy.json_to_cel(value)
                                for name, value in activation.items()})
@@ -239,24 +296,53 @@ def cel_eval(expression, activation):
     return result
 
 
-def check_cel_rules(schema, value, path, errors):
+OLD_SELF = re.compile(r"\boldSelf\b")
+NO_OLD = object()
+
+
+def check_cel_rules(schema, value, errors, path="", old=NO_OLD, unchanged=False):
+    """The x-kubernetes-validations rules as the API server evaluates them, appending (field path, message) to
+    errors. `old`: the value at the same place in the stored object, on an update. Transition rules (those
+    reading oldSelf) apply only where there is one; a rule without oldSelf that fails on a value equal to the
+    old one (or inside a list that is unchanged) is forgiven (ratcheting), but not one that cannot be
+    evaluated. Rules check non-null values only. Lists are atomic: their items have no old value."""
+    if value is None:
+        return
     for rule in schema.get("x-kubernetes-validations", []):
         expression = rule["rule"]
+        named = (rule.get("message") or "").strip() or expression.strip()
+        reads_old = bool(OLD_SELF.search(expression))
         try:
-            if "oldSelf" in expression:
-                CEL.compile(expression)  # a transition rule: applies to updates only
+            CEL.compile(expression)
+            if reads_old and old is NO_OLD:
                 continue
-            if not cel_eval(expression, {"self": value}):
-                errors.append(f"{path}: {rule.get('message', 'failed rule ' + expression)}")
+            activation = {"self": value} if old is NO_OLD else {"self": value, "oldSelf": old}
+            holds = cel_eval(expression, activation) == celpy.celtypes.BoolType(True)
         except Exception as err:  # noqa: BLE001 - any CEL failure is a finding
-            errors.append(f"{path}: cannot evaluate rule {expression!r}: {err}")
+            errors.append((path, f"{err} evaluating rule: {named}"))
+            continue
+        if holds or (unchanged and not reads_old):
+            continue
+        errors.append((path, (rule.get("message") or "").strip() or f"failed rule: {named}"))
     if isinstance(value, dict):
-        for name, sub in (schema.get("properties") or {}).items():
-            if name in value and value[name] is not None:
-                check_cel_rules(sub, value[name], f"{path}.{name}", errors)
+        properties = schema.get("properties") or {}
+        additional = schema.get("additionalProperties")
+        for name, item in value.items():
+            if name in properties:
+                sub, where = properties[name], f"{path}.{name}" if path else name
+            elif isinstance(additional, dict):
+                sub, where = additional, f"{path}[{name}]"
+            else:
+                continue
+            if old is NO_OLD or not isinstance(old, dict):
+                check_cel_rules(sub, item, errors, where, NO_OLD, unchanged)
+            elif name in old:
+                check_cel_rules(sub, item, errors, where, old[name], old[name] == item)
+            else:
+                check_cel_rules(sub, item, errors, where, NO_OLD, False)
     elif isinstance(value, list) and isinstance(schema.get("items"), dict):
         for index, item in enumerate(value):
-            check_cel_rules(schema["items"], item, f"{path}[{index}]", errors)
+            check_cel_rules(schema["items"], item, errors, f"{path}[{index}]", NO_OLD, unchanged)
 
 
 def load_crds(directory):
@@ -288,8 +374,44 @@ def validate_custom_resource(obj, crds):
         where = ".".join(str(p) for p in err.absolute_path) or "(root)"
         errors.append(f"{where}: {err.message}")
     if not errors:
-        check_cel_rules(schema, body, "", errors)
+        rule_errors = []
+        check_cel_rules(schema, body, rule_errors)
+        errors += [f"{field}: {message}" for field, message in rule_errors]
     return errors
+
+
+def check_cel_cases(path, crds):
+    """The shared cases of tests/cel-cases.yaml, which the test API server (tests/cel_cases.rs) runs too: each
+    evaluated as the API server would (defaults, then the rules; an update against its old object), with the
+    verdict the case expects. Every object must also be valid for the rest of its schema, so that the rules'
+    errors are all that a real API server reports. Returns the number of cases and a line per failure."""
+    with open(path, encoding="utf-8") as handle:
+        cases = yaml.load(handle, Loader=UniqueKeyLoader)["cases"]
+    failures = []
+    for case in cases:
+        api_version = "redlock.io/v1alpha1"
+        _, schema = crds[(api_version, case["kind"])]
+        validator = jsonschema.Draft202012Validator(openapi_to_jsonschema(schema, root=True))
+
+        def stored(spec):
+            obj = {"apiVersion": api_version, "kind": case["kind"], "metadata": {"name": "case"},
+                   "spec": copy.deepcopy(spec)}
+            apply_defaults(schema, obj)
+            return obj
+
+        new = stored(case["spec"])
+        old = stored(case["old"]) if "old" in case else None
+        problems = [f"breaks its schema besides the rules: {'.'.join(map(str, err.absolute_path))}: {err.message}"
+                    for obj in filter(None, (old, new)) for err in validator.iter_errors(obj)]
+        errors = []
+        check_cel_rules(schema, new, errors, "", NO_OLD if old is None else old, old == new)
+        expected = case.get("refused") or []
+        if len(errors) != len(expected) or not all(
+                any(field == e["field"] and e["message"] in message for field, message in errors) for e in expected):
+            got = [f"{field}: {message}" for field, message in errors] or "admitted"
+            problems.append(f"got {got}, expected {expected or 'admitted'}")
+        failures += [f"case {case['name']!r}: {problem}" for problem in problems]
+    return len(cases), failures
 
 
 # --- built-in kinds ------------------------------------------------------------------------------------------
@@ -710,10 +832,21 @@ def main():
     parser.add_argument("--render", action="store_true", help="the files are helm renders: cross-check them")
     parser.add_argument("--promql-out", metavar="DIR",
                         help="write the rules and dashboard queries of valid files to DIR, for promtool")
-    parser.add_argument("files", nargs="+")
+    parser.add_argument("--cel-cases", metavar="FILE",
+                        help="evaluate the shared CEL cases of FILE (tests/cel-cases.yaml) instead of manifests")
+    parser.add_argument("files", nargs="*")
     args = parser.parse_args()
+    if not args.files and not args.cel_cases:
+        parser.error("give manifests to validate, or --cel-cases")
 
     crds = load_crds(args.crds)
+    if args.cel_cases:
+        count, failures = check_cel_cases(args.cel_cases, crds)
+        for failure in failures:
+            print(f"FAIL {args.cel_cases}: {failure}")
+        print(f"{'FAIL' if failures else 'ok  '} {args.cel_cases}: {count - len(failures)} of {count} cases "
+              "given their verdict by cel-python")
+        return 1 if failures else 0
     failed_files = 0
     for path in args.files:
         errors = []

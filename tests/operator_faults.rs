@@ -7,9 +7,7 @@ mod support;
 use std::time::Duration;
 
 use e2e::*;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::{CustomResourceExt, ResourceExt};
+use kube::api::{Patch, PatchParams, PostParams};
 use redlock_operator::api::{DistributedLock, LockPhase, RedisQuorum};
 use support::redis_server::{Options, RedisCluster};
 use tokio::time::Instant;
@@ -39,85 +37,6 @@ async fn quorum_where(
 }
 
 /// A leader lock whose fenceMargin (2s) is not shorter than its ttl (1s).
-fn tight_lock(name: &str, quorum: &str) -> DistributedLock {
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
-        "metadata": { "name": name },
-        "spec": { "quorum": quorum, "ttl": "1s", "holder": { "leaderElection": {
-            "selector": { "matchLabels": { "app": "x" } }, "fenceMargin": "2s" } } }
-    }))
-    .expect("lock object")
-}
-
-async fn fence_margin_reported(env: &Env, name: &str) {
-    let lock = lock_where(env, name, "InvalidFenceMargin", |lock| {
-        reason(lock, "Ready").as_deref() == Some("InvalidFenceMargin")
-    })
-    .await;
-    assert_eq!(phase(&lock), Some(LockPhase::Invalid));
-}
-
-/// The message of the DistributedLock CRD's CEL rule that bounds a leader lock's fenceMargin by its ttl: read
-/// from the generated CRD, so that a rewording does not break the test.
-fn fence_margin_rule_message() -> String {
-    let mut crd = serde_json::to_value(DistributedLock::crd()).expect("CRD as JSON");
-    let mut found = Vec::new();
-    visit_validations(&mut crd, &mut |validations| {
-        found.extend(validations.iter().filter(|v| is_fence_margin_rule(v)).cloned());
-    });
-    match found.as_slice() {
-        [rule] => rule["message"].as_str().unwrap_or_default().to_owned(),
-        other => panic!("expected one fenceMargin rule for leader locks in the CRD, found {other:?}"),
-    }
-}
-
-/// Whether an `x-kubernetes-validations` entry is that rule.
-fn is_fence_margin_rule(validation: &serde_json::Value) -> bool {
-    validation["rule"]
-        .as_str()
-        .is_some_and(|rule| rule.contains("leaderElection.fenceMargin") && rule.contains("ttl"))
-}
-
-/// Calls `on` with every `x-kubernetes-validations` list in `schema`, depth first.
-fn visit_validations(schema: &mut serde_json::Value, on: &mut impl FnMut(&mut Vec<serde_json::Value>)) {
-    match schema {
-        serde_json::Value::Object(map) => {
-            for (key, value) in map.iter_mut() {
-                match value {
-                    serde_json::Value::Array(list) if key == "x-kubernetes-validations" => on(list),
-                    other => visit_validations(other, on),
-                }
-            }
-        }
-        serde_json::Value::Array(list) => list.iter_mut().for_each(|item| visit_validations(item, on)),
-        _ => {}
-    }
-}
-
-/// Runs `body` while the DistributedLock CRD lacks its leader fenceMargin rule, then applies the full CRD
-/// again.
-async fn with_fence_margin_rule_lifted(env: &Env, body: impl std::future::Future<Output = ()>) {
-    let mut lifted = serde_json::to_value(DistributedLock::crd()).expect("CRD as JSON");
-    let mut removed = 0;
-    visit_validations(&mut lifted, &mut |validations| {
-        let before = validations.len();
-        validations.retain(|v| !is_fence_margin_rule(v));
-        removed += before - validations.len();
-    });
-    assert_eq!(removed, 1, "the CRD has one fenceMargin rule for leader locks");
-    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
-    let lifted: CustomResourceDefinition = serde_json::from_value(lifted).expect("CRD");
-    crds.patch(
-        &lifted.name_any(),
-        &PatchParams::apply("redlock-e2e").force(),
-        &Patch::Apply(&lifted),
-    )
-    .await
-    .expect("apply the CRD without the rule");
-    body.await;
-    env.apply_crds().await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_lock_specs_are_reported_as_conditions() {
     let masters = RedisCluster::start(3).expect("masters");
@@ -162,32 +81,26 @@ async fn bad_lock_specs_are_reported_as_conditions() {
     })
     .await;
 
-    // A fenceMargin not shorter than the ttl: the CRD's CEL rule refuses it at admission where the API server
-    // evaluates the CRD's rules (a real one always); where it gets in, the operator reports it. Which branch
-    // runs depends on the server, not on the test's mode: the answer decides.
-    let tight = tight_lock("tight", &quorum);
-    match env.locks().create(&PostParams::default(), &tight).await {
-        Err(kube::Error::Api(status)) => {
-            assert_eq!(status.code, 422, "{status:?}");
-            assert!(
-                status.message.contains(&fence_margin_rule_message()),
-                "{status:?}"
-            );
-        }
-        Ok(_) => fence_margin_reported(&env, "tight").await,
-        Err(other) => panic!("creating the lock failed: {other}"),
-    }
-    // The same spec stored before the rule existed (an object written under an older CRD, which a CRD upgrade
-    // leaves as it is): no admission can refuse it any more, so on every server, with or without CEL, the
-    // operator must report it. The CRD is applied without the rule for the creation and restored once the
-    // condition is seen (every Env applies the full CRDs too, so a failure in between leaves nothing behind).
-    with_fence_margin_rule_lifted(&env, async {
-        let stored = tight_lock("stored-before-the-rule", &quorum);
-        eventually("the lock admitted without the rule", || async {
-            env.locks().create(&PostParams::default(), &stored).await.ok()
-        })
-        .await;
-        fence_margin_reported(&env, "stored-before-the-rule").await;
+    // A fence margin as long as the ttl: the CRD's rule refuses it at admission; one admitted before the rule
+    // existed is reported by the operator.
+    let tight: DistributedLock = serde_json::from_value(serde_json::json!({
+        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+        "metadata": { "name": "tight" },
+        "spec": { "quorum": quorum, "ttl": "1s", "holder": { "leaderElection": {
+            "selector": { "matchLabels": { "app": "x" } }, "fenceMargin": "2s" } } }
+    }))
+    .expect("lock");
+    let refused = env.locks().create(&PostParams::default(), &tight).await;
+    let status = invalid(&refused).expect("refused at admission");
+    assert!(
+        status.message.contains(
+            "spec: Invalid value: \"object\": holder.leaderElection.fenceMargin must be shorter than ttl"
+        ),
+        "{status:?}"
+    );
+    create_admitted_before_rules(&env, &env.locks(), &[tight]).await;
+    lock_where(&env, "tight", "InvalidFenceMargin", |lock| {
+        reason(lock, "Ready").as_deref() == Some("InvalidFenceMargin")
     })
     .await;
 

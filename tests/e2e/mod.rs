@@ -2,6 +2,10 @@
 //! `REDLOCK_E2E_KUBECONFIG`), real Redis masters, and the real operator (`controller::run::start`) or binary.
 #![allow(dead_code)]
 
+mod admission;
+#[allow(unused_imports)] // only the binaries that meet objects older than a rule use it
+pub use admission::{create_admitted_before_rules, create_admitted_before_rules_of, invalid};
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

@@ -15,6 +15,15 @@ pub(super) struct ApiError {
 
 pub(super) type ApiResult<T> = Result<T, ApiError>;
 
+/// One field's error (field.Error): `cause` is the metav1.CauseType, `detail` what follows the field path,
+/// such as `Invalid value: "string": must be …`.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct FieldError {
+    pub field: String,
+    pub cause: &'static str,
+    pub detail: String,
+}
+
 impl ApiError {
     pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
         ApiError {
@@ -61,16 +70,36 @@ impl ApiError {
     }
 
     /// A field error: `cause` is the metav1.CauseType (FieldValueInvalid, FieldValueForbidden, …).
-    pub fn invalid(kind: &Kind, name: &str, field: &str, cause: &str, detail: &str) -> Self {
-        let message = format!(
-            "{} \"{name}\" is invalid: {field}: {detail}",
-            kind.qualified_kind()
-        );
+    pub fn invalid(kind: &Kind, name: &str, field: &str, cause: &'static str, detail: &str) -> Self {
+        Self::invalid_fields(
+            kind,
+            name,
+            &[FieldError {
+                field: field.to_owned(),
+                cause,
+                detail: detail.to_owned(),
+            }],
+        )
+    }
+
+    /// Several field errors in one 422, one cause each, as apierrors.NewInvalid aggregates them: the message
+    /// lists them in brackets when there is more than one.
+    pub fn invalid_fields(kind: &Kind, name: &str, errors: &[FieldError]) -> Self {
+        let shown: Vec<String> = errors
+            .iter()
+            .map(|error| format!("{}: {}", error.field, error.detail))
+            .collect();
+        let listed = match shown.as_slice() {
+            [one] => one.clone(),
+            many => format!("[{}]", many.join(", ")),
+        };
+        let message = format!("{} \"{name}\" is invalid: {listed}", kind.qualified_kind());
+        let causes: Vec<Value> = errors
+            .iter()
+            .map(|error| json!({"reason": error.cause, "message": error.detail, "field": error.field}))
+            .collect();
         let mut details = Self::details(kind, name, kind.kind);
-        details.insert(
-            "causes".into(),
-            json!([{"reason": cause, "message": detail, "field": field}]),
-        );
+        details.insert("causes".into(), causes.into());
         Self::new(422, "Invalid", message).with_details(details.into())
     }
 

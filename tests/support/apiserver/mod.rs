@@ -54,17 +54,19 @@
 //! - Kinds: only those in the table (no core/v1 view of events); field selectors on a kind's
 //!   own field labels (`spec.nodeName`, `involvedObject.name`, …) are refused with 400. Strategic merge patch
 //!   is refused with 415 for every kind (a real server accepts it for built-in kinds).
-//! - Validation: no OpenAPI schema (beyond unknown fields under `fieldValidation=Strict`) or CEL validation of
-//!   custom resources, no validation of built-in kinds (but
-//!   one rule: a Job's pod template is immutable, except its labels, annotations and scheduling directives
-//!   while the Job is suspended and never started), no name format checks, no pruning of unknown fields (they
-//!   are stored as sent).
-//! - Defaulting: none from CRD schemas or for built-in kinds, except what the strategies do at creation:
-//!   pod status phase Pending, job selector and template labels, CRD status (NamesAccepted and Established at
-//!   once); a Secret's `stringData` is folded into `data` on every write. Built-in kinds drop JSON nulls as
-//!   typed decoding does.
-//! - The custom resource kinds are fixed in the table; a CRD's schema, versions, subresources and printer
-//!   columns are not read.
+//! - Validation: no OpenAPI value validation of custom resources (types, patterns, lengths, required fields), no
+//!   validation of built-in kinds (but one rule: a Job's pod template is immutable, except its labels,
+//!   annotations and scheduling directives while the Job is suspended and never started), no name format
+//!   checks, no pruning of unknown fields (they are stored as sent; `fieldValidation=Strict` refuses them). A custom resource's CEL rules
+//!   (`x-kubernetes-validations`) are evaluated on every write, after defaulting, from the schema of its stored
+//!   CRD, with transition rules and ratcheting (`custom_schema.rs`, `validation_rules.rs`).
+//! - Defaulting: a custom resource's schema defaults (and its nulls in fields that are not nullable dropped) on
+//!   every write; none for built-in kinds, except what the strategies do at creation: pod status phase
+//!   Pending, job selector and template labels, CRD status (NamesAccepted and Established at once); a Secret's
+//!   `stringData` is folded into `data` on every write. Built-in kinds drop JSON nulls as typed decoding does.
+//! - The custom resource kinds are fixed in the table; of a CRD, only the schema of the served version is read
+//!   (its other versions and subresources are not);
+//!   `table.rs` reads its printer columns.
 //! - Server-side apply merges the applied configuration into the live object (maps merged recursively, lists
 //!   replaced as a whole). `fieldManager` is required and `force` accepted, but field ownership,
 //!   `managedFields`, conflicts between managers and removal of fields a manager stops applying are not
@@ -89,6 +91,7 @@
 
 mod apply;
 mod controls;
+mod custom_schema;
 #[allow(unused_imports)] // only the test binaries with end-to-end tests use it
 pub use controls::OPERATOR_HEADER;
 mod discovery;
@@ -107,6 +110,7 @@ mod selectors;
 mod store;
 mod strategy;
 mod table;
+mod validation_rules;
 mod watch;
 mod write;
 
