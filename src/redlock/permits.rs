@@ -73,6 +73,16 @@ impl Candidates {
     }
 }
 
+fn check_permits(permits: u32) -> Result<(), AcquireError> {
+    if (1..=MAX_PERMITS).contains(&permits) {
+        Ok(())
+    } else {
+        Err(AcquireError::Config(super::ConfigError::Invalid(format!(
+            "permits must be between 1 and {MAX_PERMITS}, not {permits}"
+        ))))
+    }
+}
+
 fn next_token(resource: &str, token: i64) -> Result<i64, AcquireError> {
     token.checked_add(1).ok_or_else(|| AcquireError::TokenExhausted {
         resource: resource.to_owned(),
@@ -111,7 +121,8 @@ impl Redlock {
         holder: &str,
         options: AcquireOptions,
     ) -> Result<Lease, AcquireError> {
-        if permits <= 1 {
+        check_permits(permits)?;
+        if permits == 1 {
             return self.acquire(key, ttl, holder, options).await;
         }
         let floors = vec![options.token_floor; permits as usize];
@@ -141,11 +152,7 @@ impl Redlock {
     ) -> Result<Lease, AcquireError> {
         let config = &self.inner.config;
         config.check_ttl(ttl)?;
-        if !(1..=MAX_PERMITS).contains(&permits) {
-            return Err(AcquireError::Config(super::ConfigError::Invalid(format!(
-                "permits must be between 1 and {MAX_PERMITS}, not {permits}"
-            ))));
-        }
+        check_permits(permits)?;
         let mut candidates = Candidates::new(key, permits, start % permits, floors)?;
         let nodes = self.inner.nodes.len();
         // Per master: whether it may hold our value on some permit other than the one that wins (it granted
