@@ -538,25 +538,7 @@ impl Redlock {
             (granted, _) => {
                 let report = fan_out.report.clone();
                 self.undo_acquire(&resource, &value, fan_out).await;
-                if report.highest_counter() == Some(i64::MAX) {
-                    return Err(AcquireError::TokenExhausted {
-                        resource: resource.to_string(),
-                        counter: i64::MAX,
-                    });
-                }
-                let kind = if granted {
-                    FailureKind::ValidityExhausted
-                } else if report.nodes.len() - report.unreachable() < report.quorum {
-                    FailureKind::TooFewMasters
-                } else {
-                    FailureKind::Contended
-                };
-                Err(AcquireError::NotAcquired {
-                    resource: resource.to_string(),
-                    attempts: 1,
-                    kind,
-                    report,
-                })
+                Err(failed_attempt(&resource, granted, report))
             }
         }
     }
@@ -888,6 +870,30 @@ impl Redlock {
             node.record_latency(latency);
             (index, outcome, Some(latency))
         })
+    }
+}
+
+/// Why one acquisition attempt, undone, failed: `granted` says a majority granted it too late to leave any
+/// validity.
+pub(super) fn failed_attempt(resource: &str, granted: bool, report: OperationReport) -> AcquireError {
+    if report.highest_counter() == Some(i64::MAX) {
+        return AcquireError::TokenExhausted {
+            resource: resource.to_owned(),
+            counter: i64::MAX,
+        };
+    }
+    let kind = if granted {
+        FailureKind::ValidityExhausted
+    } else if report.nodes.len() - report.unreachable() < report.quorum {
+        FailureKind::TooFewMasters
+    } else {
+        FailureKind::Contended
+    };
+    AcquireError::NotAcquired {
+        resource: resource.to_owned(),
+        attempts: 1,
+        kind,
+        report,
     }
 }
 

@@ -16,12 +16,11 @@ use rand::Rng;
 use redis::Value;
 use tokio::time::Instant;
 
-use super::engine::{PROPOSAL_ROUNDS, Tail, millis};
+use super::engine::{PROPOSAL_ROUNDS, Tail, failed_attempt, millis};
 use super::node::{Node, Ready};
 use super::scripts::{self, MAX_PERMITS, counter_key, permit_key};
 use super::{
-    AcquireError, AcquireOptions, FailureKind, Lease, LockValue, NodeOutcome, NodeReport, OperationReport,
-    Redlock,
+    AcquireError, AcquireOptions, Lease, LockValue, NodeOutcome, NodeReport, OperationReport, Redlock,
 };
 
 /// What one master answered an attempt on several permits.
@@ -229,25 +228,7 @@ impl Redlock {
                     .filter(|index| uncertain[*index] || !granted[*index].is_empty())
                     .collect();
                 self.give_back(&keys, &value, holding, pending).await;
-                if report.highest_counter() == Some(i64::MAX) {
-                    return Err(AcquireError::TokenExhausted {
-                        resource: key.to_owned(),
-                        counter: i64::MAX,
-                    });
-                }
-                let kind = if winner.is_some() {
-                    FailureKind::ValidityExhausted
-                } else if report.nodes.len() - report.unreachable() < report.quorum {
-                    FailureKind::TooFewMasters
-                } else {
-                    FailureKind::Contended
-                };
-                Err(AcquireError::NotAcquired {
-                    resource: key.to_owned(),
-                    attempts: 1,
-                    kind,
-                    report,
-                })
+                Err(failed_attempt(key, winner.is_some(), report))
             }
         }
     }
