@@ -11,14 +11,15 @@
 //! event_cpu_s_per_1000_after=X recorder_{kube,ours}_per_s_{idle,after}=X
 //! recorder_{kube,ours}_cpu_s_per_1000_{idle,after}=X`.
 //!
-//! Events: `OPERATOR_BENCH_EVENTS` (default 1,000) more locks are created once with the operator idle (the
-//! baseline) and once just after the N acquisitions (whose `Acquired` Events an event recorder may still be
-//! keeping for its series); each acquisition publishes one `Acquired` Event. For each it prints the Events
-//! published per second (counted by the API server) and the operator's CPU-seconds per 1,000 of them (the
-//! acquisitions with their Events, less the background CPU of the idle operator or of the steady holding measured
-//! below). Before the operator starts, the two Event recorders are measured alone (see `operator/recorders.rs`).
-//! `OPERATOR_BENCH_BINARY` runs another build of the operator (an older one, to compare in the same
-//! session).
+//! Events: `OPERATOR_BENCH_EVENTS` (default 3,000: about a second of acquisitions, long enough for the steady
+//! holding's waves of extensions and status writes to average out) more locks are created once with the
+//! operator idle (the baseline) and once just after the N acquisitions (whose `Acquired` Events an event
+//! recorder may still be keeping for its series); each acquisition publishes one `Acquired` Event. For each
+//! it prints the Events published per second (counted by the API server) and the operator's CPU-seconds per
+//! 1,000 of them (the acquisitions with their Events, less the background CPU of the idle operator or of the
+//! steady holding measured below). Before the operator starts, the two Event recorders are measured alone
+//! (see `operator/recorders.rs`). `OPERATOR_BENCH_BINARY` runs another build of the operator (an older one,
+//! to compare in the same session).
 
 #[path = "operator/recorders.rs"]
 mod recorders;
@@ -256,7 +257,7 @@ async fn bench() -> Result<(), BoxError> {
     let locks = env_number("OPERATOR_BENCH_LOCKS", 10_000) as usize;
     let window = Duration::from_secs(env_number("OPERATOR_BENCH_SECONDS", 60));
     let pods = env_number("OPERATOR_BENCH_PODS", 10_000) as usize;
-    let event_count = env_number("OPERATOR_BENCH_EVENTS", 1_000) as usize;
+    let event_count = env_number("OPERATOR_BENCH_EVENTS", 3_000) as usize;
     let masters = RedisCluster::start(5)?;
     let server = TestApiServer::start().await;
     let client = server.client();

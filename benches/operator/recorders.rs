@@ -1,9 +1,9 @@
 //! The Event recorders alone, against the same test API server: kube-runtime's `Recorder` and the operator's
-//! own (`telemetry::events`), each fresh, publishing `OPERATOR_BENCH_EVENTS` Events about distinct objects (the
-//! baseline), then `OPERATOR_BENCH_LOCKS` (a burst of acquisitions), then as many as first, 32 at a time; three
-//! rounds, alternating, summed. The publishing runs on a thread of its own (a current-thread runtime), so its CPU
-//! time (from /proc/thread-self/schedstat, in nanoseconds) is the recorder's and its HTTP client's, not the API
-//! server's.
+//! own (`telemetry::events`), each fresh, publishing `OPERATOR_BENCH_EVENTS` Events about distinct objects
+//! (the baseline), then `OPERATOR_BENCH_LOCKS` (a burst of acquisitions), then as many as first, 32 at a
+//! time; three rounds, alternating, summed. The publishing runs on a thread of its own (a current-thread
+//! runtime), so its CPU time (from /proc/thread-self/schedstat, in nanoseconds) is the recorder's and its
+//! HTTP client's, not the API server's.
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -151,7 +151,7 @@ async fn publish(
     })
 }
 
-/// The calling thread's time on a CPU, in seconds (to the nanosecond: a round's 1,000 Events take milliseconds).
+/// The calling thread's time on a CPU, in seconds (to the nanosecond: a round's Events take milliseconds).
 fn thread_cpu_seconds() -> Result<f64, BoxError> {
     let schedstat = std::fs::read_to_string("/proc/thread-self/schedstat")?;
     let nanoseconds: f64 = schedstat

@@ -1,6 +1,6 @@
-//! Kubernetes Events, published as kube-runtime's `Recorder` publishes them (the same Events, names, series and
-//! verbs: `create` and `patch` on `events.k8s.io` events) but with a series cache whose cost per Event does not
-//! grow with the Events of the last six minutes (see [`series`]).
+//! Kubernetes Events, published as kube-runtime's `Recorder` publishes them (the same Events, names, series
+//! and verbs: `create` and `patch` on `events.k8s.io` events) but with a series cache whose cost per Event
+//! does not grow with the Events of the last six minutes (see [`series`]).
 
 mod body;
 pub mod series;

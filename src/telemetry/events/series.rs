@@ -1,11 +1,13 @@
-//! Which Events are repeats: the series cache, bounded in size, each publish O(1).
+//! Which Events are repeats: the series cache, bounded in size, each publish O(1) (amortised: expiry drops
+//! what earlier publishes added).
 //!
 //! An occurrence with the same type, action, reason, regarding and related object as one published less than
-//! [`SERIES_TTL`] ago is the next count of that Event's series (a patch of its `series`), not a new Event; this is
-//! kube-runtime's rule. kube-runtime's own recorder keeps every Event of the last six minutes and scans them all on
-//! every publish, so after a burst of 10,000 acquisitions each Event costs 10,000 steps for six minutes. Here the
-//! series are kept in least-recently-observed order: expiry looks only at the oldest, and the cache holds at most
-//! [`SERIES_CAPACITY`] (past it the oldest series ends early, and its next occurrence is a new Event).
+//! [`SERIES_TTL`] ago is the next count of that Event's series (a patch of its `series`), not a new Event;
+//! this is kube-runtime's rule. kube-runtime's own recorder keeps every Event of the last six minutes and
+//! scans them all on every publish, so after a burst of 10,000 acquisitions each Event costs 10,000 steps for
+//! six minutes. Here the series are kept in least-recently-observed order: expiry looks only at the oldest,
+//! and the cache holds at most [`SERIES_CAPACITY`] (past it the oldest series ends early, and its next
+//! occurrence is a new Event).
 
 use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
@@ -131,8 +133,8 @@ impl SeriesCache {
         );
     }
 
-    /// Forgets the series carried by the Event `name` (its creation failed, or it is gone from the API server),
-    /// unless another Event carries the key's series by now.
+    /// Forgets the series carried by the Event `name` (its creation failed), unless another Event carries the
+    /// key's series by now.
     pub fn forget(&mut self, key: &SeriesKey, name: &str) {
         if self.series.peek(key).is_some_and(|series| series.name == name) {
             self.series.pop(key);
@@ -311,8 +313,8 @@ mod tests {
         assert_eq!(cache.observe(&renewed, later, names.next()), patch("e3", 2));
         let much_later = later + Duration::from_secs(5 * 60);
         assert_eq!(cache.observe(&renewed, much_later, names.next()), patch("e3", 3));
-        // Five minutes on, every series observed last before 5 min 45 s has ended: left are lock-2, renewed at
-        // 6 min 45 s, and the Released one.
+        // Five minutes on, every series observed last before 5 min 45 s has ended: left are lock-2, renewed
+        // at 6 min 45 s, and the Released one.
         assert_eq!(cache.len(), 2);
     }
 
