@@ -7,8 +7,22 @@
 //! The operator runs as a child process, so its CPU time (from /proc) is its own, not the API server's or the
 //! masters'. The baseline, measured in the same run, is the same binary idle with no lock. The last line is
 //! `SUMMARY locks=N pods=N cpu_cores_avg=X lost=N extend_lag_p99_ms=X create_to_held_p50_ms=X rss_mib_idle=X
-//! rss_mib_pods=X rss_mib_held=X`.
+//! rss_mib_pods=X rss_mib_held=X events_per_s_idle=X events_per_s_after=X event_cpu_s_per_1000_idle=X
+//! event_cpu_s_per_1000_after=X recorder_{kube,ours}_per_s_{idle,after}=X
+//! recorder_{kube,ours}_cpu_s_per_1000_{idle,after}=X`.
+//!
+//! Events: `OPERATOR_BENCH_EVENTS` (default 3,000: about a second of acquisitions, long enough for the steady
+//! holding's waves of extensions and status writes to average out) more locks are created once with the
+//! operator idle (the baseline) and once just after the N acquisitions (whose `Acquired` Events an event
+//! recorder may still be keeping for its series); each acquisition publishes one `Acquired` Event. For each
+//! it prints the Events published per second (counted by the API server) and the operator's CPU-seconds per
+//! 1,000 of them (the acquisitions with their Events, less the background CPU of the idle operator or of the
+//! steady holding measured below). Before the operator starts, the two Event recorders are measured alone
+//! (see `operator/recorders.rs`). `OPERATOR_BENCH_BINARY` runs another build of the operator (an older one,
+//! to compare in the same session).
 
+#[path = "operator/recorders.rs"]
+mod recorders;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -97,6 +111,100 @@ async fn create_pods(client: &kube::Client, count: usize) -> Result<(), BoxError
     Ok(())
 }
 
+/// Operator CPU and wall time spent on one batch of acquisitions and their Events.
+struct EventBurst {
+    events: u64,
+    seconds: f64,
+    cpu_seconds: f64,
+}
+
+impl EventBurst {
+    fn per_second(&self) -> f64 {
+        self.events as f64 / self.seconds.max(1e-9)
+    }
+
+    /// CPU-seconds per 1,000 Events, less `background_cores` over the burst's duration.
+    fn cpu_per_thousand(&self, background_cores: f64) -> f64 {
+        let own = (self.cpu_seconds - background_cores * self.seconds).max(0.0);
+        own * 1000.0 / (self.events.max(1) as f64)
+    }
+}
+
+fn events_published(server: &TestApiServer) -> u64 {
+    server.request_count("create", "events") + server.request_count("patch", "events")
+}
+
+/// Creates `count` locks in `namespace` and measures until the operator has published an Event for each (its
+/// `Acquired`); then deletes them and waits until they are gone (not measured).
+async fn event_burst(
+    server: &TestApiServer,
+    client: &kube::Client,
+    pid: u32,
+    namespace: &str,
+    count: usize,
+) -> Result<EventBurst, BoxError> {
+    let api: Api<DistributedLock> = Api::namespaced(client.clone(), namespace);
+    let events_before = events_published(server);
+    let cpu_before = cpu_seconds(pid)?;
+    let started = Instant::now();
+    create_locks(&api, count, None).await?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let events = loop {
+        let events = events_published(server) - events_before;
+        if events >= count as u64 {
+            break events;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("only {events} of {count} Events after 10 minutes").into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let burst = EventBurst {
+        events,
+        seconds: started.elapsed().as_secs_f64(),
+        cpu_seconds: cpu_seconds(pid)? - cpu_before,
+    };
+    api.delete_collection(&Default::default(), &Default::default())
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while !api.list(&Default::default()).await?.items.is_empty() {
+        if Instant::now() > deadline {
+            return Err(format!("the locks in {namespace} were not deleted after 10 minutes").into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(burst)
+}
+
+/// Creates locks `lock-00000` … in the API's namespace (ttl 10s), 32 at a time, noting when each was sent.
+async fn create_locks(
+    api: &Api<DistributedLock>,
+    count: usize,
+    created: Option<&Mutex<HashMap<String, Instant>>>,
+) -> Result<(), BoxError> {
+    futures::stream::iter(0..count)
+        .map(|index| async move {
+            let name = format!("lock-{index:05}");
+            let lock: DistributedLock = serde_json::from_value(serde_json::json!({
+                "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+                "metadata": { "name": name },
+                "spec": { "ttl": "10s", "holder": { "identity": format!("holder-{index}") } }
+            }))?;
+            if let Some(created) = created {
+                created
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(name, Instant::now());
+            }
+            api.create(&PostParams::default(), &lock).await?;
+            Ok::<(), BoxError>(())
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
 async fn cores_over(pid: u32, window: Duration) -> Result<f64, BoxError> {
     let cpu_before = cpu_seconds(pid)?;
     let started = Instant::now();
@@ -149,6 +257,7 @@ async fn bench() -> Result<(), BoxError> {
     let locks = env_number("OPERATOR_BENCH_LOCKS", 10_000) as usize;
     let window = Duration::from_secs(env_number("OPERATOR_BENCH_SECONDS", 60));
     let pods = env_number("OPERATOR_BENCH_PODS", 10_000) as usize;
+    let event_count = env_number("OPERATOR_BENCH_EVENTS", 3_000) as usize;
     let masters = RedisCluster::start(5)?;
     let server = TestApiServer::start().await;
     let client = server.client();
@@ -157,6 +266,13 @@ async fn bench() -> Result<(), BoxError> {
     server.write_kubeconfig(&kubeconfig)?;
     let secret = dir.path().join("secret");
     std::fs::write(&secret, [42u8; 48])?;
+
+    println!(
+        "the Event recorders alone (three rounds each, alternating, summed; 32 publishes at a time; CPU of the publishing thread):"
+    );
+    let [kube_recorder, our_recorder] = recorders::measure(&server, event_count, locks).await?;
+    println!("  {}", recorders::describe("kube-runtime's", &kube_recorder));
+    println!("  {}", recorders::describe("the operator's", &our_recorder));
 
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in [RedisQuorum::crd(), DistributedLock::crd()] {
@@ -172,7 +288,9 @@ async fn bench() -> Result<(), BoxError> {
         .await?;
 
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let mut operator = tokio::process::Command::new(env!("CARGO_BIN_EXE_redlock-operator"))
+    let binary = std::env::var_os("OPERATOR_BENCH_BINARY")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_redlock-operator").into());
+    let mut operator = tokio::process::Command::new(binary)
         .args(["run", "--no-leader-election"])
         .arg("--metrics-addr")
         .arg(format!("127.0.0.1:{port}"))
@@ -201,6 +319,14 @@ async fn bench() -> Result<(), BoxError> {
     let idle = cores_over(pid, Duration::from_secs(5)).await?;
     let rss_idle = rss_mib(pid)?;
     println!("baseline: the operator idle with no lock uses {idle:.4} cores and {rss_idle:.1} MiB");
+    let events_idle = event_burst(&server, &client, pid, "events-idle", event_count).await?;
+    let event_cpu_idle = events_idle.cpu_per_thousand(idle);
+    println!(
+        "Events with the operator idle (baseline): {} in {:.1}s, {:.0} per second, {event_cpu_idle:.3} CPU-s per 1,000",
+        events_idle.events,
+        events_idle.seconds,
+        events_idle.per_second()
+    );
     if pods > 0 {
         println!("creating {pods} pods of other applications …");
         create_pods(&client, pods).await?;
@@ -242,28 +368,7 @@ async fn bench() -> Result<(), BoxError> {
 
     println!("creating {locks} locks (ttl 10s) …");
     let creating = Instant::now();
-    futures::stream::iter(0..locks)
-        .map(|index| {
-            let api = lock_api.clone();
-            let created = created.clone();
-            async move {
-                let name = format!("lock-{index:05}");
-                let lock: DistributedLock = serde_json::from_value(serde_json::json!({
-                    "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
-                    "metadata": { "name": name, "namespace": "bench" },
-                    "spec": { "ttl": "10s", "holder": { "identity": format!("holder-{index}") } }
-                }))?;
-                created
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(name, Instant::now());
-                api.create(&PostParams::default(), &lock).await?;
-                Ok::<(), BoxError>(())
-            }
-        })
-        .buffer_unordered(32)
-        .try_collect::<Vec<()>>()
-        .await?;
+    create_locks(&lock_api, locks, Some(&created)).await?;
     println!(
         "created in {:.1}s; waiting for every lock to be held …",
         creating.elapsed().as_secs_f64()
@@ -305,8 +410,10 @@ async fn bench() -> Result<(), BoxError> {
         all_held_after.as_secs_f64()
     );
 
-    // Let the initial burst of acquisitions and Events settle, then measure steady holding.
+    // Let the initial burst of acquisitions and Events settle, publish more, then measure steady holding.
     tokio::time::sleep(Duration::from_secs(10)).await;
+    let events_after = event_burst(&server, &client, pid, "events-after", event_count).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
     let lost_before = metric(&metrics_text(port).await?, "redlock_locks_lost_total");
     println!("measuring {}s of steady holding …", window.as_secs());
     let cores = cores_over(pid, window).await?;
@@ -322,6 +429,15 @@ async fn bench() -> Result<(), BoxError> {
         cores / idle.max(1e-6),
         lost as f64 - lost_before
     );
+    let event_cpu_after = events_after.cpu_per_thousand(cores);
+    println!(
+        "Events just after {locks} acquisitions: {} in {:.1}s, {:.0} per second ({:.2}x the baseline), {event_cpu_after:.3} CPU-s per 1,000 ({:.2}x the baseline)",
+        events_after.events,
+        events_after.seconds,
+        events_after.per_second(),
+        events_after.per_second() / events_idle.per_second().max(1e-9),
+        event_cpu_after / event_cpu_idle.max(1e-9),
+    );
     if let Ok(Some(status)) = operator.try_wait() {
         return Err(format!("the operator exited during the run: {status}").into());
     }
@@ -330,8 +446,18 @@ async fn bench() -> Result<(), BoxError> {
         "memory: {rss_idle:.1} MiB idle, {rss_pods:.1} MiB with {pods} pods, {rss_held:.1} MiB with them and {locks} held locks"
     );
     println!(
-        "SUMMARY locks={locks} pods={pods} cpu_cores_avg={cores:.3} lost={} extend_lag_p99_ms={lag_p99_ms:.1} create_to_held_p50_ms={p50:.0} rss_mib_idle={rss_idle:.1} rss_mib_pods={rss_pods:.1} rss_mib_held={rss_held:.1}",
-        lost + dropped as u64
+        "SUMMARY locks={locks} pods={pods} cpu_cores_avg={cores:.3} lost={} extend_lag_p99_ms={lag_p99_ms:.1} create_to_held_p50_ms={p50:.0} rss_mib_idle={rss_idle:.1} rss_mib_pods={rss_pods:.1} rss_mib_held={rss_held:.1} events_per_s_idle={:.0} events_per_s_after={:.0} event_cpu_s_per_1000_idle={event_cpu_idle:.3} event_cpu_s_per_1000_after={event_cpu_after:.3} recorder_kube_per_s_idle={:.0} recorder_kube_per_s_after={:.0} recorder_kube_cpu_s_per_1000_idle={:.3} recorder_kube_cpu_s_per_1000_after={:.3} recorder_ours_per_s_idle={:.0} recorder_ours_per_s_after={:.0} recorder_ours_cpu_s_per_1000_idle={:.3} recorder_ours_cpu_s_per_1000_after={:.3}",
+        lost + dropped as u64,
+        events_idle.per_second(),
+        events_after.per_second(),
+        kube_recorder.idle.per_second(),
+        kube_recorder.after.per_second(),
+        kube_recorder.idle.cpu_per_thousand(),
+        kube_recorder.after.cpu_per_thousand(),
+        our_recorder.idle.per_second(),
+        our_recorder.after.per_second(),
+        our_recorder.idle.cpu_per_thousand(),
+        our_recorder.after.cpu_per_thousand(),
     );
     Ok(())
 }

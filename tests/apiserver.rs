@@ -17,11 +17,11 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::core::ObjectMeta;
 use kube::core::{ApiResource, DynamicObject};
-use kube::runtime::events::{Event as RecorderEvent, EventType, Recorder, Reporter};
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, CustomResourceExt, Resource, ResourceExt};
 use redlock_operator::api::{DistributedLock, RedisQuorum};
+use redlock_operator::telemetry::events::{Event as RecorderEvent, EventType, Recorder, Reporter};
 use serde_json::json;
 use support::apiserver::realism::{Jitter, Realism, seed_from};
 use support::apiserver::{PodGc, TestApiServer};
@@ -459,7 +459,7 @@ async fn server_side_apply_creates_and_updates() {
 }
 
 #[tokio::test]
-async fn recorder_publishes_events() {
+async fn recorder_publishes_events_as_series_and_starts_again_when_one_is_gone() {
     let (_server, client) = started().await;
     let secrets: Api<Secret> = Api::default_namespaced(client.clone());
     let object = secrets
@@ -471,27 +471,55 @@ async fn recorder_publishes_events() {
         instance: None,
     };
     let recorder = Recorder::new(client.clone(), reporter);
-    let event = RecorderEvent {
+    let event = |note: &str| RecorderEvent {
         type_: EventType::Normal,
         reason: "Acquired".into(),
-        note: Some("lock acquired".into()),
+        note: Some(note.into()),
         action: "Acquire".into(),
         secondary: None,
     };
     let reference = object.object_ref(&());
-    recorder.publish(&event, &reference).await.unwrap();
-    // The same event again becomes a series, sent as a merge patch.
-    recorder.publish(&event, &reference).await.unwrap();
-
     let events: Api<EventsV1Event> = Api::default_namespaced(client.clone());
+    recorder
+        .publish(&event("lock acquired"), &reference)
+        .await
+        .unwrap();
+    // The same event again becomes a series, sent as a merge patch; the note stays the first one's.
+    recorder
+        .publish(&event("lock acquired"), &reference)
+        .await
+        .unwrap();
+    recorder
+        .publish(&event("acquired again"), &reference)
+        .await
+        .unwrap();
     let published = events.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(published.len(), 1);
-    assert_eq!(published[0].note.as_deref(), Some("lock acquired"));
-    assert_eq!(published[0].series.as_ref().map(|s| s.count), Some(2));
+    let first = &published[0];
+    assert_eq!(first.note.as_deref(), Some("lock acquired"));
+    assert_eq!(first.series.as_ref().map(|s| s.count), Some(3));
+    assert_eq!(first.reporting_controller.as_deref(), Some("redlock-operator"));
+    assert_eq!(first.reporting_instance.as_deref(), Some("redlock-operator"));
+    assert_eq!(first.type_.as_deref(), Some("Normal"));
     assert_eq!(
-        published[0].reporting_controller.as_deref(),
-        Some("redlock-operator")
+        first.regarding.as_ref().and_then(|r| r.uid.as_deref()),
+        object.metadata.uid.as_deref()
     );
+
+    // Gone from the API server (deleted, or expired there): the next occurrence is a new Event.
+    events
+        .delete(&first.name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    recorder.publish(&event("once more"), &reference).await.unwrap();
+    let published = events.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(published.len(), 1);
+    assert_ne!(published[0].name_any(), first.name_any());
+    assert_eq!(published[0].note.as_deref(), Some("once more"));
+    assert_eq!(published[0].series, None);
+    recorder.publish(&event("and again"), &reference).await.unwrap();
+    let again = events.get(&published[0].name_any()).await.unwrap();
+    assert_eq!(again.series.map(|s| s.count), Some(2));
 }
 
 #[tokio::test]

@@ -557,7 +557,7 @@ async fn changing_the_holder_releases_and_acquires_with_a_new_token() {
     );
     let reasons = event_reasons(&env.events(), None, "owner").await;
     assert!(reasons.contains(&"Released".to_owned()), "{reasons:?}");
-    // A repeated reason is one Event with a series count (kube's recorder aggregates like client-go's).
+    // A repeated reason is one Event with a series count (the recorder aggregates like kube's and client-go's).
     assert!(reasons.contains(&"Acquired".to_owned()), "{reasons:?}");
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;

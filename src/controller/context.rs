@@ -9,7 +9,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::Resource;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::engines::Engines;
@@ -18,6 +17,7 @@ use super::installation_secret::InstallationSecret;
 use super::keeper::Keeper;
 use super::replica_lease::Leadership;
 use crate::api::{DistributedLock, RedisQuorum};
+use crate::telemetry::events::{Event, EventType, Recorder};
 use crate::telemetry::metrics::Metrics;
 
 pub struct Context {

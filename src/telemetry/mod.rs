@@ -30,6 +30,7 @@ pub fn init(format: LogFormat, default_level: &str) {
     };
 }
 
+pub mod events;
 pub mod health;
 pub mod metrics;
 pub mod server;
