@@ -3,6 +3,7 @@
 
 pub mod apiserver;
 pub mod fault_proxy;
+pub mod history;
 pub mod job_controller;
 pub mod redis_server;
 pub mod safety;
