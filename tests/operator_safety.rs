@@ -86,10 +86,16 @@ async fn the_operator_under_a_nemesis_never_lets_two_holders_act() {
     let scenario = Scenario {
         seed: Scenario::seed_from_env(),
         duration: Duration::from_secs(90),
-        clusters: 1,
+        clusters: 2,
         replicas: 2,
         leader_locks: 2,
         pods_per_lock: 3,
+        identity_locks: 1,
+        job_locks: 1,
+        outside_clients: 2,
+        churn_keys: 1,
+        job_seconds: 0.5..2.0,
+        real_clusters: true,
         nemesis: true,
         holders_per_key: 1,
         controls: String::new(),
@@ -101,4 +107,33 @@ async fn the_operator_under_a_nemesis_never_lets_two_holders_act() {
     assert!(report.is_safe(), "seed {seed}: {report}");
     assert!(report.transitions_total() >= 2, "nothing was ever held: {report}");
     assert!(report.nemesis_events >= 5, "{report}");
+}
+
+/// Each negative control breaks one safeguard of the operator in a run built to need it: the checker must
+/// catch it. (Their clean twins run in `cargo bench --bench operator_safety`.)
+async fn caught(control: redlock_operator::negative_controls::Control) {
+    let seed = Scenario::seed_from_env();
+    let outcome = product_safety::controls::run_broken(control, seed).await;
+    println!("seed {seed}: {outcome}");
+    assert!(outcome.caught(), "seed {seed}: {outcome}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checker_catches_a_quorum_without_restart_quarantine() {
+    caught(redlock_operator::negative_controls::Control::NoQuarantine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checker_catches_tokens_without_the_floor_record() {
+    caught(redlock_operator::negative_controls::Control::NoFloorRecord).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checker_catches_fencing_after_the_validity() {
+    caught(redlock_operator::negative_controls::Control::FenceAfterValidity).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checker_catches_a_leader_label_removed_after_the_lock_moved() {
+    caught(redlock_operator::negative_controls::Control::LateUnlabel).await;
 }

@@ -7,22 +7,22 @@
 //! whether or not its watch delivers anything. The pods of one cluster are followed through one watch (one
 //! stream, delivered in the API server's order), through a proxy the nemesis cuts with the cluster's outages.
 
-use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
+use redlock_operator::api::DistributedLock;
 use redlock_operator::cli::elect::{Term, fence_instant};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::cluster::Cluster;
-use super::recorder::{ACT_INTERVAL, Belief, Recorder};
+use super::follow::{Seen, follow};
+use super::recorder::Recorder;
 
 pub const LEADER_LABEL: &str = "redlock.io/leader";
 const TOKEN_ANNOTATION: &str = "redlock.io/fencing-token";
@@ -38,37 +38,57 @@ pub const POD_FENCE_MARGIN: Duration = Duration::from_millis(500);
 pub struct LeaderSet {
     pub lock: String,
     pub key: String,
+    resource_key: String,
+    quorum: String,
     pods: Vec<String>,
     created: usize,
 }
 
 impl LeaderSet {
-    /// Creates the lock (`resourceKey` = its name, on the quorum's shared keys) and `pods` ready pods.
-    pub async fn create(cluster: &Cluster, quorum: &str, lock: &str, ttl: &str, pods: usize) -> Self {
+    /// Creates the lock (on the quorum's shared key `resource_key`) and `pods` ready pods.
+    pub async fn create(
+        cluster: &Cluster,
+        quorum: &str,
+        lock: &str,
+        resource_key: &str,
+        pods: usize,
+    ) -> Self {
         let mut set = Self {
             lock: lock.to_owned(),
-            key: format!("shared:{lock}"),
+            key: format!("shared:{resource_key}"),
+            resource_key: resource_key.to_owned(),
+            quorum: quorum.to_owned(),
             pods: Vec::new(),
             created: 0,
         };
         for _ in 0..pods {
             set.add_pod(cluster).await;
         }
+        set.create_lock(cluster).await;
+        set
+    }
+
+    async fn create_lock(&self, cluster: &Cluster) {
         let object = serde_json::json!({
             "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
-            "metadata": { "name": lock },
-            "spec": { "quorum": quorum, "ttl": ttl, "resourceKey": lock,
-                      "holder": { "leaderElection": { "selector": { "matchLabels": { "app": lock } } } } }
+            "metadata": { "name": self.lock },
+            "spec": { "quorum": self.quorum, "ttl": super::TTL, "resourceKey": self.resource_key,
+                      "holder": { "leaderElection": { "selector": { "matchLabels": { "app": self.lock } } } } }
         });
-        cluster
-            .locks()
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(object).expect("lock"),
-            )
-            .await
-            .expect("create the leader lock");
-        set
+        let lock: DistributedLock = serde_json::from_value(object).expect("lock");
+        let _ = cluster.locks().create(&PostParams::default(), &lock).await;
+    }
+
+    /// Deletes the lock (its finalizer releases the key), waits until it is gone, and creates it again. Gives up
+    /// waiting after a while (an operator cut off cannot remove the finalizer).
+    pub async fn recreate(&mut self, cluster: &Cluster) {
+        let _ = cluster.locks().delete(&self.lock, &DeleteParams::default()).await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while cluster.locks().get_opt(&self.lock).await.ok().flatten().is_some() && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.create_lock(cluster).await;
     }
 
     /// A new pod (as a ReplicaSet replaces one), running and ready.
@@ -134,7 +154,7 @@ pub async fn set_ready(cluster: &Cluster, pod: &str, ready: bool) {
 }
 
 /// What a pod's process sees of its own pod: leading with a token until a fence time, or not leading.
-fn leading(pod: &Pod, now: Instant) -> Option<(String, Term, Instant)> {
+fn leading(cluster: &str, pod: &Pod, now: Instant) -> Option<Seen> {
     let labels = pod.metadata.labels.as_ref()?;
     if labels.get(LEADER_LABEL).map(String::as_str) != Some("true")
         || pod.metadata.deletion_timestamp.is_some()
@@ -146,8 +166,16 @@ fn leading(pod: &Pod, now: Instant) -> Option<(String, Term, Instant)> {
         token: annotations.get(TOKEN_ANNOTATION)?.parse().ok()?,
         valid_until: annotations.get(VALID_UNTIL_ANNOTATION)?.parse().ok()?,
     };
-    let fence_at = fence_instant(&term, POD_FENCE_MARGIN, now, Timestamp::now());
-    Some((annotations.get(KEY_ANNOTATION)?.clone(), term, fence_at))
+    Some(Seen {
+        key: annotations.get(KEY_ANNOTATION)?.clone(),
+        holder: format!("{cluster}/{}", pod.name_any()),
+        token: term.token,
+        fence_at: fence_instant(&term, POD_FENCE_MARGIN, now, Timestamp::now()),
+        evidence: format!(
+            "leader pod saw token {} valid until {}",
+            term.token, term.valid_until
+        ),
+    })
 }
 
 /// The processes of every leader pod of `cluster`, through `client` (cut with the cluster's outages), until
@@ -161,111 +189,12 @@ pub async fn follow_pods(
 ) {
     let api: Api<Pod> = Api::namespaced(client, &namespace);
     let config = watcher::Config::default().labels(&format!("{ROLE_LABEL}=leader"));
-    let stream = watcher::watcher(api, config).default_backoff();
-    let mut stream = std::pin::pin!(stream);
-    let mut believing: BTreeMap<String, Belief> = BTreeMap::new();
-    // The pods of a relist in progress: a pod missing from it is gone.
-    let mut relisted: Option<HashSet<String>> = None;
-    let mut next_act = Instant::now() + ACT_INTERVAL;
-    loop {
-        let next_fence = believing.values().map(|belief| belief.fence_at).min();
-        let wake = next_fence.map_or(next_act, |fence| fence.min(next_act));
-        tokio::select! {
-            () = stop.cancelled() => break,
-            () = tokio::time::sleep_until(wake) => {
-                let now = Instant::now();
-                let fenced: Vec<String> = believing
-                    .iter()
-                    .filter(|(_, belief)| belief.fence_at <= now)
-                    .map(|(pod, _)| pod.clone())
-                    .collect();
-                for pod in fenced {
-                    if let Some(belief) = believing.remove(&pod) {
-                        belief.end(&recorder, now, "its fence time came");
-                    }
-                }
-                if now >= next_act {
-                    for belief in believing.values() {
-                        belief.act(&recorder);
-                    }
-                    next_act = now + ACT_INTERVAL;
-                }
-            }
-            event = stream.next() => {
-                let now = Instant::now();
-                match event {
-                    Some(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod))) => {
-                        if let Some(seen) = relisted.as_mut() {
-                            seen.insert(pod.name_any());
-                        }
-                        see(&cluster, &pod, &mut believing, &recorder, now);
-                    }
-                    Some(Ok(watcher::Event::Delete(pod))) => {
-                        if let Some(belief) = believing.remove(&pod.name_any()) {
-                            belief.end(&recorder, now, "its pod is gone");
-                        }
-                    }
-                    Some(Ok(watcher::Event::Init)) => relisted = Some(HashSet::new()),
-                    Some(Ok(watcher::Event::InitDone)) => {
-                        let seen = relisted.take().unwrap_or_default();
-                        let gone: Vec<String> = believing.keys().filter(|pod| !seen.contains(*pod)).cloned().collect();
-                        for pod in gone {
-                            if let Some(belief) = believing.remove(&pod) {
-                                belief.end(&recorder, now, "its pod was not in a relist");
-                            }
-                        }
-                    }
-                    Some(Err(_)) => {}
-                    None => break,
-                }
-            }
-        }
-    }
-    let now = Instant::now();
-    for (_, belief) in std::mem::take(&mut believing) {
-        belief.end(&recorder, now, "the run ended");
-    }
-}
-
-/// One pod as its process sees it now: a belief starts, goes on (a later fence time), or ends.
-fn see(
-    cluster: &str,
-    pod: &Pod,
-    believing: &mut BTreeMap<String, Belief>,
-    recorder: &Recorder,
-    now: Instant,
-) {
-    let name = pod.name_any();
-    let view = leading(pod, now).filter(|(_, _, fence_at)| *fence_at > now);
-    match (believing.remove(&name), view) {
-        (Some(mut belief), Some((_, term, fence_at))) if term.token == belief.token => {
-            belief.fence_at = fence_at;
-            believing.insert(name, belief);
-        }
-        (previous, view) => {
-            if let Some(belief) = previous {
-                let why = if view.is_some() {
-                    "it saw another token"
-                } else {
-                    "it saw its label gone"
-                };
-                belief.end(recorder, now, why);
-            }
-            if let Some((key, term, fence_at)) = view {
-                let belief = Belief {
-                    key,
-                    holder: format!("{cluster}/{name}"),
-                    token: term.token,
-                    start: now,
-                    fence_at,
-                    evidence: format!(
-                        "leader pod saw token {} valid until {}",
-                        term.token, term.valid_until
-                    ),
-                };
-                belief.act(recorder);
-                believing.insert(name, belief);
-            }
-        }
-    }
+    follow(
+        api,
+        config,
+        move |pod, now| leading(&cluster, pod, now),
+        recorder,
+        stop,
+    )
+    .await;
 }

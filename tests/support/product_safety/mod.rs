@@ -6,11 +6,17 @@
 //!
 //! Not part of `tests/support/mod.rs` (every test binary compiles that): the binaries that use it include it with
 //! `#[path]`, next to `tests/e2e/mod.rs`.
+#![allow(dead_code)]
 
 pub mod checker;
 pub mod cluster;
+pub mod controls;
+pub mod follow;
+pub mod identity;
+pub mod jobs;
 pub mod leaders;
 pub mod nemesis;
+pub mod outside;
 pub mod protected;
 pub mod recorder;
 pub mod replica;
@@ -30,10 +36,13 @@ use tokio_util::sync::CancellationToken;
 
 use self::checker::Report;
 use self::cluster::Cluster;
+use self::identity::IdentityLock;
+use self::jobs::JobLock;
 use self::leaders::LeaderSet;
 use self::recorder::Recorder;
 use self::replica::Replica;
 use crate::support::fault_proxy::FaultProxy;
+use crate::support::job_controller::FakeJobRuntime;
 use crate::support::redis_server::RedisCluster;
 
 /// The masters' longest TTL (the quorum's `maxTtl`): a restarted master does not vote for this long.
@@ -53,8 +62,21 @@ pub struct Scenario {
     pub clusters: usize,
     /// Operator replicas per cluster (one active, the others standby).
     pub replicas: usize,
+    /// Leader-election locks per cluster, on keys `key-0`, `key-1`, … (shared by the clusters).
     pub leader_locks: usize,
     pub pods_per_lock: usize,
+    /// Identity locks per cluster, on the same keys as the leader locks.
+    pub identity_locks: usize,
+    /// Job-fencing locks per cluster, on keys `churn-0`, `churn-1`, … (shared by the clusters).
+    pub job_locks: usize,
+    /// `lock` processes outside Kubernetes, on the clusters' keys and the churn keys.
+    pub outside_clients: usize,
+    /// Keys the Job locks and the outside clients share (at least `job_locks`).
+    pub churn_keys: usize,
+    /// How long each Job works, in seconds.
+    pub job_seconds: std::ops::Range<f64>,
+    /// Whether the clusters are the real ones of `REDLOCK_E2E_KUBECONFIG` (and `…_B`) when set.
+    pub real_clusters: bool,
     pub nemesis: bool,
     /// How many holders a key may have at once (1 for a lock; N for a semaphore of N permits, once they exist).
     pub holders_per_key: usize,
@@ -88,6 +110,10 @@ pub struct Side {
     /// The holders' link to the API server (cut with the cluster's outages).
     pub holders_link: FaultProxy,
     pub leaders: Vec<LeaderSet>,
+    pub identities: Vec<IdentityLock>,
+    pub jobs: Vec<JobLock>,
+    /// The Job controller and kubelet next to a test API server (a real cluster has its own).
+    _job_runtime: Option<FakeJobRuntime>,
     _secret_dir: tempfile::TempDir,
 }
 
@@ -135,7 +161,7 @@ impl World {
         let mut holder_tasks = Vec::new();
         for index in 0..scenario.clusters {
             let name = ["east", "west"][index % 2];
-            let kubeconfig = kubeconfig_of(index);
+            let kubeconfig = kubeconfig_of(index).filter(|_| scenario.real_clusters);
             let cluster = Cluster::start(
                 name,
                 kubeconfig.as_deref(),
@@ -173,11 +199,29 @@ impl World {
             let (_, holders_client, holders_link) = cluster.behind_proxy("holders").await;
             holder_tasks.push(tokio::spawn(leaders::follow_pods(
                 name.to_owned(),
+                holders_client.clone(),
+                cluster.namespace.clone(),
+                recorder.clone(),
+                holders_stop.clone(),
+            )));
+            holder_tasks.push(tokio::spawn(identity::follow_locks(
+                name.to_owned(),
+                holders_client.clone(),
+                cluster.namespace.clone(),
+                recorder.clone(),
+                holders_stop.clone(),
+            )));
+            holder_tasks.push(tokio::spawn(jobs::follow_pods(
+                name.to_owned(),
                 holders_client,
                 cluster.namespace.clone(),
                 recorder.clone(),
                 holders_stop.clone(),
             )));
+            let job_runtime = cluster
+                .server
+                .as_ref()
+                .map(|server| FakeJobRuntime::start(server.controller_client(), Some(&cluster.namespace)));
             sides.push(Side {
                 cluster,
                 quorum,
@@ -185,6 +229,9 @@ impl World {
                 links,
                 holders_link,
                 leaders: Vec::new(),
+                identities: Vec::new(),
+                jobs: Vec::new(),
+                _job_runtime: job_runtime,
                 _secret_dir: secret_dir,
             });
         }
@@ -197,11 +244,50 @@ impl World {
                     &side.cluster,
                     &side.quorum,
                     &format!("leader-{index}"),
-                    TTL,
+                    &format!("key-{index}"),
                     scenario.pods_per_lock,
                 )
                 .await;
                 side.leaders.push(set);
+            }
+            for index in 0..scenario.identity_locks {
+                let key = format!("key-{}", index % scenario.leader_locks.max(1));
+                let lock =
+                    IdentityLock::create(&side.cluster, &side.quorum, &format!("ident-{index}"), &key).await;
+                side.identities.push(lock);
+            }
+        }
+        for (side_index, side) in sides.iter_mut().enumerate() {
+            for index in 0..scenario.job_locks {
+                let lock = format!("jobs-{index}");
+                let job_lock =
+                    JobLock::create(&side.cluster, &side.quorum, &lock, &format!("churn-{index}")).await;
+                holder_tasks.push(tokio::spawn(jobs::feed(
+                    side.cluster.client.clone(),
+                    side.cluster.namespace.clone(),
+                    (lock, job_lock.key.clone()),
+                    scenario.job_seconds.clone(),
+                    scenario.seed.wrapping_add(200 + (side_index * 10 + index) as u64),
+                    holders_stop.clone(),
+                )));
+                side.jobs.push(job_lock);
+            }
+        }
+        let mut outside_keys: Vec<String> = (0..scenario.leader_locks.max(scenario.identity_locks))
+            .map(|index| format!("shared:key-{index}"))
+            .collect();
+        let churn_keys = scenario.churn_keys.max(scenario.job_locks);
+        outside_keys.extend((0..churn_keys).map(|index| format!("shared:churn-{index}")));
+        if !outside_keys.is_empty() {
+            for index in 0..scenario.outside_clients {
+                holder_tasks.push(tokio::spawn(outside::client(
+                    format!("outside-{index}"),
+                    masters.urls(),
+                    outside_keys.clone(),
+                    scenario.seed.wrapping_add(100 + index as u64),
+                    recorder.clone(),
+                    holders_stop.clone(),
+                )));
             }
         }
         let rng = StdRng::seed_from_u64(scenario.seed);
@@ -233,7 +319,8 @@ impl World {
             to,
             self.scenario.holders_per_key,
         );
-        if !report.is_safe() {
+        let verbose = std::env::var_os("REDLOCK_SAFETY_LOG").is_some();
+        if !report.is_safe() || verbose {
             for event in self.recorder.nemesis_events() {
                 eprintln!("{:?} nemesis: {}", event.at, event.what);
             }
@@ -242,7 +329,7 @@ impl World {
                     eprintln!(
                         "--- log of {} (last lines) ---\n{}",
                         replica.identity,
-                        replica.log_tail(40)
+                        replica.log_tail(if verbose { 400 } else { 40 })
                     );
                 }
             }
@@ -261,8 +348,17 @@ impl World {
         let mut keys: Vec<String> = self
             .sides
             .iter()
-            .flat_map(|side| side.leaders.iter().map(|set| set.key.clone()))
+            .flat_map(|side| {
+                let leaders = side.leaders.iter().map(|set| set.key.clone());
+                let identities = side.identities.iter().map(|lock| lock.key.clone());
+                leaders
+                    .chain(identities)
+                    .chain(side.jobs.iter().map(|lock| lock.key.clone()))
+            })
             .collect();
+        if self.scenario.outside_clients > 0 {
+            keys.extend((0..self.scenario.churn_keys).map(|index| format!("shared:churn-{index}")));
+        }
         keys.sort();
         keys.dedup();
         keys

@@ -36,10 +36,12 @@ enum Fault {
     Latency,
     LeaderUnready,
     LeaderDeleted,
+    LockRecreated,
+    JobFails,
 }
 
 impl Fault {
-    const ALL: [Fault; 12] = [
+    const ALL: [Fault; 14] = [
         Fault::KillActive,
         Fault::KillStandby,
         Fault::StopActive,
@@ -52,12 +54,16 @@ impl Fault {
         Fault::Latency,
         Fault::LeaderUnready,
         Fault::LeaderDeleted,
+        Fault::LockRecreated,
+        Fault::JobFails,
     ];
 
     fn possible(self, world: &World) -> bool {
         match self {
             Fault::KillStandby | Fault::StopStandby => world.scenario.replicas >= 2,
             Fault::LeaderUnready | Fault::LeaderDeleted => world.scenario.leader_locks > 0,
+            Fault::LockRecreated => world.scenario.leader_locks + world.scenario.identity_locks > 0,
+            Fault::JobFails => world.scenario.job_locks > 0,
             _ => true,
         }
     }
@@ -285,6 +291,35 @@ async fn inject(world: &mut World, fault: Fault, side: usize) {
                 set.replace(&side.cluster, &leader).await;
             }
             // A failover excuses nothing: the next leader should hold the key at once.
+            return;
+        }
+        Fault::JobFails => {
+            let pick = world.rng.random_range(0..world.sides[side].jobs.len());
+            let side = &mut world.sides[side];
+            let lock = &mut side.jobs[pick];
+            world
+                .recorder
+                .nemesis(format!("{cluster}/{}: a failing Job queued first", lock.lock));
+            lock.queue_failing_job(&side.cluster).await;
+            return;
+        }
+        Fault::LockRecreated => {
+            let side = &mut world.sides[side];
+            let (leaders, identities) = (side.leaders.len(), side.identities.len());
+            let pick = world.rng.random_range(0..leaders + identities);
+            if pick < leaders {
+                let set = &mut side.leaders[pick];
+                world
+                    .recorder
+                    .nemesis(format!("{cluster}/{} deleted and created again", set.lock));
+                set.recreate(&side.cluster).await;
+            } else {
+                let lock = &mut side.identities[pick - leaders];
+                world
+                    .recorder
+                    .nemesis(format!("{cluster}/{} deleted and created again", lock.lock));
+                lock.recreate(&side.cluster).await;
+            }
             return;
         }
     };
