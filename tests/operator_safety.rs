@@ -109,6 +109,23 @@ async fn the_operator_under_a_nemesis_never_lets_two_holders_act() {
     assert!(report.nemesis_events >= 5, "{report}");
 }
 
+/// What the checker found, each as a run built to show it (it failed before the fix).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_leader_lock_stops_its_leader_before_another_cluster_leads() {
+    let seed = Scenario::seed_from_env();
+    let report = product_safety::findings::leader_lock_deleted(seed).await;
+    println!("seed {seed}: {report}");
+    assert!(report.is_safe(), "seed {seed}: {report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_identity_lock_is_not_given_away_while_its_holder_may_still_act() {
+    let seed = Scenario::seed_from_env();
+    let report = product_safety::findings::identity_lock_lost(seed).await;
+    println!("seed {seed}: {report}");
+    assert!(report.is_safe(), "seed {seed}: {report}");
+}
+
 /// Each negative control breaks one safeguard of the operator in a run built to need it: the checker must
 /// catch it. (Their clean twins run in `cargo bench --bench operator_safety`.)
 async fn caught(control: redlock_operator::negative_controls::Control) {
@@ -136,4 +153,56 @@ async fn the_checker_catches_fencing_after_the_validity() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checker_catches_a_leader_label_removed_after_the_lock_moved() {
     caught(redlock_operator::negative_controls::Control::LateUnlabel).await;
+}
+
+#[test]
+fn token_regressions_after_every_master_forgot_are_reported_apart_unless_a_floor_record_saw_the_token() {
+    let recorder = product_safety::recorder::Recorder::default();
+    let now = Instant::now();
+    let at = |ms: i64| {
+        if ms < 0 {
+            now - Duration::from_millis(ms.unsigned_abs())
+        } else {
+            now + Duration::from_millis(ms.unsigned_abs())
+        }
+    };
+    let belief = |holder: &str, start: i64, token: i64| Interval {
+        resource: "k".into(),
+        client: holder.into(),
+        start: at(start),
+        end: at(start + 5),
+        token,
+        evidence: String::new(),
+    };
+    recorder.belief(belief("outside/a", -100, 7));
+    recorder.belief(belief("east/pod", -50, 9));
+    for master in 0..3 {
+        recorder.master_restarted(master);
+    }
+    // Two masters still remember: not excused.
+    recorder.belief(belief("west/pod", 30_000, 8));
+    let keys = ["k".to_owned()];
+    let report = product_safety::checker::check(&recorder, &keys, (at(-200), at(80_000)), 1, 5);
+    assert_eq!(report.token_regressions.len(), 1);
+    for master in 3..5 {
+        recorder.master_restarted(master);
+    }
+    // Now every master forgot before west's and later holdings started: another cluster (or the `lock`
+    // command) cannot know the earlier token, but east's own floor record saw token 9. (Far in the future: the
+    // restarts are stamped with the clock, however slow this machine is.)
+    recorder.belief(belief("outside/b", 60_000, 2));
+    recorder.belief(belief("east/pod2", 70_000, 3));
+    let report = product_safety::checker::check(&recorder, &keys, (at(-200), at(80_000)), 1, 5);
+    let failed: Vec<&str> = report
+        .token_regressions
+        .iter()
+        .map(|r| r.later.client.as_str())
+        .collect();
+    assert_eq!(failed, ["east/pod2"]);
+    let forgotten: Vec<&str> = report
+        .forgotten_token_regressions
+        .iter()
+        .map(|r| r.later.client.as_str())
+        .collect();
+    assert_eq!(forgotten, ["west/pod", "outside/b"]);
 }

@@ -3,7 +3,7 @@
 //! API server's order) and believes from the moment it sees a grant until it sees it gone or its own fence
 //! time comes, whichever is first — whether or not its watch delivers anything.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::sync::Arc;
 
@@ -39,8 +39,8 @@ pub async fn follow<K>(
     let stream = watcher::watcher(api, config).default_backoff();
     let mut stream = std::pin::pin!(stream);
     let mut believing: BTreeMap<String, Belief> = BTreeMap::new();
-    // The objects of a relist in progress: one missing from it is gone.
-    let mut relisted: Option<HashSet<String>> = None;
+    // The objects of a relist in progress, seen all at once when it is done.
+    let mut relisted: Option<Vec<K>> = None;
     let mut next_act = Instant::now() + ACT_INTERVAL;
     loop {
         let next_fence = believing.values().map(|belief| belief.fence_at).min();
@@ -69,10 +69,7 @@ pub async fn follow<K>(
             event = stream.next() => {
                 let now = Instant::now();
                 match event {
-                    Some(Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object))) => {
-                        if let Some(seen) = relisted.as_mut() {
-                            seen.insert(object.name_any());
-                        }
+                    Some(Ok(watcher::Event::Apply(object))) => {
                         see(object.name_any(), view(&object, now), &mut believing, &recorder, now);
                     }
                     Some(Ok(watcher::Event::Delete(object))) => {
@@ -80,16 +77,18 @@ pub async fn follow<K>(
                             belief.end(&recorder, now, "its object is gone");
                         }
                     }
-                    Some(Ok(watcher::Event::Init)) => relisted = Some(HashSet::new()),
+                    Some(Ok(watcher::Event::Init)) => relisted = Some(Vec::new()),
+                    Some(Ok(watcher::Event::InitApply(object))) => {
+                        relisted.get_or_insert_default().push(object);
+                    }
                     Some(Ok(watcher::Event::InitDone)) => {
-                        let seen = relisted.take().unwrap_or_default();
-                        let gone: Vec<String> =
-                            believing.keys().filter(|name| !seen.contains(*name)).cloned().collect();
-                        for name in gone {
-                            if let Some(belief) = believing.remove(&name) {
-                                belief.end(&recorder, now, "its object was not in a relist");
-                            }
-                        }
+                        let snapshot: Vec<(String, Option<Seen>)> = relisted
+                            .take()
+                            .unwrap_or_default()
+                            .iter()
+                            .map(|object| (object.name_any(), view(object, now)))
+                            .collect();
+                        see_snapshot(snapshot, &mut believing, &recorder, now);
                     }
                     Some(Err(_)) => {}
                     None => break,
@@ -103,6 +102,40 @@ pub async fn follow<K>(
     }
 }
 
+/// A relist: one moment of the API server. What it no longer shows (or shows changed) ended before anything it
+/// shows began, so every end is recorded before any start.
+fn see_snapshot(
+    snapshot: Vec<(String, Option<Seen>)>,
+    believing: &mut BTreeMap<String, Belief>,
+    recorder: &Recorder,
+    now: Instant,
+) {
+    let ended: Vec<String> = believing
+        .iter()
+        .filter(|(name, belief)| {
+            let seen = snapshot
+                .iter()
+                .find(|(listed, _)| listed == *name)
+                .and_then(|(_, seen)| seen.as_ref());
+            !continues(belief, seen, now)
+        })
+        .map(|(name, _)| name.clone())
+        .collect();
+    for name in ended {
+        if let Some(belief) = believing.remove(&name) {
+            belief.end(recorder, now, "a relist no longer showed its grant");
+        }
+    }
+    for (name, seen) in snapshot {
+        see(name, seen, believing, recorder, now);
+    }
+}
+
+/// Whether what the holder sees now is the grant it believes in, still in time.
+fn continues(belief: &Belief, seen: Option<&Seen>, now: Instant) -> bool {
+    seen.is_some_and(|seen| seen.fence_at > now && seen.token == belief.token && seen.holder == belief.holder)
+}
+
 /// One object as its holder sees it now: a belief starts, goes on (a later fence time), or ends.
 fn see(
     name: String,
@@ -111,13 +144,15 @@ fn see(
     recorder: &Recorder,
     now: Instant,
 ) {
-    let seen = seen.filter(|seen| seen.fence_at > now);
-    match (believing.remove(&name), seen) {
-        (Some(mut belief), Some(seen)) if seen.token == belief.token && seen.holder == belief.holder => {
-            belief.fence_at = seen.fence_at;
+    match believing.remove(&name) {
+        Some(mut belief) if continues(&belief, seen.as_ref(), now) => {
+            if let Some(seen) = seen {
+                belief.fence_at = seen.fence_at;
+            }
             believing.insert(name, belief);
         }
-        (previous, seen) => {
+        previous => {
+            let seen = seen.filter(|seen| seen.fence_at > now);
             if let Some(belief) = previous {
                 let why = if seen.is_some() {
                     "it saw another grant"

@@ -2,17 +2,20 @@
 //! suspended, as the README asks; now and then one that fails at once), and removes finished ones. The Job
 //! controller and kubelet are the simulated ones next to the test server (`job_controller.rs`), or the real ones.
 //!
-//! A Job's pod believes it holds the key while it runs: from the moment it is seen `Running` (with the token of
-//! its grant in its annotations) until it is seen finished or gone. A Job's pod has no fence time of its own:
-//! the operator must suspend its Job (and the kubelet stop it) before the lock's validity ends.
+//! A Job's pod believes it holds the key while it runs (see [`follow_pods`] for how that is timed). A Job's pod
+//! has no fence time of its own: the operator must suspend its Job (and the kubelet stop it) before the lock's
+//! validity ends. Its kubelet, not its view of the API server, ends it: the pods are followed through the
+//! harness's own client, which the nemesis never cuts.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -20,8 +23,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::cluster::Cluster;
-use super::follow::{Seen, follow};
-use super::recorder::Recorder;
+use super::recorder::{ACT_INTERVAL, Belief, Recorder};
 
 const ROLE_LABEL: &str = "safety.redlock.io/role";
 const KEY_ANNOTATION: &str = "safety.redlock.io/key";
@@ -156,9 +158,9 @@ fn finished(job: &Job) -> bool {
         })
 }
 
-/// What a Job's pod believes: that it holds its key while it runs. The holder is its Job: a Job resumed with
-/// its own token (a new pod, the same grant) holds again what it held.
-fn running(cluster: &str, pod: &Pod) -> Option<Seen> {
+/// What a Job's pod holds while it runs: its key, with its grant's token. The holder is its Job: a Job resumed
+/// with its own token (a new pod, the same grant) holds again what it held.
+fn running(cluster: &str, pod: &Pod) -> Option<(String, String, i64)> {
     if pod.status.as_ref()?.phase.as_deref() != Some("Running") {
         return None;
     }
@@ -169,17 +171,18 @@ fn running(cluster: &str, pod: &Pod) -> Option<Seen> {
         .iter()
         .find(|owner| owner.kind == "Job")?
         .name;
-    Some(Seen {
-        key: annotations.get(KEY_ANNOTATION)?.clone(),
-        holder: format!("{cluster}/{job}"),
+    Some((
+        annotations.get(KEY_ANNOTATION)?.clone(),
+        format!("{cluster}/{job}"),
         token,
-        // No fence of its own: it runs until it is stopped.
-        fence_at: Instant::now() + Duration::from_secs(24 * 3600),
-        evidence: format!("Job pod {} running with token {token}", pod.name_any()),
-    })
+    ))
 }
 
-/// The pods of every Job of `cluster`, through `client` (cut with the cluster's outages).
+/// The pods of every Job of `cluster`, through `client`, until `stop`. A pod's belief starts when it is seen
+/// running (late, never early) and ends at the last moment it is known to have been running: the start of the
+/// last direct read (every 25 ms, when it also acts) that still showed it running. A pod cannot run again once
+/// it stopped, so it ran at least that long: the interval is never longer than the pod's run, and an overlap
+/// it shows is one the pod really had, however late a watch tells of the pod's end.
 pub async fn follow_pods(
     cluster: String,
     client: Client,
@@ -189,5 +192,59 @@ pub async fn follow_pods(
 ) {
     let api: Api<Pod> = Api::namespaced(client, &namespace);
     let config = watcher::Config::default().labels(&format!("{ROLE_LABEL}=job"));
-    follow(api, config, move |pod, _| running(&cluster, pod), recorder, stop).await;
+    let stream = watcher::watcher(api.clone(), config).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    let mut followed: HashSet<String> = HashSet::new();
+    let mut probes = Vec::new();
+    loop {
+        let event = tokio::select! {
+            () = stop.cancelled() => break,
+            event = stream.next() => event,
+        };
+        let pod = match event {
+            Some(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod))) => pod,
+            Some(_) => continue,
+            None => break,
+        };
+        let Some((key, holder, token)) = running(&cluster, &pod) else {
+            continue;
+        };
+        if !followed.insert(pod.uid().unwrap_or_default()) {
+            continue;
+        }
+        let (api, recorder, stop) = (api.clone(), recorder.clone(), stop.clone());
+        let cluster = cluster.clone();
+        probes.push(tokio::spawn(async move {
+            let start = Instant::now();
+            let name = pod.name_any();
+            let mut last_running = start;
+            let belief = Belief {
+                key,
+                holder,
+                token,
+                start,
+                fence_at: start + Duration::from_secs(24 * 3600),
+                evidence: format!("Job pod {name} running with token {token}"),
+            };
+            while !stop.is_cancelled() {
+                let asked = Instant::now();
+                let still = api
+                    .get_opt(&name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|pod| running(&cluster, &pod));
+                if still.is_none_or(|(_, _, seen)| seen != token) {
+                    break;
+                }
+                last_running = asked;
+                belief.act(&recorder);
+                tokio::time::sleep(ACT_INTERVAL).await;
+            }
+            belief.end(&recorder, last_running, "the last read that showed it running");
+        }));
+    }
+    for probe in probes {
+        let _ = probe.await;
+    }
 }

@@ -11,6 +11,7 @@
 pub mod checker;
 pub mod cluster;
 pub mod controls;
+pub mod findings;
 pub mod follow;
 pub mod identity;
 pub mod jobs;
@@ -137,6 +138,8 @@ pub struct World {
     pub rng: StdRng,
     holders_stop: CancellationToken,
     holder_tasks: Vec<JoinHandle<()>>,
+    /// The FIFO the outside clients' children write to.
+    _outside: Option<outside::Outside>,
 }
 
 /// Sets everything up, runs the workload under the nemesis for the scenario's duration, heals, and checks.
@@ -206,14 +209,16 @@ impl World {
             )));
             holder_tasks.push(tokio::spawn(identity::follow_locks(
                 name.to_owned(),
-                holders_client.clone(),
+                holders_client,
                 cluster.namespace.clone(),
                 recorder.clone(),
                 holders_stop.clone(),
             )));
+            // A Job's pod runs until its kubelet stops it, whatever its own view of the API server: its belief is
+            // followed on the harness's own client, which outages do not cut.
             holder_tasks.push(tokio::spawn(jobs::follow_pods(
                 name.to_owned(),
-                holders_client,
+                cluster.client.clone(),
                 cluster.namespace.clone(),
                 recorder.clone(),
                 holders_stop.clone(),
@@ -278,20 +283,23 @@ impl World {
             .collect();
         let churn_keys = scenario.churn_keys.max(scenario.job_locks);
         outside_keys.extend((0..churn_keys).map(|index| format!("shared:churn-{index}")));
-        if !outside_keys.is_empty() {
+        let outside = (scenario.outside_clients > 0 && !outside_keys.is_empty()).then(|| {
+            let (outside, follower) = outside::Outside::start(recorder.clone(), holders_stop.clone());
+            holder_tasks.push(follower);
             for index in 0..scenario.outside_clients {
-                holder_tasks.push(tokio::spawn(outside::client(
-                    format!("outside-{index}"),
+                holder_tasks.push(outside.client(
+                    index,
                     masters.urls(),
                     outside_keys.clone(),
                     scenario.seed.wrapping_add(100 + index as u64),
-                    recorder.clone(),
                     holders_stop.clone(),
-                )));
+                ));
             }
-        }
+            outside
+        });
         let rng = StdRng::seed_from_u64(scenario.seed);
         Self {
+            _outside: outside,
             scenario,
             masters,
             sides,
@@ -315,9 +323,9 @@ impl World {
         let report = checker::check(
             &self.recorder,
             &self.keys(),
-            from,
-            to,
+            (from, to),
             self.scenario.holders_per_key,
+            self.masters.len(),
         );
         let verbose = std::env::var_os("REDLOCK_SAFETY_LOG").is_some();
         if !report.is_safe() || verbose {

@@ -209,10 +209,11 @@ async fn inject(world: &mut World, fault: Fault, side: usize) {
             let targets = some_masters(world, count);
             let what = format!("masters {targets:?} SIGKILLed and restarted empty");
             world.recorder.nemesis(what);
-            let masters = &mut world.masters;
+            let (masters, recorder) = (&mut world.masters, &world.recorder);
             tokio::task::block_in_place(|| {
                 for &index in &targets {
                     masters[index].restart().expect("restart a master");
+                    recorder.master_restarted(index);
                 }
             });
             quarantine() + ttl() * 2

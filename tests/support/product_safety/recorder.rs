@@ -23,6 +23,7 @@ pub struct Recorder {
     beliefs: Mutex<Vec<Interval>>,
     events: Mutex<Vec<NemesisEvent>>,
     excused: Mutex<Vec<(Instant, Instant)>>,
+    restarts: Mutex<Vec<(usize, Instant)>>,
     pub resource: ProtectedResource,
 }
 
@@ -70,6 +71,19 @@ impl Recorder {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push((from, until));
+    }
+
+    /// Master `index` restarted empty now: it forgot every key and every fencing counter.
+    pub fn master_restarted(&self, index: usize) {
+        let restart = (index, Instant::now());
+        self.restarts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(restart);
+    }
+
+    pub fn master_restarts(&self) -> Vec<(usize, Instant)> {
+        self.restarts.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     pub fn excused(&self) -> Vec<(Instant, Instant)> {
