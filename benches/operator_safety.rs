@@ -1,6 +1,6 @@
 //! The product-level safety checker, long run: two clusters sharing one quorum, two operator replicas each,
 //! leader, identity and Job locks and `lock` processes on shared keys, under the seeded nemesis, for
-//! `OPERATOR_SAFETY_SECONDS` (default 720); then the negative controls, each of which the checker must catch.
+//! `OPERATOR_SAFETY_SECONDS` (default 840); then the negative controls, each of which the checker must catch.
 //! Run with `cargo bench --bench operator_safety`; `REDLOCK_SAFETY_SEED` repeats a run's random choices. The
 //! last line is `SUMMARY transitions=N overlaps=N token_regressions=N stale_writes_accepted=N nemesis_events=N
 //! longest_unavailable_ms=N negative_controls_detected=K/K`.
@@ -21,7 +21,7 @@ fn main() {
     let seconds: u64 = std::env::var("OPERATOR_SAFETY_SECONDS")
         .ok()
         .and_then(|value| value.parse().ok())
-        .unwrap_or(720);
+        .unwrap_or(840);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -43,14 +43,14 @@ fn main() {
             pods_per_lock: 3,
             identity_locks: 1,
             job_locks: 2,
-            outside_clients: 3,
-            churn_keys: 3,
-            job_seconds: 0.5..2.0,
+            outside_clients: 4,
+            churn_keys: 4,
+            job_seconds: 0.3..1.5,
         real_clusters: true,
         nemesis: true,
             holders_per_key: 1,
             controls: String::new(),
-            progress: Some(Duration::from_secs(30)),
+            progress: Some(Duration::from_secs(60)),
         };
         println!("the operator under the nemesis for {seconds}s…");
         let main = product_safety::run(scenario).await;

@@ -5,9 +5,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::checker::Report;
-use super::controls::{held, holding_side, overlapped};
+use super::controls::{holding_side, overlapped};
 use super::{Scenario, World};
-use crate::support::fault_proxy::Direction;
 
 fn base(seed: u64) -> Scenario {
     Scenario {
@@ -30,10 +29,11 @@ fn base(seed: u64) -> Scenario {
     }
 }
 
-/// Two clusters' leader-election locks on one key; the holding cluster's lock is deleted (and created again),
-/// three times. Its leader must stop before the other cluster's leader starts: the label goes before the key.
+/// Two clusters' leader-election locks on one key; the holding cluster's lock is deleted (and created again a
+/// few seconds later), up to three times. Its leader must stop before the other cluster's leader starts: the
+/// label goes before the key.
 pub async fn leader_lock_deleted(seed: u64) -> Report {
-    let mut world = World::start(Scenario {
+    let world = World::start(Scenario {
         clusters: 2,
         leader_locks: 1,
         pods_per_lock: 2,
@@ -51,44 +51,13 @@ pub async fn leader_lock_deleted(seed: u64) -> Report {
         let Some(side) = holder else { continue };
         // Long enough for the leader to see its label.
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let cluster = world.sides[side].cluster.name.clone();
+        let side = &world.sides[side];
         world
             .recorder
-            .nemesis(format!("{cluster}/leader-0 deleted and created again"));
-        let side = &mut world.sides[side];
-        side.leaders[0].recreate(&side.cluster).await;
+            .nemesis(format!("{}/leader-0 deleted", side.cluster.name));
+        side.leaders[0].delete(&side.cluster).await;
         tokio::time::sleep(Duration::from_secs(3)).await;
-        if overlapped(&world) {
-            break;
-        }
-    }
-    world.finish(from).await
-}
-
-/// An identity lock and a `lock` process outside Kubernetes on one key; the cluster is cut from a majority of
-/// masters while it holds the key. The lock is lost: its holder must have stopped (at the `validUntil` it was
-/// shown, minus its margin) before the outside process gets the key.
-pub async fn identity_lock_lost(seed: u64) -> Report {
-    let world = World::start(Scenario {
-        identity_locks: 1,
-        outside_clients: 1,
-        ..base(seed)
-    })
-    .await;
-    let from = Instant::now();
-    for _ in 0..3 {
-        held(&world, 0, "ident-0").await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        world
-            .recorder
-            .nemesis("east cut from masters [0, 1, 2] for 5s".into());
-        for index in 0..3 {
-            world.sides[0].links[index].hold(Direction::Both, true);
-        }
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        for index in 0..3 {
-            world.sides[0].links[index].hold(Direction::Both, false);
-        }
+        side.leaders[0].create_lock(&side.cluster).await;
         if overlapped(&world) {
             break;
         }

@@ -68,7 +68,7 @@ impl LeaderSet {
         set
     }
 
-    async fn create_lock(&self, cluster: &Cluster) {
+    pub async fn create_lock(&self, cluster: &Cluster) {
         let object = serde_json::json!({
             "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
             "metadata": { "name": self.lock },
@@ -82,13 +82,18 @@ impl LeaderSet {
     /// Deletes the lock (its finalizer releases the key), waits until it is gone, and creates it again. Gives up
     /// waiting after a while (an operator cut off cannot remove the finalizer).
     pub async fn recreate(&mut self, cluster: &Cluster) {
+        self.delete(cluster).await;
+        self.create_lock(cluster).await;
+    }
+
+    /// Deletes the lock and waits until it is gone (at most 20 s).
+    pub async fn delete(&self, cluster: &Cluster) {
         let _ = cluster.locks().delete(&self.lock, &DeleteParams::default()).await;
         let deadline = Instant::now() + Duration::from_secs(20);
         while cluster.locks().get_opt(&self.lock).await.ok().flatten().is_some() && Instant::now() < deadline
         {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        self.create_lock(cluster).await;
     }
 
     /// A new pod (as a ReplicaSet replaces one), running and ready.

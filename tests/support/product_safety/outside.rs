@@ -68,7 +68,7 @@ impl Outside {
             let mut runs = 0u64;
             while !stop.is_cancelled() {
                 let key = keys[rng.random_range(0..keys.len())].clone();
-                let hold = Duration::from_millis(rng.random_range(100..1_500));
+                let hold = Duration::from_millis(rng.random_range(100..1_000));
                 let pause = Duration::from_millis(rng.random_range(50..500));
                 // Run ids are unique across clients: the client's index in the low bits.
                 let run = runs * 64 + index as u64;
