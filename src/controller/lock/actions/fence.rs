@@ -14,12 +14,12 @@ use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::lock::RESYNC;
 use crate::controller::lock::decide::contended_retry;
-use crate::controller::lock::policy::Policy;
+use crate::controller::lock::policy::{KeysAfterLoss, Policy};
 use crate::controller::lock::status;
 use crate::controller::lock::status_write::write_status;
 use crate::redlock::ExtendError;
 
-/// Fences the holder, then leaves the keys to expire and shows `Lost`.
+/// Fences the holder, then gives up the keys (or leaves them to expire) and shows `Lost`.
 pub async fn report_lost(
     target: &Target<'_>,
     ctx: &Context,
@@ -34,9 +34,14 @@ pub async fn report_lost(
         (Policy::Jobs(_), _) | (_, None) => holder.to_owned(),
         (_, Some(held)) => held.lease.holder().to_owned(),
     };
-    target.policy.before_lost(ctx, &fenced, token, reason).await?;
-    // Left to expire, not released: the holder may still act up to the validity it was shown.
-    ctx.keeper.remove(&target.lref).await;
+    match target.policy.before_lost(ctx, &fenced, token, reason).await? {
+        KeysAfterLoss::Release => {
+            release_held(ctx, &target.lref, Some(&target.settings.quorum)).await;
+        }
+        KeysAfterLoss::LeaveToExpire => {
+            ctx.keeper.remove(&target.lref).await;
+        }
+    }
     let message = format!("lock lost: {reason}; re-acquiring");
     let stamp = stamp_now(target.lock);
     let written = write_status(ctx, target.lock, |current| {

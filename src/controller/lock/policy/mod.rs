@@ -70,6 +70,16 @@ pub struct Decoration {
     pub slow_jobs: Option<Vec<(String, Duration)>>,
 }
 
+/// What happens to the keys of a lost lock once its holder is fenced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeysAfterLoss {
+    /// Released: the holder was fenced in a way it sees (its label is gone).
+    Release,
+    /// Left to expire: the holder may act until the validity it was shown, which the keys outlive. If the
+    /// masters come back before they expire, a fenced Job resumes with its own token.
+    LeaveToExpire,
+}
+
 impl Policy {
     /// Observes the policy from the caches. `current`: who holds the lock per this replica or status;
     /// `latest_token`: the highest token known for it. `Err`: a message for `Ready=False` (`InvalidSelector`).
@@ -177,22 +187,26 @@ impl Policy {
     }
 
     /// The lock is lost: fence its holder first (the Service stops reaching the leader; the Job is suspended).
-    /// The keys are then left to expire, never released: a holder learns of the loss only when it sees the
-    /// fencing (a label gone, status `Lost`), and until then it may act up to the validity it was shown, which
-    /// the keys outlive. Released at once, they were taken by another holder while an identity lock's holder
-    /// still saw `Held` (found by the product safety checker). A fenced Job whose keys are still there when the
-    /// masters come back resumes with its own token.
     pub async fn before_lost(
         &self,
         ctx: &Context,
         holder: &str,
         token: i64,
         reason: &str,
-    ) -> Result<(), Error> {
+    ) -> Result<KeysAfterLoss, Error> {
         match self {
-            Self::Identity(_) => Ok(()),
-            Self::Leader(election) => election.unlabel(ctx, holder).await,
-            Self::Jobs(jobs) => jobs.fence(ctx, holder, token, reason).await,
+            // Nothing fences an identity's holder: it learns of the loss from status, and until then may act up
+            // to the `validUntil` it was shown. Released at once, the keys went to a `lock` process while the
+            // holder still saw `Held` (found by the product safety checker).
+            Self::Identity(_) => Ok(KeysAfterLoss::LeaveToExpire),
+            Self::Leader(election) => {
+                election.unlabel(ctx, holder).await?;
+                Ok(KeysAfterLoss::Release)
+            }
+            Self::Jobs(jobs) => {
+                jobs.fence(ctx, holder, token, reason).await?;
+                Ok(KeysAfterLoss::LeaveToExpire)
+            }
         }
     }
 }
