@@ -5,5 +5,6 @@ pub mod api;
 pub mod cli;
 pub mod controller;
 pub mod duration;
+pub mod negative_controls;
 pub mod redlock;
 pub mod telemetry;

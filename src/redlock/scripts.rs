@@ -147,9 +147,13 @@ return {2, first}
 
 /// KEYS[1] lock key, KEYS[2] its fencing counter; ARGV[1] our value, ARGV[2] ttl in ms, ARGV[3] our token
 /// ('0' when unknown), ARGV[4] the counter's retention in ms.
-/// Returns 1 (extended), 2 (re-created: the key had vanished) or the other holder's value. Where it re-creates
-/// the key, the counter is raised to our token (a master that lost the key lost the counter too, and learns it
-/// back). A plain extension leaves the counter alone: the grant set it on this master, and the keeper's
+/// Returns 1 (extended), 2 (re-created: the key had vanished), 0 (vanished and not re-created: this master has
+/// granted a newer token since) or the other holder's value. Where it re-creates the key, the counter is raised
+/// to our token (a master that lost the key lost the counter too, and learns it back). It never re-creates the
+/// key over a counter above our token: an extension held up in the network and run after the lock was lost,
+/// taken by a newer holder and released again, would otherwise bring the old holder's value back, and a
+/// takeover could then resume the old token after a newer one was granted (found by the product safety
+/// checker). A plain extension leaves the counter alone: the grant set it on this master, and the keeper's
 /// thousands of extensions a second cost the masters no more than without tokens.
 fn extend(version: &str) -> String {
     format!(
@@ -160,6 +164,10 @@ if current == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 elseif current == false then
+  if ARGV[3] ~= '0' then
+    local counter = redis.call('GET', KEYS[2])
+    if counter and string.find(counter, '^%d+$') and below(ARGV[3], counter) then return 0 end
+  end
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX')
   raise(KEYS[2], ARGV[3], ARGV[4])
   return 2

@@ -4,6 +4,7 @@
 pub mod apiserver;
 pub mod fault_proxy;
 pub mod fixtures;
+pub mod history;
 pub mod job_controller;
 pub mod node;
 pub mod redis_server;

@@ -11,7 +11,7 @@
 //! little after each grant as a status write would be, so proposals are often stale and the masters' counters
 //! must correct them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
@@ -26,126 +26,19 @@ use tokio::time::Instant;
 use super::fault_proxy::{Direction, FaultProxy};
 use super::redis_server::{Options, RedisCluster};
 
-#[derive(Clone, Debug)]
-pub struct Grant {
-    pub resource: String,
-    pub client: String,
-    pub start: Instant,
-    pub end: Instant,
-    pub token: i64,
-    /// What the masters answered to the acquisition and to the last extension, to explain an overlap.
-    pub evidence: String,
-}
+/// A grant's window: from the moment its holder learned it holds the lock to the moment it stopped claiming it.
+pub use super::history::Interval as Grant;
+use super::history::{self, Repeats};
+pub use super::history::{Overlap, TokenRegression, longest_unavailable};
 
-#[derive(Clone, Debug)]
-pub struct Overlap {
-    pub resource: String,
-    pub first: Grant,
-    pub second: Grant,
-}
-
-impl fmt::Display for Overlap {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: {} held until {:?} after {} got it at {:?} ({:.1}ms of overlap)",
-            self.resource,
-            self.first.client,
-            self.first.end,
-            self.second.client,
-            self.second.start,
-            (self.first.end - self.second.start).as_secs_f64() * 1e3
-        )?;
-        if !self.first.evidence.is_empty() || !self.second.evidence.is_empty() {
-            write!(
-                f,
-                "\n    first (from {:?}): {}\n    second: {}",
-                self.first.start, self.first.evidence, self.second.evidence
-            )?;
-        }
-        Ok(())
-    }
-}
-
-/// Grants per resource, sorted by start (the grant order wherever windows do not overlap).
-fn in_grant_order(grants: &[Grant]) -> BTreeMap<&str, Vec<&Grant>> {
-    let mut by_resource: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
-    for grant in grants {
-        by_resource.entry(&grant.resource).or_default().push(grant);
-    }
-    for windows in by_resource.values_mut() {
-        windows.sort_by_key(|grant| (grant.start, grant.end));
-    }
-    by_resource
-}
-
-/// Every pair of windows on one resource that overlaps, found by a sweep over windows sorted by start.
+/// Every pair of windows on one resource that overlaps.
 pub fn find_overlaps(grants: &[Grant]) -> Vec<Overlap> {
-    let mut overlaps = Vec::new();
-    for (resource, windows) in in_grant_order(grants) {
-        let mut frontier: Option<&Grant> = None;
-        for grant in windows {
-            if let Some(latest) = frontier {
-                if grant.start < latest.end {
-                    overlaps.push(Overlap {
-                        resource: resource.to_owned(),
-                        first: latest.clone(),
-                        second: grant.clone(),
-                    });
-                }
-                if grant.end > latest.end {
-                    frontier = Some(grant);
-                }
-            } else {
-                frontier = Some(grant);
-            }
-        }
-    }
-    overlaps
-}
-
-/// A grant whose token is not above every token granted before it on the same resource.
-#[derive(Clone, Debug)]
-pub struct TokenRegression {
-    pub resource: String,
-    pub earlier: Grant,
-    pub later: Grant,
-}
-
-impl fmt::Display for TokenRegression {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: {} got token {} at {:?}, after {} had token {} from {:?}\n    later: {}",
-            self.resource,
-            self.later.client,
-            self.later.token,
-            self.later.start,
-            self.earlier.client,
-            self.earlier.token,
-            self.earlier.start,
-            self.later.evidence
-        )
-    }
+    history::find_overlaps(grants, 1)
 }
 
 /// Every grant, per resource in grant order, whose token does not exceed the highest granted before it.
 pub fn find_token_regressions(grants: &[Grant]) -> Vec<TokenRegression> {
-    let mut regressions = Vec::new();
-    for (resource, windows) in in_grant_order(grants) {
-        let mut highest: Option<&Grant> = None;
-        for grant in windows {
-            match highest {
-                Some(top) if grant.token <= top.token => regressions.push(TokenRegression {
-                    resource: resource.to_owned(),
-                    earlier: top.clone(),
-                    later: grant.clone(),
-                }),
-                _ => highest = Some(grant),
-            }
-        }
-    }
-    regressions
+    history::find_token_regressions(grants, Repeats::Forbidden)
 }
 
 /// Per resource, the highest token a client has written as its durable floor (the operator's status token).
@@ -165,30 +58,6 @@ impl Floors {
         let floor = tokens.entry(resource.to_owned()).or_default();
         *floor = (*floor).max(token);
     }
-}
-
-/// The longest stretch, on any resource, during which nobody held it.
-pub fn longest_unavailable(grants: &[Grant], resources: &[String], from: Instant, to: Instant) -> Duration {
-    let mut longest = Duration::ZERO;
-    for resource in resources {
-        let mut windows: Vec<(Instant, Instant)> = grants
-            .iter()
-            .filter(|grant| &grant.resource == resource)
-            .map(|grant| (grant.start, grant.end))
-            .collect();
-        windows.sort();
-        let mut covered_until = from;
-        for (start, end) in windows {
-            if start > covered_until {
-                longest = longest.max(start - covered_until);
-            }
-            covered_until = covered_until.max(end);
-        }
-        if to > covered_until {
-            longest = longest.max(to - covered_until);
-        }
-    }
-    longest
 }
 
 #[derive(Default)]

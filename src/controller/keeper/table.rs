@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use super::waiting::{Slot, Waiting, earliest};
 use crate::api::DistributedLock;
+use crate::negative_controls::{self, Control};
 use crate::redlock::{
     ExtendError, KeepAction, KeepPolicy, Lease, LossReason, OperationReport, fence_time, next_keep_action,
 };
@@ -50,7 +51,7 @@ impl HeldLock {
     }
 
     fn fence_at(&self) -> Instant {
-        fence_time(self.lease.valid_until(), &self.policy)
+        fence_time(fencing_valid_until(&self.lease, &self.policy), &self.policy)
     }
 
     /// Call after every change of the fields [`Self::is_waiting`] and [`Self::slot`] read.
@@ -106,6 +107,16 @@ pub enum Removal {
     Removed(Lease),
 }
 
+/// The validity the keeper fences by: the lease's own, or, with the negative control, two fence margins
+/// too late (so that the loss is signalled a margin after the validity ended).
+fn fencing_valid_until(lease: &Lease, policy: &KeepPolicy) -> Instant {
+    if negative_controls::active(Control::FenceAfterValidity) {
+        lease.valid_until() + policy.fence_margin * 2
+    } else {
+        lease.valid_until()
+    }
+}
+
 #[derive(Default)]
 pub struct Table {
     held: HashMap<LockRef, HeldLock>,
@@ -120,8 +131,8 @@ pub struct Table {
 impl Table {
     /// Keeps `lease` from `now`; `true` when the lock was not held before.
     pub fn insert(&mut self, lock: LockRef, lease: Lease, held: Holding, now: Instant) -> bool {
-        let next_at = match next_keep_action(now, lease.valid_until(), lease.validity(), false, &held.policy)
-        {
+        let valid_until = fencing_valid_until(&lease, &held.policy);
+        let next_at = match next_keep_action(now, valid_until, lease.validity(), false, &held.policy) {
             KeepAction::ExtendAt(at) => at,
             KeepAction::SignalLost => now,
         };
@@ -274,7 +285,7 @@ impl Table {
             if held.lost.is_none() {
                 match next_keep_action(
                     now,
-                    held.lease.valid_until(),
+                    fencing_valid_until(&held.lease, &held.policy),
                     held.lease.validity(),
                     held.retrying,
                     &held.policy,

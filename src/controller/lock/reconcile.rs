@@ -41,7 +41,10 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
     let result = finalizer(&api, FINALIZER, lock, |event| async {
         match event {
             FinalizerEvent::Apply(lock) => apply(&lock, &ctx).await,
-            FinalizerEvent::Cleanup(lock) => actions::release::cleanup(&lock, &ctx).await,
+            FinalizerEvent::Cleanup(lock) => {
+                unlabel_before_deletion(&lock, &ctx).await?;
+                actions::release::cleanup(&lock, &ctx).await
+            }
         }
     })
     .await;
@@ -57,6 +60,35 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
 
 pub fn error_policy(lock: Arc<DistributedLock>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.backoff(&ObjectRef::from_obj(&*lock), error, "distributedlock")
+}
+
+/// A leader-election lock being deleted gives its key up: its leader loses the label first, as on a move, so
+/// that no pod keeps the label (and acts as the leader up to the validity it was shown) of a lock that is gone
+/// while another holder takes the key (found by the product safety checker).
+async fn unlabel_before_deletion(lock: &DistributedLock, ctx: &Context) -> Result<(), Error> {
+    if lock.spec.holder.leader_election.is_none() {
+        return Ok(());
+    }
+    let QuorumLookup::Ready(engine) = ctx.engines.lookup(&lock.spec.quorum) else {
+        return Ok(());
+    };
+    let config = engine.engine.config();
+    let rules = QuorumRules {
+        max_ttl: config.max_ttl,
+        node_timeout: config.node_timeout,
+        shared_keys: engine.shared_keys.as_ref(),
+    };
+    let namespace = lock.namespace().unwrap_or_default();
+    let Ok(settings) = lock_settings(&lock.spec, &namespace, &lock.name_any(), &rules) else {
+        return Ok(());
+    };
+    let lref = ObjectRef::from_obj(lock);
+    let status = lock.status.as_ref().unwrap_or(DistributedLockStatus::none());
+    let current = current_holder(ctx.keeper.view(&lref).as_ref(), status);
+    if let Ok(Policy::Leader(election)) = Policy::observe(ctx, lock, &settings, current.as_deref(), 0) {
+        election.unlabel_all_but(ctx, None).await?;
+    }
+    Ok(())
 }
 
 async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {

@@ -3,6 +3,7 @@
 
 use crate::api::RedisQuorumSpec;
 use crate::api::limits;
+use crate::negative_controls::{self, Control};
 use crate::redlock::{Endpoint, RedlockConfig, shortest_ttl, with_credentials};
 
 /// What the quorum's Secrets hold, already read.
@@ -48,7 +49,7 @@ pub fn engine_config(spec: &RedisQuorumSpec, secrets: &QuorumSecrets) -> Result<
         ));
     }
     config.drift_factor = spec.drift_factor;
-    config.assume_durable = spec.assume_durable;
+    config.assume_durable = spec.assume_durable || negative_controls::active(Control::NoQuarantine);
     if let Some(retry) = &spec.retry {
         if let Some(attempts) = retry.attempts {
             config.retry.attempts = u32::try_from(attempts)

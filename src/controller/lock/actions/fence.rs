@@ -22,8 +22,8 @@ use crate::redlock::ExtendError;
 
 /// Fences the holder, then gives up the keys (or leaves them to expire) and shows `Lost`. `unkept` is the token
 /// of an acquisition this replica does not keep (a predecessor's, whose takeover failed): where the policy gives
-/// the keys up, its keys go too, instead of blocking the next holder until their TTL ends where a takeover
-/// refreshed them or a late master re-created them.
+/// the keys up, or nobody may act on them any more, its keys go too, instead of blocking the next holder until
+/// their TTL ends where a takeover refreshed them or a late master re-created them.
 pub async fn report_lost(
     target: &Target<'_>,
     ctx: &Context,
@@ -48,6 +48,14 @@ pub async fn report_lost(
         }
         KeysAfterLoss::LeaveToExpire => {
             ctx.keeper.remove(&target.lref).await;
+            // A predecessor's identity lock whose validity, as status showed it, is over: its holder may no
+            // longer act, so its keys need not block the next holder for their whole TTL. (A fenced Job's keys
+            // stay: if a majority still holds them, the Job resumes with its own token.)
+            if let (Some(token), Policy::Identity(_)) = (unkept, &target.policy)
+                && shown_validity_over(target.lock)
+            {
+                release_unkept(target, ctx, holder, token).await?;
+            }
         }
     }
     let message = format!("lock lost: {reason}; re-acquiring");
@@ -125,4 +133,12 @@ async fn release_unkept(target: &Target<'_>, ctx: &Context, holder: &str, token:
         .release_value(&target.settings.key, value)
         .await;
     Ok(())
+}
+
+/// Whether the `validUntil` status shows has passed (or there is none): no holder acts on the lock any more.
+fn shown_validity_over(lock: &crate::api::DistributedLock) -> bool {
+    lock.status
+        .as_ref()
+        .and_then(|status| status.valid_until.as_ref())
+        .is_none_or(|until| until.0 <= k8s_openapi::jiff::Timestamp::now())
 }

@@ -18,6 +18,7 @@ use super::settings::{HolderKind, LockSettings};
 use crate::api::DistributedLock;
 use crate::controller::context::Context;
 use crate::controller::error::Error;
+use crate::negative_controls::{self, Control};
 
 /// The annotation that carries the fencing token: on the leader pod, and in a granted Job's pod template.
 pub const TOKEN_ANNOTATION: &str = "redlock.io/fencing-token";
@@ -72,8 +73,10 @@ pub struct Decoration {
 /// What happens to the keys of a lost lock once its holder is fenced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeysAfterLoss {
+    /// Released: the holder was fenced in a way it sees (its label is gone).
     Release,
-    /// Left to expire: if the masters come back before they do, the fenced Job resumes with its own token.
+    /// Left to expire: the holder may act until the validity it was shown, which the keys outlive. If the
+    /// masters come back before they expire, a fenced Job resumes with its own token.
     LeaveToExpire,
 }
 
@@ -107,6 +110,9 @@ impl Policy {
             Self::Leader(election) => {
                 election.confirm_current(current).await?;
                 let keep = current.filter(|holder| election.chosen.as_deref() == Some(*holder));
+                if negative_controls::active(Control::LateUnlabel) {
+                    return Ok(());
+                }
                 election.unlabel_all_but(ctx, keep).await
             }
             Self::Jobs(jobs) => {
@@ -189,7 +195,10 @@ impl Policy {
         reason: &str,
     ) -> Result<KeysAfterLoss, Error> {
         match self {
-            Self::Identity(_) => Ok(KeysAfterLoss::Release),
+            // Nothing fences an identity's holder: it learns of the loss from status, and until then may act up
+            // to the `validUntil` it was shown. Released at once, the keys went to a `lock` process while the
+            // holder still saw `Held` (found by the product safety checker).
+            Self::Identity(_) => Ok(KeysAfterLoss::LeaveToExpire),
             Self::Leader(election) => {
                 election.unlabel(ctx, holder).await?;
                 Ok(KeysAfterLoss::Release)

@@ -1,0 +1,77 @@
+//! The product-level safety checker, long run: two clusters sharing one quorum, two operator replicas each,
+//! leader, identity and Job locks and `lock` processes on shared keys, under the seeded nemesis, for
+//! `OPERATOR_SAFETY_SECONDS` (default 840); then the negative controls, each of which the checker must catch.
+//! Run with `cargo bench --bench operator_safety`; `REDLOCK_SAFETY_SEED` repeats a run's random choices. The
+//! last line is `SUMMARY transitions=N overlaps=N token_regressions=N stale_writes_accepted=N nemesis_events=N
+//! longest_unavailable_ms=N negative_controls_detected=K/K`.
+
+#[path = "../tests/e2e/mod.rs"]
+mod e2e;
+#[path = "../tests/support/product_safety/mod.rs"]
+mod product_safety;
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use product_safety::Scenario;
+use product_safety::controls;
+
+fn main() {
+    let seconds: u64 = std::env::var("OPERATOR_SAFETY_SECONDS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(840);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("cannot start the runtime: {err}");
+            std::process::exit(1);
+        }
+    };
+    runtime.block_on(async move {
+        let scenario = Scenario {
+            seed: Scenario::seed_from_env(),
+            duration: Duration::from_secs(seconds),
+            clusters: 2,
+            replicas: 2,
+            leader_locks: 2,
+            pods_per_lock: 3,
+            identity_locks: 1,
+            job_locks: 2,
+            outside_clients: 4,
+            churn_keys: 4,
+            job_seconds: 0.3..1.5,
+        real_clusters: true,
+        nemesis: true,
+            holders_per_key: 1,
+            controls: String::new(),
+            progress: Some(Duration::from_secs(60)),
+        };
+        println!("the operator under the nemesis for {seconds}s…");
+        let main = product_safety::run(scenario).await;
+        println!("nemesis run: {main}");
+
+        let mut detected = 0;
+        let mut total = 0;
+        for control in controls::ALL {
+            total += 1;
+            let outcome = controls::run(control, Scenario::seed_from_env()).await;
+            detected += usize::from(outcome.caught());
+            println!("{outcome}");
+        }
+        println!(
+            "SUMMARY transitions={} overlaps={} token_regressions={} stale_writes_accepted={} nemesis_events={} longest_unavailable_ms={} negative_controls_detected={detected}/{total}",
+            main.transitions_total(),
+            main.overlaps.len(),
+            main.token_regressions.len(),
+            main.stale_writes_accepted.len(),
+            main.nemesis_events,
+            main.longest_unavailable.as_millis(),
+        );
+    });
+}

@@ -1,0 +1,67 @@
+//! Switches that each break one safeguard of the operator, for the negative controls of the product safety
+//! checker (`tests/support/product_safety/`): a checker that never fails proves nothing, so each of these must be
+//! caught by it.
+//!
+//! They exist only in builds with the `negative-controls` feature, which only the tests and benchmarks enable
+//! (through the package's dev-dependency on itself); a release build has none of them, [`active`] is then a
+//! constant `false`. Even where compiled in, each is off unless the environment variable
+//! `REDLOCK_NEGATIVE_CONTROLS` (comma-separated names) names it.
+
+/// The environment variable that turns controls on (in builds with the feature only).
+pub const ENV: &str = "REDLOCK_NEGATIVE_CONTROLS";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Control {
+    /// The keeper fences a lock that cannot be extended two fence margins after its validity ends instead of
+    /// one before it.
+    FenceAfterValidity,
+    /// Restarted masters vote at once: every quorum is treated as `assumeDurable`.
+    NoQuarantine,
+    /// The cluster's fencing-token floor record is neither read nor written.
+    NoFloorRecord,
+    /// A leader-election lock moves to the next leader before the old leader's label is removed (it is
+    /// removed afterwards, or never), instead of the label going first.
+    LateUnlabel,
+}
+
+impl Control {
+    pub const ALL: [Control; 4] = [
+        Control::FenceAfterValidity,
+        Control::NoQuarantine,
+        Control::NoFloorRecord,
+        Control::LateUnlabel,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Control::FenceAfterValidity => "fence-after-validity",
+            Control::NoQuarantine => "no-quarantine",
+            Control::NoFloorRecord => "no-floor-record",
+            Control::LateUnlabel => "late-unlabel",
+        }
+    }
+}
+
+/// Whether `control` is on in this process.
+#[cfg(feature = "negative-controls")]
+pub fn active(control: Control) -> bool {
+    static ON: std::sync::LazyLock<Vec<Control>> = std::sync::LazyLock::new(|| {
+        let named = std::env::var(ENV).unwrap_or_default();
+        let on: Vec<Control> = Control::ALL
+            .into_iter()
+            .filter(|control| named.split(',').any(|name| name.trim() == control.name()))
+            .collect();
+        if !on.is_empty() {
+            tracing::warn!(controls = ?on, "NEGATIVE CONTROLS ON: safeguards are broken on purpose");
+        }
+        on
+    });
+    ON.contains(&control)
+}
+
+/// Whether `control` is on in this process: never, in a build without the `negative-controls` feature.
+#[cfg(not(feature = "negative-controls"))]
+#[inline]
+pub fn active(_control: Control) -> bool {
+    false
+}

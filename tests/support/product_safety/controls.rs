@@ -1,0 +1,272 @@
+//! Negative controls: each breaks one safeguard of the operator (`src/negative_controls.rs`, compiled into test
+//! builds only, switched on in the replicas' environment) in a run built to need that safeguard, and the checker
+//! must catch it. Run without the switch (its clean twin), the same run must pass: what the checker catches is
+//! the switch, not the run. They always use test API servers.
+
+use std::fmt;
+use std::time::Duration;
+
+use redlock_operator::api::LockPhase;
+use redlock_operator::negative_controls::Control;
+use tokio::time::Instant;
+
+use super::checker::Report;
+use super::leaders::set_ready;
+use super::{Scenario, World};
+use crate::support::fault_proxy::Direction;
+use crate::support::history::find_overlaps;
+
+pub const ALL: [Control; 4] = Control::ALL;
+
+/// A control's run with its switch on, and (when asked for) its clean twin.
+pub struct Outcome {
+    pub control: Control,
+    pub broken: Report,
+    pub clean: Option<Report>,
+}
+
+impl Outcome {
+    /// The checker caught the broken safeguard.
+    pub fn caught(&self) -> bool {
+        !self.broken.is_safe()
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let verdict = if self.caught() { "DETECTED" } else { "NOT DETECTED" };
+        write!(
+            f,
+            "negative control {}: {verdict} — {}",
+            self.control.name(),
+            self.broken
+        )?;
+        if let Some(clean) = &self.clean {
+            let verdict = if clean.is_safe() { "passes" } else { "FAILS" };
+            write!(f, "\nclean twin of {}: {verdict} — {clean}", self.control.name())?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs `control` with its switch on, and then without it.
+pub async fn run(control: Control, seed: u64) -> Outcome {
+    let broken = scenario_for(control, seed, true).await;
+    let clean = Some(scenario_for(control, seed, false).await);
+    Outcome {
+        control,
+        broken,
+        clean,
+    }
+}
+
+/// Runs `control` with its switch on only.
+pub async fn run_broken(control: Control, seed: u64) -> Outcome {
+    Outcome {
+        control,
+        broken: scenario_for(control, seed, true).await,
+        clean: None,
+    }
+}
+
+fn base(seed: u64, switched_on: Option<Control>) -> Scenario {
+    Scenario {
+        seed,
+        duration: Duration::ZERO,
+        clusters: 1,
+        replicas: 1,
+        leader_locks: 0,
+        pods_per_lock: 0,
+        identity_locks: 0,
+        job_locks: 0,
+        outside_clients: 0,
+        churn_keys: 0,
+        job_seconds: 20.0..30.0,
+        real_clusters: false,
+        nemesis: false,
+        holders_per_key: 1,
+        controls: switched_on
+            .map(|control| control.name().to_owned())
+            .unwrap_or_default(),
+        progress: None,
+    }
+}
+
+async fn scenario_for(control: Control, seed: u64, on: bool) -> Report {
+    let switched = on.then_some(control);
+    match control {
+        Control::NoQuarantine => no_quarantine(seed, switched).await,
+        Control::NoFloorRecord => no_floor_record(seed, switched).await,
+        Control::FenceAfterValidity => fence_after_validity(seed, switched).await,
+        Control::LateUnlabel => late_unlabel(seed, switched).await,
+    }
+}
+
+/// Whether the history holds an overlap already.
+pub(super) fn overlapped(world: &World) -> bool {
+    !find_overlaps(&world.recorder.beliefs(), 1).is_empty()
+}
+
+/// Waits (at most a minute) until lock `name` of side `side` shows `Held`; its token.
+pub(super) async fn held(world: &World, side: usize, name: &str) -> Option<i64> {
+    let locks = world.sides[side].cluster.locks();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if let Ok(lock) = locks.get(name).await
+            && let Some(status) = lock.status
+            && status.phase == Some(LockPhase::Held)
+        {
+            return status.fencing_token;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// Which side holds `name` now, if one does.
+pub(super) async fn holding_side(world: &World, name: &str) -> Option<usize> {
+    for (index, side) in world.sides.iter().enumerate() {
+        if let Ok(lock) = side.cluster.locks().get(name).await
+            && lock.status.and_then(|status| status.phase) == Some(LockPhase::Held)
+        {
+            return Some(index);
+        }
+    }
+    None
+}
+
+fn restart_masters(world: &mut World, targets: &[usize]) {
+    world
+        .recorder
+        .nemesis(format!("masters {targets:?} SIGKILLed and restarted empty"));
+    let (masters, recorder) = (&mut world.masters, &world.recorder);
+    tokio::task::block_in_place(|| {
+        for &index in targets {
+            masters[index].restart().expect("restart a master");
+            recorder.master_restarted(index);
+        }
+    });
+}
+
+/// Two clusters' identity locks on one key. A majority of masters restarts empty while one cluster holds the
+/// key: the other cluster's operator, trusting the empty masters at once, takes the key while it is held.
+async fn no_quarantine(seed: u64, switched: Option<Control>) -> Report {
+    let mut world = World::start(Scenario {
+        clusters: 2,
+        identity_locks: 1,
+        ..base(seed, switched)
+    })
+    .await;
+    let from = Instant::now();
+    // Racy by nature (the contender must reach the empty masters before the holder's next extension repairs
+    // them): tried until caught, a few times.
+    for _ in 0..8 {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while holding_side(&world, "ident-0").await.is_none() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        restart_masters(&mut world, &[0, 1, 2]);
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        if overlapped(&world) {
+            break;
+        }
+    }
+    world.finish(from).await
+}
+
+/// One identity lock, deleted and created again (each object starts with no status, so its token comes from
+/// the masters' counters and the cluster's floor record), then every master restarts empty and the lock is
+/// created once more: without the floor record its token starts again from 1.
+async fn no_floor_record(seed: u64, switched: Option<Control>) -> Report {
+    let mut world = World::start(Scenario {
+        identity_locks: 1,
+        ..base(seed, switched)
+    })
+    .await;
+    let from = Instant::now();
+    held(&world, 0, "ident-0").await;
+    for _ in 0..2 {
+        world.recorder.nemesis("ident-0 deleted and created again".into());
+        let side = &mut world.sides[0];
+        side.identities[0].recreate(&side.cluster).await;
+        held(&world, 0, "ident-0").await;
+        // Long enough for the holder to see it.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    world.recorder.nemesis("ident-0 deleted".into());
+    let _ = world.sides[0]
+        .cluster
+        .locks()
+        .delete("ident-0", &Default::default())
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    restart_masters(&mut world, &[0, 1, 2, 3, 4]);
+    world.recorder.nemesis("ident-0 created again".into());
+    let side = &mut world.sides[0];
+    side.identities[0].recreate(&side.cluster).await;
+    held(&world, 0, "ident-0").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    world.finish(from).await
+}
+
+/// A Job lock whose Jobs run long, and a `lock` process outside Kubernetes on the same key. The cluster is cut
+/// from a majority of masters while a Job runs: its lock cannot be extended, and the Job must be stopped before
+/// the validity ends, when the outside process gets the key.
+async fn fence_after_validity(seed: u64, switched: Option<Control>) -> Report {
+    let world = World::start(Scenario {
+        job_locks: 1,
+        outside_clients: 1,
+        churn_keys: 1,
+        ..base(seed, switched)
+    })
+    .await;
+    let from = Instant::now();
+    for _ in 0..6 {
+        held(&world, 0, "jobs-0").await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        world
+            .recorder
+            .nemesis("east cut from masters [0, 1, 2] for 8s".into());
+        for index in 0..3 {
+            world.sides[0].links[index].hold(Direction::Both, true);
+        }
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        for index in 0..3 {
+            world.sides[0].links[index].hold(Direction::Both, false);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if overlapped(&world) {
+            break;
+        }
+    }
+    world.finish(from).await
+}
+
+/// A leader-election lock of three pods whose leader becomes unready, again and again: the lock moves to the
+/// next pod, and the old leader's label must be gone before it does.
+async fn late_unlabel(seed: u64, switched: Option<Control>) -> Report {
+    let world = World::start(Scenario {
+        leader_locks: 1,
+        pods_per_lock: 3,
+        ..base(seed, switched)
+    })
+    .await;
+    let from = Instant::now();
+    for _ in 0..3 {
+        held(&world, 0, "leader-0").await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let side = &world.sides[0];
+        let Some(leader) = side.leaders[0].labelled(&side.cluster).await.into_iter().next() else {
+            continue;
+        };
+        world.recorder.nemesis(format!("{leader} unready for 3s"));
+        set_ready(&side.cluster, &leader, false).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        set_ready(&side.cluster, &leader, true).await;
+        if overlapped(&world) {
+            break;
+        }
+    }
+    world.finish(from).await
+}

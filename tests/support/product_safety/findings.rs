@@ -1,0 +1,66 @@
+//! What the checker found, each as a run built to show it: they failed before the fix in `src/` and pass now.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::checker::Report;
+use super::controls::{holding_side, overlapped};
+use super::{Scenario, World};
+
+fn base(seed: u64) -> Scenario {
+    Scenario {
+        seed,
+        duration: Duration::ZERO,
+        clusters: 1,
+        replicas: 1,
+        leader_locks: 0,
+        pods_per_lock: 0,
+        identity_locks: 0,
+        job_locks: 0,
+        outside_clients: 0,
+        churn_keys: 0,
+        job_seconds: 1.0..2.0,
+        real_clusters: false,
+        nemesis: false,
+        holders_per_key: 1,
+        controls: String::new(),
+        progress: None,
+    }
+}
+
+/// Two clusters' leader-election locks on one key; the holding cluster's lock is deleted (and created again a
+/// few seconds later), up to three times. Its leader must stop before the other cluster's leader starts: the
+/// label goes before the key.
+pub async fn leader_lock_deleted(seed: u64) -> Report {
+    let world = World::start(Scenario {
+        clusters: 2,
+        leader_locks: 1,
+        pods_per_lock: 2,
+        ..base(seed)
+    })
+    .await;
+    let from = Instant::now();
+    for _ in 0..3 {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut holder = None;
+        while holder.is_none() && Instant::now() < deadline {
+            holder = holding_side(&world, "leader-0").await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let Some(side) = holder else { continue };
+        // Long enough for the leader to see its label.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let side = &world.sides[side];
+        world
+            .recorder
+            .nemesis(format!("{}/leader-0 deleted", side.cluster.name));
+        side.leaders[0].delete(&side.cluster).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        side.leaders[0].create_lock(&side.cluster).await;
+        if overlapped(&world) {
+            break;
+        }
+    }
+    world.finish(from).await
+}

@@ -1,0 +1,250 @@
+//! Job-fencing locks with a queue of Jobs. A feeder keeps a couple of Jobs queued on each lock (created
+//! suspended, as the README asks; now and then one that fails at once), and removes finished ones. The Job
+//! controller and kubelet are the simulated ones next to the test server (`job_controller.rs`), or the real ones.
+//!
+//! A Job's pod believes it holds the key while it runs (see [`follow_pods`] for how that is timed). A Job's pod
+//! has no fence time of its own: the operator must suspend its Job (and the kubelet stop it) before the lock's
+//! validity ends. Its kubelet, not its view of the API server, ends it: the pods are followed through the
+//! harness's own client, which the nemesis never cuts.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::cluster::Cluster;
+use super::recorder::{ACT_INTERVAL, Belief, Recorder};
+
+const ROLE_LABEL: &str = "safety.redlock.io/role";
+const KEY_ANNOTATION: &str = "safety.redlock.io/key";
+const TOKEN_ANNOTATION: &str = "redlock.io/fencing-token";
+/// Jobs waiting or running per lock, at most.
+const QUEUE: usize = 2;
+
+/// The image of the Jobs' pods on a real cluster: it needs `sleep` and `false`.
+fn job_image() -> String {
+    std::env::var("REDLOCK_E2E_JOB_IMAGE").unwrap_or_else(|_| "busybox:1.36".to_owned())
+}
+
+pub struct JobLock {
+    pub lock: String,
+    pub key: String,
+    failing: usize,
+}
+
+impl JobLock {
+    pub async fn create(cluster: &Cluster, quorum: &str, lock: &str, resource_key: &str) -> Self {
+        let object = serde_json::json!({
+            "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+            "metadata": { "name": lock },
+            "spec": { "quorum": quorum, "ttl": super::TTL, "resourceKey": resource_key, "holder": { "jobs": {} } }
+        });
+        cluster
+            .locks()
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(object).expect("lock"),
+            )
+            .await
+            .expect("create the Job lock");
+        Self {
+            lock: lock.to_owned(),
+            key: format!("shared:{resource_key}"),
+            failing: 0,
+        }
+    }
+
+    /// Queues a Job that fails at once, ahead of the others (a higher priority): the next grant goes to it.
+    pub async fn queue_failing_job(&mut self, cluster: &Cluster) {
+        let mut failing = job(
+            &format!("{}-fails-{}", self.lock, self.failing),
+            &self.lock,
+            &self.key,
+            true,
+            0.0,
+        );
+        self.failing += 1;
+        failing
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert("redlock.io/priority".into(), "10".into());
+        let jobs: Api<Job> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
+        let _ = jobs.create(&PostParams::default(), &failing).await;
+    }
+}
+
+/// Keeps the queue of `lock` (on `key`) filled until `stop`: Jobs that work for `seconds`, and now and then one
+/// that fails at once.
+pub async fn feed(
+    client: Client,
+    namespace: String,
+    (lock, key): (String, String),
+    seconds: std::ops::Range<f64>,
+    seed: u64,
+    stop: CancellationToken,
+) {
+    let jobs: Api<Job> = Api::namespaced(client, &namespace);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut created = 0usize;
+    while !stop.is_cancelled() {
+        let selector = format!("redlock.io/lock={lock}");
+        if let Ok(list) = jobs.list(&ListParams::default().labels(&selector)).await {
+            let (finished, waiting): (Vec<&Job>, Vec<&Job>) =
+                list.items.iter().partition(|job| finished(job));
+            for job in finished {
+                let _ = jobs.delete(&job.name_any(), &DeleteParams::background()).await;
+            }
+            for _ in waiting.len()..QUEUE {
+                let fails = rng.random_bool(0.15);
+                let seconds = rng.random_range(seconds.clone());
+                let name = format!("{lock}-{created}");
+                created += 1;
+                let _ = jobs
+                    .create(&PostParams::default(), &job(&name, &lock, &key, fails, seconds))
+                    .await;
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+            () = stop.cancelled() => {}
+        }
+    }
+}
+
+fn job(name: &str, lock: &str, key: &str, fails: bool, seconds: f64) -> Job {
+    let command = if fails {
+        serde_json::json!(["false"])
+    } else {
+        serde_json::json!(["sleep", format!("{seconds:.2}")])
+    };
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": { "name": name, "labels": { "redlock.io/lock": lock } },
+        "spec": {
+            "suspend": true,
+            "backoffLimit": 0,
+            "template": {
+                "metadata": { "labels": { ROLE_LABEL: "job" }, "annotations": { KEY_ANNOTATION: key } },
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{ "name": "main", "image": job_image(), "command": command }]
+                }
+            }
+        }
+    }))
+    .expect("job")
+}
+
+fn finished(job: &Job) -> bool {
+    job.status
+        .as_ref()
+        .and_then(|status| status.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+        })
+}
+
+/// What a Job's pod holds while it runs: its key, with its grant's token. The holder is its Job: a Job resumed
+/// with its own token (a new pod, the same grant) holds again what it held.
+fn running(cluster: &str, pod: &Pod) -> Option<(String, String, i64)> {
+    if pod.status.as_ref()?.phase.as_deref() != Some("Running") {
+        return None;
+    }
+    let annotations = pod.metadata.annotations.as_ref()?;
+    let token = annotations.get(TOKEN_ANNOTATION)?.parse().ok()?;
+    let job = &pod
+        .owner_references()
+        .iter()
+        .find(|owner| owner.kind == "Job")?
+        .name;
+    Some((
+        annotations.get(KEY_ANNOTATION)?.clone(),
+        format!("{cluster}/{job}"),
+        token,
+    ))
+}
+
+/// The pods of every Job of `cluster`, through `client`, until `stop`. A pod's belief starts when it is seen
+/// running (late, never early) and ends at the last moment it is known to have been running: the start of the
+/// last direct read (every 25 ms, when it also acts) that still showed it running. A pod cannot run again once
+/// it stopped, so it ran at least that long: the interval is never longer than the pod's run, and an overlap
+/// it shows is one the pod really had, however late a watch tells of the pod's end.
+pub async fn follow_pods(
+    cluster: String,
+    client: Client,
+    namespace: String,
+    recorder: Arc<Recorder>,
+    stop: CancellationToken,
+) {
+    let api: Api<Pod> = Api::namespaced(client, &namespace);
+    let config = watcher::Config::default().labels(&format!("{ROLE_LABEL}=job"));
+    let stream = watcher::watcher(api.clone(), config).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    let mut followed: HashSet<String> = HashSet::new();
+    let mut probes = Vec::new();
+    loop {
+        let event = tokio::select! {
+            () = stop.cancelled() => break,
+            event = stream.next() => event,
+        };
+        let pod = match event {
+            Some(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod))) => pod,
+            Some(_) => continue,
+            None => break,
+        };
+        let Some((key, holder, token)) = running(&cluster, &pod) else {
+            continue;
+        };
+        if !followed.insert(pod.uid().unwrap_or_default()) {
+            continue;
+        }
+        let (api, recorder, stop) = (api.clone(), recorder.clone(), stop.clone());
+        let cluster = cluster.clone();
+        probes.push(tokio::spawn(async move {
+            let start = Instant::now();
+            let name = pod.name_any();
+            let mut last_running = start;
+            let belief = Belief {
+                key,
+                holder,
+                token,
+                start,
+                fence_at: start + Duration::from_secs(24 * 3600),
+                evidence: format!("Job pod {name} running with token {token}"),
+            };
+            while !stop.is_cancelled() {
+                let asked = Instant::now();
+                let still = api
+                    .get_opt(&name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|pod| running(&cluster, &pod));
+                if still.is_none_or(|(_, _, seen)| seen != token) {
+                    break;
+                }
+                last_running = asked;
+                belief.act(&recorder);
+                tokio::time::sleep(ACT_INTERVAL).await;
+            }
+            belief.end(&recorder, last_running, "the last read that showed it running");
+        }));
+    }
+    for probe in probes {
+        let _ = probe.await;
+    }
+}

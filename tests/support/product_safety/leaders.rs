@@ -1,0 +1,205 @@
+//! Leader-election locks and their pods. The harness plays the kubelet (pods bound to a node no kubelet
+//! serves, status set through the status subresource, as `tests/leader.rs` does) and each pod's process.
+//!
+//! A pod's process believes it leads as the `elect` helper would, from what it sees of its own pod: from the
+//! moment it sees the leader label on its pod with a fencing token and a `valid-until` annotation, until it sees
+//! the label gone (or another token), or until `valid-until` minus its fence margin, whichever comes first —
+//! whether or not its watch delivers anything. The pods of one cluster are followed through one watch (one
+//! stream, delivered in the API server's order), through a proxy the nemesis cuts with the cluster's outages.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use redlock_operator::api::DistributedLock;
+use redlock_operator::cli::elect::{Term, fence_instant};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::cluster::Cluster;
+use super::follow::{Seen, follow};
+use super::recorder::Recorder;
+
+pub const LEADER_LABEL: &str = "redlock.io/leader";
+const TOKEN_ANNOTATION: &str = "redlock.io/fencing-token";
+const VALID_UNTIL_ANNOTATION: &str = "redlock.io/valid-until";
+/// Which key a pod's lock takes (the harness's own annotation, so that a pod's process knows what it protects).
+const KEY_ANNOTATION: &str = "safety.redlock.io/key";
+const ROLE_LABEL: &str = "safety.redlock.io/role";
+
+/// How long before the `valid-until` shown a pod's process stops acting (the `elect` helper's `--fence-margin`).
+pub const POD_FENCE_MARGIN: Duration = Duration::from_millis(500);
+
+/// The pods of one leader-election lock in one cluster, as the harness (their ReplicaSet and kubelet) keeps them.
+pub struct LeaderSet {
+    pub lock: String,
+    pub key: String,
+    resource_key: String,
+    quorum: String,
+    pods: Vec<String>,
+    created: usize,
+}
+
+impl LeaderSet {
+    /// Creates the lock (on the quorum's shared key `resource_key`) and `pods` ready pods.
+    pub async fn create(
+        cluster: &Cluster,
+        quorum: &str,
+        lock: &str,
+        resource_key: &str,
+        pods: usize,
+    ) -> Self {
+        let mut set = Self {
+            lock: lock.to_owned(),
+            key: format!("shared:{resource_key}"),
+            resource_key: resource_key.to_owned(),
+            quorum: quorum.to_owned(),
+            pods: Vec::new(),
+            created: 0,
+        };
+        for _ in 0..pods {
+            set.add_pod(cluster).await;
+        }
+        set.create_lock(cluster).await;
+        set
+    }
+
+    pub async fn create_lock(&self, cluster: &Cluster) {
+        let object = serde_json::json!({
+            "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+            "metadata": { "name": self.lock },
+            "spec": { "quorum": self.quorum, "ttl": super::TTL, "resourceKey": self.resource_key,
+                      "holder": { "leaderElection": { "selector": { "matchLabels": { "app": self.lock } } } } }
+        });
+        let lock: DistributedLock = serde_json::from_value(object).expect("lock");
+        let _ = cluster.locks().create(&PostParams::default(), &lock).await;
+    }
+
+    /// Deletes the lock (its finalizer releases the key), waits until it is gone, and creates it again. Gives up
+    /// waiting after a while (an operator cut off cannot remove the finalizer).
+    pub async fn recreate(&mut self, cluster: &Cluster) {
+        self.delete(cluster).await;
+        self.create_lock(cluster).await;
+    }
+
+    /// Deletes the lock and waits until it is gone (at most 20 s).
+    pub async fn delete(&self, cluster: &Cluster) {
+        let _ = cluster.locks().delete(&self.lock, &DeleteParams::default()).await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while cluster.locks().get_opt(&self.lock).await.ok().flatten().is_some() && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A new pod (as a ReplicaSet replaces one), running and ready.
+    pub async fn add_pod(&mut self, cluster: &Cluster) {
+        let name = format!("{}-{}", self.lock, self.created);
+        self.created += 1;
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": name, "labels": { "app": self.lock, ROLE_LABEL: "leader" },
+                          "annotations": { KEY_ANNOTATION: self.key } },
+            "spec": {
+                "nodeName": cluster.pod_node(),
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{ "name": "app", "image": "registry.invalid/app:1" }]
+            }
+        }))
+        .expect("pod");
+        pods(cluster)
+            .create(&PostParams::default(), &pod)
+            .await
+            .expect("create pod");
+        set_ready(cluster, &name, true).await;
+        self.pods.push(name);
+    }
+
+    /// The pods carrying the leader label now (a direct list).
+    pub async fn labelled(&self, cluster: &Cluster) -> Vec<String> {
+        pods(cluster)
+            .list(&ListParams::default().labels(&format!("app={},{LEADER_LABEL}", self.lock)))
+            .await
+            .map(|list| list.items.iter().map(ResourceExt::name_any).collect())
+            .unwrap_or_default()
+    }
+
+    /// Deletes `pod` as a node drain would (graceful, then gone after its grace period, which the harness's
+    /// kubelet confirms) and creates its replacement.
+    pub async fn replace(&mut self, cluster: &Cluster, pod: &str) {
+        self.pods.retain(|name| name != pod);
+        let _ = pods(cluster).delete(pod, &DeleteParams::default()).await;
+        let api = pods(cluster);
+        let name = pod.to_owned();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let _ = api.delete(&name, &DeleteParams::default().grace_period(0)).await;
+        });
+        self.add_pod(cluster).await;
+    }
+}
+
+fn pods(cluster: &Cluster) -> Api<Pod> {
+    Api::namespaced(cluster.client.clone(), &cluster.namespace)
+}
+
+/// Plays the kubelet: Running, and Ready or not.
+pub async fn set_ready(cluster: &Cluster, pod: &str, ready: bool) {
+    let status = serde_json::json!({ "status": {
+        "phase": "Running",
+        "conditions": [{ "type": "Ready", "status": if ready { "True" } else { "False" } }]
+    }});
+    let _ = pods(cluster)
+        .patch_status(pod, &PatchParams::default(), &Patch::Merge(&status))
+        .await;
+}
+
+/// What a pod's process sees of its own pod: leading with a token until a fence time, or not leading.
+fn leading(cluster: &str, pod: &Pod, now: Instant) -> Option<Seen> {
+    let labels = pod.metadata.labels.as_ref()?;
+    if labels.get(LEADER_LABEL).map(String::as_str) != Some("true")
+        || pod.metadata.deletion_timestamp.is_some()
+    {
+        return None;
+    }
+    let annotations = pod.metadata.annotations.as_ref()?;
+    let term = Term {
+        token: annotations.get(TOKEN_ANNOTATION)?.parse().ok()?,
+        valid_until: annotations.get(VALID_UNTIL_ANNOTATION)?.parse().ok()?,
+    };
+    Some(Seen {
+        key: annotations.get(KEY_ANNOTATION)?.clone(),
+        holder: format!("{cluster}/{}", pod.name_any()),
+        token: term.token,
+        fence_at: fence_instant(&term, POD_FENCE_MARGIN, now, Timestamp::now()),
+        evidence: format!(
+            "leader pod saw token {} valid until {}",
+            term.token, term.valid_until
+        ),
+    })
+}
+
+/// The processes of every leader pod of `cluster`, through `client` (cut with the cluster's outages), until
+/// `stop`; their beliefs go to `recorder`, their acts to its protected resource.
+pub async fn follow_pods(
+    cluster: String,
+    client: Client,
+    namespace: String,
+    recorder: Arc<Recorder>,
+    stop: CancellationToken,
+) {
+    let api: Api<Pod> = Api::namespaced(client, &namespace);
+    let config = watcher::Config::default().labels(&format!("{ROLE_LABEL}=leader"));
+    follow(
+        api,
+        config,
+        move |pod, now| leading(&cluster, pod, now),
+        recorder,
+        stop,
+    )
+    .await;
+}

@@ -1,0 +1,398 @@
+//! The product-level safety checker (issue 22): the real operator (replicas as processes of the real binary),
+//! one or two clusters sharing one quorum of five real `redis-server` masters behind fault proxies, holders
+//! that act on a fencing-aware protected resource while they believe they hold a key, a seeded nemesis on every
+//! part, and a check of the history: no two beliefs of one key overlap (at most `holders_per_key`), tokens rise
+//! per key, and the protected resource never accepted an older token after a newer one.
+//!
+//! Not part of `tests/support/mod.rs` (every test binary compiles that): the binaries that use it include it with
+//! `#[path]`, next to `tests/e2e/mod.rs`.
+#![allow(dead_code)]
+
+pub mod checker;
+pub mod cluster;
+pub mod controls;
+pub mod findings;
+pub mod follow;
+pub mod identity;
+pub mod jobs;
+pub mod leaders;
+pub mod nemesis;
+pub mod outside;
+pub mod protected;
+pub mod recorder;
+pub mod replica;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, PostParams};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use redlock_operator::api::RedisQuorum;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use self::checker::Report;
+use self::cluster::Cluster;
+use self::identity::IdentityLock;
+use self::jobs::JobLock;
+use self::leaders::LeaderSet;
+use self::recorder::Recorder;
+use self::replica::Replica;
+use crate::support::fault_proxy::FaultProxy;
+use crate::support::job_controller::FakeJobRuntime;
+use crate::support::redis_server::RedisCluster;
+
+/// The masters' longest TTL (the quorum's `maxTtl`): a restarted master does not vote for this long.
+pub const MAX_TTL: &str = "3s";
+/// Every lock's TTL.
+pub const TTL: &str = "3s";
+const MASTERS: usize = 5;
+
+/// What a run does.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    /// Seeds every random choice of the harness and the nemesis (and the test API servers' realistic mode).
+    pub seed: u64,
+    /// How long the workload runs under the nemesis, after setup.
+    pub duration: Duration,
+    /// 1 or 2 clusters on the one quorum, sharing the keys.
+    pub clusters: usize,
+    /// Operator replicas per cluster (one active, the others standby).
+    pub replicas: usize,
+    /// Leader-election locks per cluster, on keys `key-0`, `key-1`, … (shared by the clusters).
+    pub leader_locks: usize,
+    pub pods_per_lock: usize,
+    /// Identity locks per cluster, on the same keys as the leader locks.
+    pub identity_locks: usize,
+    /// Job-fencing locks per cluster, on keys `churn-0`, `churn-1`, … (shared by the clusters).
+    pub job_locks: usize,
+    /// `lock` processes outside Kubernetes, on the clusters' keys and the churn keys.
+    pub outside_clients: usize,
+    /// Keys the Job locks and the outside clients share (at least `job_locks`).
+    pub churn_keys: usize,
+    /// How long each Job works, in seconds.
+    pub job_seconds: std::ops::Range<f64>,
+    /// Whether the clusters are the real ones of `REDLOCK_E2E_KUBECONFIG` (and `…_B`) when set.
+    pub real_clusters: bool,
+    pub nemesis: bool,
+    /// How many holders a key may have at once (1 for a lock; N for a semaphore of N permits, once they exist).
+    pub holders_per_key: usize,
+    /// Negative controls the operator replicas run with (comma-separated names; empty: none).
+    pub controls: String,
+    /// Print a line of progress this often.
+    pub progress: Option<Duration>,
+}
+
+impl Scenario {
+    /// The seed from `REDLOCK_SAFETY_SEED`, or a fresh one; printed either way, so that a run can be repeated.
+    pub fn seed_from_env() -> u64 {
+        let seed = std::env::var("REDLOCK_SAFETY_SEED")
+            .ok()
+            .and_then(|value| value.parse().ok())
+            .unwrap_or_else(rand::random);
+        println!(
+            "product safety checker: seed {seed} (REDLOCK_SAFETY_SEED={seed} repeats its random choices)"
+        );
+        seed
+    }
+}
+
+/// One cluster's side of a run: its API, its operator replicas, its links to the masters, its holders.
+pub struct Side {
+    pub cluster: Cluster,
+    pub quorum: String,
+    pub replicas: Vec<Replica>,
+    /// This cluster's links to the masters, one proxy per master (cut one cluster off a majority, not the other).
+    pub links: Vec<FaultProxy>,
+    /// The holders' link to the API server (cut with the cluster's outages).
+    pub holders_link: FaultProxy,
+    pub leaders: Vec<LeaderSet>,
+    pub identities: Vec<IdentityLock>,
+    pub jobs: Vec<JobLock>,
+    /// The Job controller and kubelet next to a test API server (a real cluster has its own).
+    _job_runtime: Option<FakeJobRuntime>,
+    _secret_dir: tempfile::TempDir,
+}
+
+impl Side {
+    /// The replica the operator's Lease names, if any.
+    pub async fn active(&self) -> Option<usize> {
+        let leases: Api<Lease> = Api::namespaced(self.cluster.client.clone(), &self.cluster.namespace);
+        let holder = leases.get("redlock-operator").await.ok()?.spec?.holder_identity?;
+        self.replicas
+            .iter()
+            .position(|replica| replica.identity == holder)
+    }
+}
+
+/// Everything a run has.
+pub struct World {
+    pub scenario: Scenario,
+    pub masters: RedisCluster,
+    pub sides: Vec<Side>,
+    pub recorder: Arc<Recorder>,
+    pub rng: StdRng,
+    holders_stop: CancellationToken,
+    holder_tasks: Vec<JoinHandle<()>>,
+    /// The FIFO the outside clients' children write to.
+    _outside: Option<outside::Outside>,
+}
+
+/// Sets everything up, runs the workload under the nemesis for the scenario's duration, heals, and checks.
+pub async fn run(scenario: Scenario) -> Report {
+    let mut world = World::start(scenario).await;
+    let from = Instant::now();
+    let until = from + world.scenario.duration;
+    if world.scenario.nemesis {
+        nemesis::run(&mut world, until).await;
+    } else {
+        nemesis::watch_only(&world, until).await;
+    }
+    world.finish(from).await
+}
+
+impl World {
+    async fn start(scenario: Scenario) -> Self {
+        let masters = tokio::task::block_in_place(|| RedisCluster::start(MASTERS)).expect("masters");
+        let recorder = Arc::new(Recorder::default());
+        let holders_stop = CancellationToken::new();
+        let mut sides = Vec::new();
+        let mut holder_tasks = Vec::new();
+        for index in 0..scenario.clusters {
+            let name = ["east", "west"][index % 2];
+            let kubeconfig = kubeconfig_of(index).filter(|_| scenario.real_clusters);
+            let cluster = Cluster::start(
+                name,
+                kubeconfig.as_deref(),
+                scenario.seed.wrapping_add(index as u64),
+            )
+            .await;
+            let mut links = Vec::new();
+            for server in masters.servers() {
+                links.push(FaultProxy::start(server.addr()).await.expect("link to a master"));
+            }
+            let quorum = format!("safety-{}", cluster.namespace);
+            let urls: Vec<String> = links.iter().map(FaultProxy::url).collect();
+            let object = serde_json::json!({
+                "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
+                "spec": { "endpoints": urls, "maxTtl": MAX_TTL, "nodeTimeout": "100ms",
+                          "sharedKeys": { "namespaces": [cluster.namespace] } }
+            });
+            let quorum_object: RedisQuorum = serde_json::from_value(object).expect("quorum");
+            cluster
+                .quorums()
+                .create(&PostParams::default(), &quorum_object)
+                .await
+                .expect("create the quorum");
+            let secret_dir = tempfile::tempdir().expect("tempdir");
+            let secret_file = secret_dir.path().join("installation-secret");
+            std::fs::write(
+                &secret_file,
+                format!("safety-installation-secret-{name}-0123456789abcdef"),
+            )
+            .expect("secret file");
+            let mut replicas = Vec::new();
+            for replica in 0..scenario.replicas {
+                replicas.push(Replica::start(&cluster, replica, &secret_file, &scenario.controls).await);
+            }
+            let (_, holders_client, holders_link) = cluster.behind_proxy("holders").await;
+            holder_tasks.push(tokio::spawn(leaders::follow_pods(
+                name.to_owned(),
+                holders_client.clone(),
+                cluster.namespace.clone(),
+                recorder.clone(),
+                holders_stop.clone(),
+            )));
+            holder_tasks.push(tokio::spawn(identity::follow_locks(
+                name.to_owned(),
+                holders_client,
+                cluster.namespace.clone(),
+                recorder.clone(),
+                holders_stop.clone(),
+            )));
+            // A Job's pod runs until its kubelet stops it, whatever its own view of the API server: its belief is
+            // followed on the harness's own client, which outages do not cut.
+            holder_tasks.push(tokio::spawn(jobs::follow_pods(
+                name.to_owned(),
+                cluster.client.clone(),
+                cluster.namespace.clone(),
+                recorder.clone(),
+                holders_stop.clone(),
+            )));
+            let job_runtime = cluster
+                .server
+                .as_ref()
+                .map(|server| FakeJobRuntime::start(server.controller_client(), Some(&cluster.namespace)));
+            sides.push(Side {
+                cluster,
+                quorum,
+                replicas,
+                links,
+                holders_link,
+                leaders: Vec::new(),
+                identities: Vec::new(),
+                jobs: Vec::new(),
+                _job_runtime: job_runtime,
+                _secret_dir: secret_dir,
+            });
+        }
+        for side in &sides {
+            all_masters_voting(side).await;
+        }
+        for side in &mut sides {
+            for index in 0..scenario.leader_locks {
+                let set = LeaderSet::create(
+                    &side.cluster,
+                    &side.quorum,
+                    &format!("leader-{index}"),
+                    &format!("key-{index}"),
+                    scenario.pods_per_lock,
+                )
+                .await;
+                side.leaders.push(set);
+            }
+            for index in 0..scenario.identity_locks {
+                let key = format!("key-{}", index % scenario.leader_locks.max(1));
+                let lock =
+                    IdentityLock::create(&side.cluster, &side.quorum, &format!("ident-{index}"), &key).await;
+                side.identities.push(lock);
+            }
+        }
+        for (side_index, side) in sides.iter_mut().enumerate() {
+            for index in 0..scenario.job_locks {
+                let lock = format!("jobs-{index}");
+                let job_lock =
+                    JobLock::create(&side.cluster, &side.quorum, &lock, &format!("churn-{index}")).await;
+                holder_tasks.push(tokio::spawn(jobs::feed(
+                    side.cluster.client.clone(),
+                    side.cluster.namespace.clone(),
+                    (lock, job_lock.key.clone()),
+                    scenario.job_seconds.clone(),
+                    scenario.seed.wrapping_add(200 + (side_index * 10 + index) as u64),
+                    holders_stop.clone(),
+                )));
+                side.jobs.push(job_lock);
+            }
+        }
+        let mut outside_keys: Vec<String> = (0..scenario.leader_locks.max(scenario.identity_locks))
+            .map(|index| format!("shared:key-{index}"))
+            .collect();
+        let churn_keys = scenario.churn_keys.max(scenario.job_locks);
+        outside_keys.extend((0..churn_keys).map(|index| format!("shared:churn-{index}")));
+        let outside = (scenario.outside_clients > 0 && !outside_keys.is_empty()).then(|| {
+            let (outside, follower) = outside::Outside::start(recorder.clone(), holders_stop.clone());
+            holder_tasks.push(follower);
+            for index in 0..scenario.outside_clients {
+                holder_tasks.push(outside.client(
+                    index,
+                    masters.urls(),
+                    outside_keys.clone(),
+                    scenario.seed.wrapping_add(100 + index as u64),
+                    holders_stop.clone(),
+                ));
+            }
+            outside
+        });
+        let rng = StdRng::seed_from_u64(scenario.seed);
+        Self {
+            _outside: outside,
+            scenario,
+            masters,
+            sides,
+            recorder,
+            rng,
+            holders_stop,
+            holder_tasks,
+        }
+    }
+
+    /// Heals everything, lets the holders see the last of it, stops them, and checks the history.
+    async fn finish(mut self, from: Instant) -> Report {
+        nemesis::heal(&mut self);
+        // Beliefs that the last faults left open end by their fence time at the latest.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let to = Instant::now();
+        self.holders_stop.cancel();
+        for task in std::mem::take(&mut self.holder_tasks) {
+            let _ = task.await;
+        }
+        let report = checker::check(
+            &self.recorder,
+            &self.keys(),
+            (from, to),
+            self.scenario.holders_per_key,
+            self.masters.len(),
+        );
+        let verbose = std::env::var_os("REDLOCK_SAFETY_LOG").is_some();
+        if !report.is_safe() || verbose {
+            for event in self.recorder.nemesis_events() {
+                eprintln!("{:?} nemesis: {}", event.at, event.what);
+            }
+            for side in &self.sides {
+                for replica in &side.replicas {
+                    eprintln!(
+                        "--- log of {} (last lines) ---\n{}",
+                        replica.identity,
+                        replica.log_tail(if verbose { 400 } else { 40 })
+                    );
+                }
+            }
+        }
+        for side in &mut self.sides {
+            for replica in &mut side.replicas {
+                replica.kill();
+            }
+            side.cluster.cleanup(&side.quorum).await;
+        }
+        report
+    }
+
+    /// Every key the workloads use.
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self
+            .sides
+            .iter()
+            .flat_map(|side| {
+                let leaders = side.leaders.iter().map(|set| set.key.clone());
+                let identities = side.identities.iter().map(|lock| lock.key.clone());
+                leaders
+                    .chain(identities)
+                    .chain(side.jobs.iter().map(|lock| lock.key.clone()))
+            })
+            .collect();
+        if self.scenario.outside_clients > 0 {
+            keys.extend((0..self.scenario.churn_keys).map(|index| format!("shared:churn-{index}")));
+        }
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+}
+
+/// The first cluster is the real one of `REDLOCK_E2E_KUBECONFIG` when set, the second that of
+/// `REDLOCK_E2E_KUBECONFIG_B`; a test API server otherwise.
+fn kubeconfig_of(index: usize) -> Option<PathBuf> {
+    let variable = if index == 0 {
+        "REDLOCK_E2E_KUBECONFIG"
+    } else {
+        "REDLOCK_E2E_KUBECONFIG_B"
+    };
+    std::env::var_os(variable).map(PathBuf::from)
+}
+
+/// Waits until every master of the side's quorum can vote (fresh masters are quarantined for maxTtl first).
+async fn all_masters_voting(side: &Side) {
+    let api = side.cluster.quorums();
+    crate::e2e::eventually_within("every master out of quarantine", Duration::from_secs(120), || {
+        let api = api.clone();
+        async move {
+            let quorum = api.get(&side.quorum).await.ok()?;
+            (i64::from(quorum.status?.eligible?) == MASTERS as i64).then_some(())
+        }
+    })
+    .await;
+}

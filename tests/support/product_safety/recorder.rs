@@ -1,0 +1,127 @@
+//! The run's history: every holder's belief intervals (as the holder saw them), every nemesis event, and the
+//! periods when faults (and recovery from them) excuse a key having no holder. One monotonic clock.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::protected::ProtectedResource;
+use crate::support::history::Interval;
+
+/// How often a believing holder writes to the protected resource.
+pub const ACT_INTERVAL: Duration = Duration::from_millis(25);
+
+#[derive(Clone, Debug)]
+pub struct NemesisEvent {
+    pub at: Instant,
+    pub what: String,
+}
+
+#[derive(Default)]
+pub struct Recorder {
+    beliefs: Mutex<Vec<Interval>>,
+    events: Mutex<Vec<NemesisEvent>>,
+    excused: Mutex<Vec<(Instant, Instant)>>,
+    restarts: Mutex<Vec<(usize, Instant)>>,
+    pub resource: ProtectedResource,
+}
+
+impl Recorder {
+    pub fn belief(&self, interval: Interval) {
+        if std::env::var_os("REDLOCK_SAFETY_LOG").is_some() {
+            eprintln!(
+                "{:?} belief {} {} token {} {:?}..{:?}",
+                Instant::now(),
+                interval.resource,
+                interval.client,
+                interval.token,
+                interval.start,
+                interval.end
+            );
+        }
+        self.beliefs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(interval);
+    }
+
+    pub fn beliefs(&self) -> Vec<Interval> {
+        self.beliefs.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn nemesis(&self, what: String) {
+        if std::env::var_os("REDLOCK_SAFETY_LOG").is_some() {
+            eprintln!("{:?} nemesis {what}", Instant::now());
+        }
+        let event = NemesisEvent {
+            at: Instant::now(),
+            what,
+        };
+        self.events.lock().unwrap_or_else(|e| e.into_inner()).push(event);
+    }
+
+    pub fn nemesis_events(&self) -> Vec<NemesisEvent> {
+        self.events.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// From now until `recovered` after `until`, keys may have no holder because of a fault.
+    pub fn excuse(&self, from: Instant, until: Instant) {
+        self.excused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((from, until));
+    }
+
+    /// Master `index` restarted empty now: it forgot every key and every fencing counter.
+    pub fn master_restarted(&self, index: usize) {
+        let restart = (index, Instant::now());
+        self.restarts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(restart);
+    }
+
+    pub fn master_restarts(&self) -> Vec<(usize, Instant)> {
+        self.restarts.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn excused(&self) -> Vec<(Instant, Instant)> {
+        self.excused.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// A holder's current belief, as its process keeps it: from when it saw the grant, with the token it saw, until
+/// it sees the grant gone or its own fence time comes.
+#[derive(Clone, Debug)]
+pub struct Belief {
+    pub key: String,
+    pub holder: String,
+    pub token: i64,
+    pub start: Instant,
+    /// When the holder stops acting on its own, whatever it sees or does not see.
+    pub fence_at: Instant,
+    pub evidence: String,
+}
+
+impl Belief {
+    /// Acts on the protected resource, if the holder still may (its fence time has not come).
+    pub fn act(&self, recorder: &Recorder) {
+        if Instant::now() < self.fence_at {
+            recorder.resource.write(&self.key, self.token, &self.holder);
+        }
+    }
+
+    /// Ends the belief at `now`, or at its fence time if that came first, and records it.
+    pub fn end(self, recorder: &Recorder, now: Instant, why: &str) {
+        let end = now.min(self.fence_at).max(self.start);
+        recorder.belief(Interval {
+            resource: self.key,
+            client: self.holder,
+            start: self.start,
+            end,
+            token: self.token,
+            evidence: format!("{}; ended: {why}", self.evidence),
+        });
+    }
+}
