@@ -15,6 +15,7 @@ use redlock_operator::api::{DistributedLock, RedisQuorum};
 use crate::support::apiserver::TestApiServer;
 use crate::support::apiserver::realism::Realism;
 use crate::support::fault_proxy::FaultProxy;
+use crate::support::node::FakeNode;
 
 pub struct Cluster {
     /// A short name for the reports ("east", "west").
@@ -25,6 +26,9 @@ pub struct Cluster {
     pub server: Option<TestApiServer>,
     kubeconfig: Kubeconfig,
     upstream: SocketAddr,
+    /// The node the harness binds its pods to, registered and kept Ready as a kubelet would (on a real cluster
+    /// removed at the end): pods bound to a node that does not exist are collected by the pod garbage collector.
+    node: FakeNode,
     dir: tempfile::TempDir,
 }
 
@@ -47,6 +51,7 @@ impl Cluster {
             .await
             .expect("kubeconfig");
         let upstream = resolve(&config).await;
+        let removal = config.clone();
         let client = match &server {
             // The cluster's own controllers' view: no late first lists (those model the operator starting).
             Some(server) => server.controller_client(),
@@ -54,13 +59,23 @@ impl Cluster {
         };
         let mut suffix = [0u8; 4];
         getrandom::fill(&mut suffix).expect("random");
+        let namespace = format!("redlock-safety-{name}-{}", hex::encode(suffix));
+        let node = FakeNode::register(client.clone(), &format!("{namespace}-node"))
+            .await
+            .expect("register the run's node");
+        let node = if server.is_none() {
+            node.removed_on_drop(removal)
+        } else {
+            node
+        };
         let cluster = Self {
             name: name.to_owned(),
             client,
-            namespace: format!("redlock-safety-{name}-{}", hex::encode(suffix)),
+            namespace,
             server,
             kubeconfig,
             upstream,
+            node,
             dir,
         };
         cluster.apply_crds().await;
@@ -68,11 +83,9 @@ impl Cluster {
         cluster
     }
 
-    /// The node the harness binds its pods to, playing their kubelet. One place to name it: on a real cluster,
-    /// pods bound to a node that does not exist are collected by the pod garbage collector, so once the e2e
-    /// harness registers a node of its own (and keeps it Ready), this names that node.
-    pub fn pod_node(&self) -> &'static str {
-        "redlock-e2e-no-such-node"
+    /// The node the harness binds its pods to, playing their kubelet.
+    pub fn pod_node(&self) -> &str {
+        self.node.name()
     }
 
     pub fn is_test_server(&self) -> bool {
