@@ -17,7 +17,7 @@ use super::settings::{QuorumRules, lock_settings};
 use super::{FINALIZER, RESYNC};
 use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
 use crate::controller::context::Context;
-use crate::controller::engines::QuorumLookup;
+use crate::controller::engines::{QuorumEngine, QuorumLookup};
 use crate::controller::error::Error;
 use crate::redlock::KeepPolicy;
 
@@ -62,6 +62,16 @@ pub fn error_policy(lock: Arc<DistributedLock>, error: &Error, ctx: Arc<Context>
     ctx.backoff(&ObjectRef::from_obj(&*lock), error, "distributedlock")
 }
 
+/// What the lock's quorum decides for its settings.
+fn rules_of(engine: &QuorumEngine) -> QuorumRules<'_> {
+    let config = engine.engine.config();
+    QuorumRules {
+        max_ttl: config.max_ttl,
+        node_timeout: config.node_timeout,
+        shared_keys: engine.shared_keys.as_ref(),
+    }
+}
+
 /// A leader-election lock being deleted gives its key up: its leader loses the label first, as on a move, so
 /// that no pod keeps the label (and acts as the leader up to the validity it was shown) of a lock that is gone
 /// while another holder takes the key (found by the product safety checker).
@@ -72,14 +82,8 @@ async fn unlabel_before_deletion(lock: &DistributedLock, ctx: &Context) -> Resul
     let QuorumLookup::Ready(engine) = ctx.engines.lookup(&lock.spec.quorum) else {
         return Ok(());
     };
-    let config = engine.engine.config();
-    let rules = QuorumRules {
-        max_ttl: config.max_ttl,
-        node_timeout: config.node_timeout,
-        shared_keys: engine.shared_keys.as_ref(),
-    };
     let namespace = lock.namespace().unwrap_or_default();
-    let Ok(settings) = lock_settings(&lock.spec, &namespace, &lock.name_any(), &rules) else {
+    let Ok(settings) = lock_settings(&lock.spec, &namespace, &lock.name_any(), &rules_of(&engine)) else {
         return Ok(());
     };
     let lref = ObjectRef::from_obj(lock);
@@ -119,12 +123,7 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     };
     let namespace = lock.namespace().unwrap_or_default();
     let config = engine.engine.config();
-    let rules = QuorumRules {
-        max_ttl: config.max_ttl,
-        node_timeout: config.node_timeout,
-        shared_keys: engine.shared_keys.as_ref(),
-    };
-    let settings = match lock_settings(&lock.spec, &namespace, &lock.name_any(), &rules) {
+    let settings = match lock_settings(&lock.spec, &namespace, &lock.name_any(), &rules_of(&engine)) {
         Ok(settings) => settings,
         Err(invalid) => {
             return actions::wait::not_ready(

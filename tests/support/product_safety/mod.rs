@@ -138,8 +138,10 @@ pub struct World {
     pub rng: StdRng,
     holders_stop: CancellationToken,
     holder_tasks: Vec<JoinHandle<()>>,
-    /// The FIFO the outside clients' children write to.
+    /// The FIFO the outside clients' children write to, and its reader, stopped after every client.
     _outside: Option<outside::Outside>,
+    outside_stop: CancellationToken,
+    outside_follower: Option<JoinHandle<()>>,
 }
 
 /// Sets everything up, runs the workload under the nemesis for the scenario's duration, heals, and checks.
@@ -283,9 +285,13 @@ impl World {
             .collect();
         let churn_keys = scenario.churn_keys.max(scenario.job_locks);
         outside_keys.extend((0..churn_keys).map(|index| format!("shared:churn-{index}")));
+        // The FIFO's reader outlives the clients: a child that writes its last line to a FIFO nobody reads
+        // would wait forever, and its `lock` process with it.
+        let outside_stop = CancellationToken::new();
+        let mut outside_follower = None;
         let outside = (scenario.outside_clients > 0 && !outside_keys.is_empty()).then(|| {
-            let (outside, follower) = outside::Outside::start(recorder.clone(), holders_stop.clone());
-            holder_tasks.push(follower);
+            let (outside, follower) = outside::Outside::start(recorder.clone(), outside_stop.clone());
+            outside_follower = Some(follower);
             for index in 0..scenario.outside_clients {
                 holder_tasks.push(outside.client(
                     index,
@@ -300,6 +306,8 @@ impl World {
         let rng = StdRng::seed_from_u64(scenario.seed);
         Self {
             _outside: outside,
+            outside_stop,
+            outside_follower,
             scenario,
             masters,
             sides,
@@ -319,6 +327,10 @@ impl World {
         self.holders_stop.cancel();
         for task in std::mem::take(&mut self.holder_tasks) {
             let _ = task.await;
+        }
+        self.outside_stop.cancel();
+        if let Some(follower) = self.outside_follower.take() {
+            let _ = follower.await;
         }
         let report = checker::check(
             &self.recorder,

@@ -108,13 +108,23 @@ pub async fn watch_only(world: &World, until: Instant) {
 fn progress(world: &World, started: Instant) {
     let beliefs = world.recorder.beliefs();
     let transitions: usize = crate::support::history::transitions(&beliefs).values().sum();
+    let overlaps = crate::support::history::find_overlaps(&beliefs, world.scenario.holders_per_key);
     println!(
         "  … {:.0}s: {} transitions, {} overlaps so far, {} nemesis events",
         started.elapsed().as_secs_f64(),
         transitions,
-        crate::support::history::find_overlaps(&beliefs, world.scenario.holders_per_key).len(),
+        overlaps.len(),
         world.recorder.nemesis_events().len()
     );
+    // A long run shows what it found as it goes, with the faults just before it.
+    if let Some(last) = overlaps.last() {
+        println!("    latest overlap: {last}");
+        for event in world.recorder.nemesis_events().iter().filter(|event| {
+            event.at + Duration::from_secs(10) > last.second.start && event.at < last.first.end
+        }) {
+            println!("    nemesis at {:?}: {}", event.at, event.what);
+        }
+    }
 }
 
 fn millis(world: &mut World, range: std::ops::Range<u64>) -> Duration {
