@@ -40,6 +40,8 @@ fn main() {
             pause_probability: 0.02,
             long_hold_probability: 0.05,
             floor_lag: Some(Duration::ZERO..Duration::from_millis(20)),
+            permits: 1,
+            miscounted_permits: None,
         };
         println!("random faults until {target} grants (at most {}s)…", TIME_CAP.as_secs());
         let progress = Some(Duration::from_secs(15));

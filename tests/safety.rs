@@ -82,6 +82,8 @@ async fn random_faults_never_produce_two_holders() {
         pause_probability: 0.03,
         long_hold_probability: 0.1,
         floor_lag: Some(Duration::ZERO..Duration::from_millis(20)),
+        permits: 1,
+        miscounted_permits: None,
     };
     let report = random_run(
         workload,
@@ -149,4 +151,51 @@ async fn a_majority_restart_sends_tokens_back_without_the_durable_floor_only() {
     assert!(with.token_regressions.is_empty(), "{with}");
     assert!(with.overlaps.is_empty(), "{with}");
     assert_eq!(with.grants, 6, "five grants and the contender's: {with}");
+}
+
+/// Issue 23: a counting semaphore under the same nemesis never has more holders than permits, and each permit's
+/// tokens rise; a client that counts one permit too many (the negative control) is caught.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_never_has_more_holders_than_permits_and_a_miscounting_client_is_caught() {
+    let workload = |miscounted_permits| Workload {
+        clients: 6,
+        resources: Workload::resources(1),
+        ttl: Duration::from_secs(1),
+        hold: Duration::from_millis(20)..Duration::from_millis(80),
+        pause_probability: 0.02,
+        long_hold_probability: 0.1,
+        floor_lag: Some(Duration::ZERO..Duration::from_millis(20)),
+        permits: 2,
+        miscounted_permits,
+    };
+    let report = random_run(
+        workload(None),
+        Duration::from_millis(50),
+        Duration::from_millis(1_500),
+        None,
+        |_, elapsed| elapsed >= Duration::from_secs(25),
+    )
+    .await;
+    println!("semaphore of 2: {report}");
+    assert!(report.overlaps.is_empty(), "{report}");
+    assert!(report.token_regressions.is_empty(), "{report}");
+    assert!(
+        report.grants >= 50,
+        "too little progress to mean anything: {report}"
+    );
+
+    // Client 0 counts three permits: it takes the third while the two others are held.
+    let miscounted = random_run(
+        workload(Some(3)),
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+        None,
+        |_, elapsed| elapsed >= Duration::from_secs(15),
+    )
+    .await;
+    println!("one client counting three permits: {miscounted}");
+    assert!(
+        !miscounted.overlaps.is_empty(),
+        "the negative control must fail the check: {miscounted}"
+    );
 }

@@ -20,7 +20,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rand::Rng;
-use redlock_operator::redlock::{AcquireOptions, KeepPolicy, Lease, Redlock, RedlockConfig};
+use redlock_operator::redlock::{
+    AcquireOptions, KeepPolicy, Lease, PERMIT_KEY_PREFIX, Redlock, RedlockConfig, permit_key,
+};
 use tokio::time::Instant;
 
 use super::fault_proxy::{Direction, FaultProxy};
@@ -39,6 +41,15 @@ pub fn find_overlaps(grants: &[Grant]) -> Vec<Overlap> {
 /// Every grant, per resource in grant order, whose token does not exceed the highest granted before it.
 pub fn find_token_regressions(grants: &[Grant]) -> Vec<TokenRegression> {
     history::find_token_regressions(grants, Repeats::Forbidden)
+}
+
+/// The resource a key belongs to: a semaphore's for a permit's key (`permit:<i>:<resource>`), the key itself
+/// otherwise.
+fn resource_of(key: &str) -> &str {
+    key.strip_prefix(PERMIT_KEY_PREFIX)
+        .and_then(|rest| rest.split_once(':'))
+        .filter(|(permit, _)| !permit.is_empty() && permit.bytes().all(|b| b.is_ascii_digit()))
+        .map_or(key, |(_, resource)| resource)
 }
 
 /// Per resource, the highest token a client has written as its durable floor (the operator's status token).
@@ -79,12 +90,23 @@ impl Recorder {
         self.grants.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    pub fn report(&self, resources: &[String], from: Instant, to: Instant) -> Report {
+    /// The checks over every grant so far; `permits` holders of one resource may overlap (a semaphore's, each on
+    /// a permit of its own), and tokens rise per permit.
+    pub fn report(&self, resources: &[String], permits: u32, from: Instant, to: Instant) -> Report {
         let grants = self.grants();
+        // Grants are recorded per key (a permit's, for a semaphore): tokens are checked per key, holders per
+        // resource.
+        let per_resource: Vec<Grant> = grants
+            .iter()
+            .map(|grant| Grant {
+                resource: resource_of(&grant.resource).to_owned(),
+                ..grant.clone()
+            })
+            .collect();
         Report {
-            overlaps: find_overlaps(&grants),
+            overlaps: history::find_overlaps(&per_resource, permits.max(1) as usize),
             token_regressions: find_token_regressions(&grants),
-            longest_unavailable: longest_unavailable(&grants, resources, from, to),
+            longest_unavailable: longest_unavailable(&per_resource, resources, from, to),
             grants: grants.len(),
             failed_attempts: self.failed_attempts.load(Ordering::Relaxed),
             lost_signals: self.lost_signals.load(Ordering::Relaxed),
@@ -147,6 +169,10 @@ pub struct Workload {
     pub long_hold_probability: f64,
     /// How long after a grant its token reaches the durable floor (`None`: clients keep no floor at all).
     pub floor_lag: Option<Range<Duration>>,
+    /// Permits per resource: 1, a lock; N, a counting semaphore whose permits are each a key of their own.
+    pub permits: u32,
+    /// The negative control of semaphore mode: client 0 counts this many permits instead of `permits`.
+    pub miscounted_permits: Option<u32>,
 }
 
 impl Workload {
@@ -210,12 +236,31 @@ async fn one_turn(
             rng.random_bool(workload.long_hold_probability),
         )
     };
+    // A client that miscounts acts on a semaphore of more permits than the others: the control the checker
+    // must catch.
+    let permits = match workload.miscounted_permits {
+        Some(wrong) if name == "client-0" => wrong,
+        _ => workload.permits,
+    };
+    // One floor for every permit (the engine's semaphore takes one): the highest of their floors, so that each
+    // permit's proposal is above its own.
+    let floor = (0..permits.max(1))
+        .map(|permit| floors.get(&permit_key(&resource, permit)))
+        .max()
+        .unwrap_or(0);
     let once = AcquireOptions {
         attempts: Some(1),
         deadline: None,
-        token_floor: workload.floor_lag.as_ref().map_or(0, |_| floors.get(&resource)),
+        token_floor: workload.floor_lag.as_ref().map_or(0, |_| floor),
     };
-    let lease = match engine.acquire(&resource, workload.ttl, name, once).await {
+    let acquired = if permits > 1 {
+        engine
+            .acquire_permit(&resource, permits, workload.ttl, name, once)
+            .await
+    } else {
+        engine.acquire(&resource, workload.ttl, name, once).await
+    };
+    let lease = match acquired {
         Ok(lease) => lease,
         Err(_) => {
             recorder.failed_attempts.fetch_add(1, Ordering::Relaxed);
@@ -225,6 +270,8 @@ async fn one_turn(
     };
     let start = Instant::now();
     let token = lease.fencing_token();
+    // The key held: the resource's own, or one of its permits' (whose tokens are its own sequence).
+    let resource = lease.resource().to_owned();
     if let Some(lag) = &workload.floor_lag {
         let lag = if lag.is_empty() {
             lag.start
@@ -470,7 +517,7 @@ pub async fn random_run(
     let stop = || done(&recorder, started.elapsed());
     nemesis.run(&recorder, longest_fault, progress, stop).await;
     clients.await.expect("clients");
-    recorder.report(&workload.resources, started, Instant::now())
+    recorder.report(&workload.resources, workload.permits, started, Instant::now())
 }
 
 /// Records a grant that starts now and claims the lease's whole validity.
@@ -552,7 +599,7 @@ pub async fn restart_majority_while_held(quarantine: bool) -> Report {
         give_up,
     )
     .await;
-    recorder.report(&["payments".to_owned()], started, Instant::now())
+    recorder.report(&["payments".to_owned()], 1, started, Instant::now())
 }
 
 /// Negative control (or its clean twin) for tokens: a key is used five times (tokens 1 to 5, learnt from the
@@ -593,7 +640,7 @@ pub async fn majority_restart_tokens(durable_floor: bool) -> Report {
     contend(&recorder, &contender, "ledger", ttl, floor, give_up).await;
     cluster[3].cont();
     cluster[4].cont();
-    recorder.report(&["ledger".to_owned()], started, Instant::now())
+    recorder.report(&["ledger".to_owned()], 1, started, Instant::now())
 }
 
 /// Negative control (or its clean twin): every master's clock runs `rate` times too fast. The holder keeps
@@ -620,7 +667,7 @@ pub async fn fast_clocks(rate: f64) -> Report {
     record_whole(&recorder, "holder", &lease);
     let give_up = lease.valid_until() + Duration::from_millis(500);
     contend(&recorder, &contender, "clock", ttl, 0, give_up).await;
-    recorder.report(&["clock".to_owned()], started, Instant::now())
+    recorder.report(&["clock".to_owned()], 1, started, Instant::now())
 }
 
 async fn wait_eligible(engine: &Redlock, count: usize) {
