@@ -44,6 +44,7 @@ fn main() {
             identity_locks: 1,
             job_locks: 2,
             outside_clients: 4,
+            outside_on_cluster_keys: true,
             churn_keys: 4,
             job_seconds: 0.3..1.5,
         real_clusters: true,

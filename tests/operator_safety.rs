@@ -93,6 +93,7 @@ async fn the_operator_under_a_nemesis_never_lets_two_holders_act() {
         identity_locks: 1,
         job_locks: 1,
         outside_clients: 2,
+        outside_on_cluster_keys: false,
         churn_keys: 1,
         job_seconds: 0.5..2.0,
         real_clusters: true,

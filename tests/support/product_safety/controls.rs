@@ -80,6 +80,7 @@ fn base(seed: u64, switched_on: Option<Control>) -> Scenario {
         identity_locks: 0,
         job_locks: 0,
         outside_clients: 0,
+        outside_on_cluster_keys: false,
         churn_keys: 0,
         job_seconds: 20.0..30.0,
         real_clusters: false,

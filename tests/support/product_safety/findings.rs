@@ -19,6 +19,7 @@ fn base(seed: u64) -> Scenario {
         identity_locks: 0,
         job_locks: 0,
         outside_clients: 0,
+        outside_on_cluster_keys: false,
         churn_keys: 0,
         job_seconds: 1.0..2.0,
         real_clusters: false,

@@ -70,8 +70,11 @@ pub struct Scenario {
     pub identity_locks: usize,
     /// Job-fencing locks per cluster, on keys `churn-0`, `churn-1`, … (shared by the clusters).
     pub job_locks: usize,
-    /// `lock` processes outside Kubernetes, on the clusters' keys and the churn keys.
+    /// `lock` processes outside Kubernetes, on the churn keys (and on the clusters' leader and identity keys).
     pub outside_clients: usize,
+    /// Whether the `lock` processes also take the leader and identity locks' keys, where they race the open
+    /// hand-over finding of the README (a leader learns of its label's removal after its key was released).
+    pub outside_on_cluster_keys: bool,
     /// Keys the Job locks and the outside clients share (at least `job_locks`).
     pub churn_keys: usize,
     /// How long each Job works, in seconds.
@@ -280,7 +283,12 @@ impl World {
                 side.jobs.push(job_lock);
             }
         }
-        let mut outside_keys: Vec<String> = (0..scenario.leader_locks.max(scenario.identity_locks))
+        let cluster_keys = if scenario.outside_on_cluster_keys {
+            scenario.leader_locks.max(scenario.identity_locks)
+        } else {
+            0
+        };
+        let mut outside_keys: Vec<String> = (0..cluster_keys)
             .map(|index| format!("shared:key-{index}"))
             .collect();
         let churn_keys = scenario.churn_keys.max(scenario.job_locks);
