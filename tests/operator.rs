@@ -139,11 +139,14 @@ async fn losing_a_majority_marks_the_lock_lost_before_valid_until_and_it_recover
         .clone();
     assert_eq!(held.status, "False");
     assert_eq!(held.reason, "Lost");
-    assert!(
+    // The Event is published after the status write that shows the loss: wait for it, do not race it.
+    eventually("the Lost event", || async {
         event_reasons(&env.events(), None, "report")
             .await
             .contains(&"Lost".to_owned())
-    );
+            .then_some(())
+    })
+    .await;
 
     masters[0].cont();
     masters[1].cont();
