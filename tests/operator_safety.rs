@@ -149,7 +149,8 @@ async fn the_checker_catches_a_leader_label_removed_after_the_lock_moved() {
 }
 
 #[test]
-fn token_regressions_after_every_master_forgot_are_reported_apart_unless_a_floor_record_saw_the_token() {
+fn token_regressions_after_a_majority_of_masters_forgot_are_reported_apart_unless_a_floor_record_saw_the_token()
+ {
     let recorder = product_safety::recorder::Recorder::default();
     let now = Instant::now();
     let at = |ms: i64| {
@@ -169,18 +170,16 @@ fn token_regressions_after_every_master_forgot_are_reported_apart_unless_a_floor
     };
     recorder.belief(belief("outside/a", -100, 7));
     recorder.belief(belief("east/pod", -50, 9));
-    for master in 0..3 {
+    for master in 0..2 {
         recorder.master_restarted(master);
     }
-    // Two masters still remember: not excused.
+    // Three masters still remember: not excused.
     recorder.belief(belief("west/pod", 30_000, 8));
     let keys = ["k".to_owned()];
     let report = product_safety::checker::check(&recorder, &keys, (at(-200), at(80_000)), 1, 5);
     assert_eq!(report.token_regressions.len(), 1);
-    for master in 3..5 {
-        recorder.master_restarted(master);
-    }
-    // Now every master forgot before west's and later holdings started: another cluster (or the `lock`
+    recorder.master_restarted(2);
+    // Now a majority forgot before west's and later holdings started: another cluster (or the `lock`
     // command) cannot know the earlier token, but east's own floor record saw token 9. (Far in the future: the
     // restarts are stamped with the clock, however slow this machine is.)
     recorder.belief(belief("outside/b", 60_000, 2));

@@ -19,9 +19,9 @@ pub struct Report {
     pub transitions: BTreeMap<String, usize>,
     pub overlaps: Vec<Overlap>,
     pub token_regressions: Vec<TokenRegression>,
-    /// Regressions the README's guarantees leave open: every master forgot the earlier token (restarted empty
-    /// after it was granted) and the later holder keeps no floor record that saw it (another cluster, or the
-    /// `lock` command). Reported, not failed.
+    /// Regressions the README's guarantees leave open: a majority of masters forgot the earlier token (restarted
+    /// empty after it was granted) and the later holder keeps no floor record that saw it (another cluster, or
+    /// the `lock` command). Reported, not failed.
     pub forgotten_token_regressions: Vec<TokenRegression>,
     pub stale_writes_accepted: Vec<StaleWrite>,
     pub writes: usize,
@@ -48,18 +48,21 @@ fn floor_of(holder: &str) -> Option<&str> {
     (domain != "outside").then_some(domain)
 }
 
-/// Whether a regression is one the guarantees leave open: each of the `masters` restarted empty between the
-/// earlier holding's start and the later one's, and the later holder's floor record never saw the earlier token.
+/// Whether a regression is one the guarantees leave open: a majority of the `masters` restarted empty between
+/// the earlier holding's start and the later one's (so the later grant's majority may be masters that all
+/// forgot the earlier token), and the later holder's floor record never saw the earlier token.
 fn forgotten(regression: &TokenRegression, restarts: &[(usize, Instant)], masters: usize) -> bool {
     let (earlier, later) = (&regression.earlier, &regression.later);
     let same_floor =
         floor_of(&later.client).is_some() && floor_of(&later.client) == floor_of(&earlier.client);
-    let all_forgot = (0..masters).all(|master| {
-        restarts
-            .iter()
-            .any(|&(index, at)| index == master && at > earlier.start && at < later.start)
-    });
-    all_forgot && !same_floor
+    let forgetful = (0..masters)
+        .filter(|&master| {
+            restarts
+                .iter()
+                .any(|&(index, at)| index == master && at > earlier.start && at < later.start)
+        })
+        .count();
+    forgetful > masters / 2 && !same_floor
 }
 
 /// Checks what `recorder` holds for `keys` between `from` and `to`, with at most `bound` holders per key, on
@@ -102,7 +105,7 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "transitions={} overlaps={} token_regressions={} stale_writes_accepted={} nemesis_events={} longest_unavailable_ms={} beliefs={} writes={} writes_refused={} token_regressions_after_every_master_forgot={}",
+            "transitions={} overlaps={} token_regressions={} stale_writes_accepted={} nemesis_events={} longest_unavailable_ms={} beliefs={} writes={} writes_refused={} token_regressions_after_masters_forgot={}",
             self.transitions_total(),
             self.overlaps.len(),
             self.token_regressions.len(),
@@ -126,7 +129,7 @@ impl fmt::Display for Report {
         for regression in self.forgotten_token_regressions.iter().take(3) {
             write!(
                 f,
-                "\n  token regression after every master forgot (a documented limit): {regression}"
+                "\n  token regression after a majority of masters forgot (a documented limit): {regression}"
             )?;
         }
         for stale in self.stale_writes_accepted.iter().take(5) {
