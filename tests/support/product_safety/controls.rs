@@ -170,7 +170,9 @@ async fn no_quarantine(seed: u64, switched: Option<Control>) -> Report {
         let Some(side) = holder else { continue };
         tokio::time::sleep(Duration::from_millis(500)).await;
         let cluster = world.sides[side].cluster.name.clone();
-        world.recorder.nemesis(format!("{cluster} cut from masters [0, 1, 2] for 5s"));
+        world
+            .recorder
+            .nemesis(format!("{cluster} cut from masters [0, 1, 2] for 5s"));
         for index in 0..3 {
             world.sides[side].links[index].hold(Direction::Both, true);
         }
