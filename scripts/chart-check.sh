@@ -135,8 +135,9 @@ lint_and_render toggles \
   --set serviceAccount.create=false --set serviceAccount.name=ops --set rbac.create=false \
   --set metrics.service.enabled=false --set jobAdmissionPolicy.enabled=false --set quorum.create=false \
   --set networkPolicy.enabled=true --set tests.enabled=false
-# Three masters without a password and a maxTtl shorter than the helm test's usual TTL.
-lint_and_render short-ttl --set redis.replicas=3 --set redis.auth.enabled=false --set quorum.maxTtl=2500ms
+# Three masters without a password and a maxTtl shorter than the helm test's usual TTL, written as Go writes it
+# (the CRDs' grammar: a fraction here).
+lint_and_render short-ttl --set redis.replicas=3 --set redis.auth.enabled=false --set quorum.maxTtl=2.5s
 # The alerts and the dashboard, once with the defaults and once with every setting changed.
 lint_and_render monitoring \
   --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true --set dashboard.enabled=true
@@ -226,7 +227,7 @@ expect "external masters: the helm test hook reads the password and CA from the 
 expect "short-ttl: the helm test hook on three masters without a password, with a maxTtl below 10 s uses it as its TTL" \
   "$out/short-ttl.yaml" \
   "(lambda args: len([a for a in args if a.startswith('--redis=')]) == 3
-     and '--ttl=2500ms' in args and '--max-ttl=2500ms' in args
+     and '--ttl=2500ms' in args and '--max-ttl=2.5s' in args
      and not any(a.startswith('--redis-password-file') for a in args))(kind('Pod')[0]['spec']['containers'][0]['args'])
    and 'volumes' not in kind('Pod')[0]['spec']"
 expect "tests.enabled=false: no helm test hook" "$out/toggles.yaml" "not kind('Pod')"

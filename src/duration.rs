@@ -414,4 +414,23 @@ mod tests {
             assert_eq!(pattern, PATTERN);
         }
     }
+
+    /// The chart's values take the RedisQuorum's durations as the CRD does (its alert thresholds are Prometheus
+    /// durations, a grammar of their own).
+    #[test]
+    fn the_charts_quorum_durations_have_this_grammar() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/charts/redlock-operator/values.schema.json"
+        );
+        let schema: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        assert_eq!(schema["definitions"]["goDuration"]["pattern"], PATTERN);
+        for field in ["maxTtl", "nodeTimeout"] {
+            assert_eq!(
+                schema["properties"]["quorum"]["properties"][field]["$ref"],
+                "#/definitions/goDuration"
+            );
+        }
+    }
 }

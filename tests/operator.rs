@@ -92,8 +92,14 @@ async fn an_identity_lock_is_acquired_extended_and_shown_in_status() {
             .unwrap_or(0.0)
             >= 3.0
     );
-    let reasons = event_reasons(&env.events(), None, "nightly").await;
-    assert!(reasons.contains(&"Acquired".to_owned()), "{reasons:?}");
+    // Events are published after the status writes that show them: wait for one, do not race it.
+    eventually("the Acquired event", || async {
+        event_reasons(&env.events(), None, "nightly")
+            .await
+            .contains(&"Acquired".to_owned())
+            .then_some(())
+    })
+    .await;
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }
@@ -558,10 +564,13 @@ async fn changing_the_holder_releases_and_acquires_with_a_new_token() {
         count >= 2 && values.iter().all(|value| value.starts_with("team-b|")),
         "{values:?}"
     );
-    let reasons = event_reasons(&env.events(), None, "owner").await;
-    assert!(reasons.contains(&"Released".to_owned()), "{reasons:?}");
-    // A repeated reason is one Event with a series count (the recorder aggregates like kube's and client-go's).
-    assert!(reasons.contains(&"Acquired".to_owned()), "{reasons:?}");
+    // A repeated reason is one Event with a series count (the recorder aggregates like kube's and client-go's);
+    // both are published after the status writes that show them, so they are waited for.
+    eventually("the Released and Acquired events", || async {
+        let reasons = event_reasons(&env.events(), None, "owner").await;
+        (reasons.contains(&"Released".to_owned()) && reasons.contains(&"Acquired".to_owned())).then_some(())
+    })
+    .await;
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }

@@ -117,19 +117,19 @@ app.kubernetes.io/component: test
 {{- toJson $urls }}
 {{- end }}
 
-{{/* A duration in the CRDs' form (`1m30s`, `500ms`) as milliseconds. */}}
+{{/* A duration in the CRDs' form, Go's (`1m30s`, `500ms`, `1.5s`), as whole milliseconds (rounded down). */}}
 {{- define "redlock-operator.durationMs" -}}
-{{- $total := 0 }}
-{{- if not (regexMatch "^([0-9]+(ms|s|m|h))+$" .) }}
-{{- fail (printf "%q is not a duration like 60s, 1m30s or 500ms" .) }}
+{{- $total := 0.0 }}
+{{- if not (regexMatch "^[+]?(0|(([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$" .) }}
+{{- fail (printf "%q is not a duration like 60s, 1m30s, 1.5s or 500ms" .) }}
 {{- end }}
-{{- range $part := regexFindAll "[0-9]+(ms|s|m|h)" . -1 }}
-{{- $n := regexFind "^[0-9]+" $part | int }}
-{{- $unit := trimPrefix (regexFind "^[0-9]+" $part) $part }}
-{{- $factor := get (dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000) $unit }}
-{{- $total = add $total (mul $n $factor) }}
+{{- range $part := regexFindAll "([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|ms|s|m|h)" . -1 }}
+{{- $number := regexFind "^([0-9]+([.][0-9]*)?|[.][0-9]+)" $part }}
+{{- $unit := trimPrefix $number $part }}
+{{- $factor := get (dict "ns" 0.000001 "us" 0.001 "µs" 0.001 "μs" 0.001 "ms" 1.0 "s" 1000.0 "m" 60000.0 "h" 3600000.0) $unit }}
+{{- $total = addf $total (mulf (float64 $number) $factor) }}
 {{- end }}
-{{- $total }}
+{{- floor $total | int64 }}
 {{- end }}
 
 {{/* Seconds a restarted master stays quarantined, rounded up, plus a margin: maxTtl × (1 + drift) + 2 ms, and
