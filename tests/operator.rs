@@ -92,14 +92,7 @@ async fn an_identity_lock_is_acquired_extended_and_shown_in_status() {
             .unwrap_or(0.0)
             >= 3.0
     );
-    // Events are published after the status writes that show them: wait for one, do not race it.
-    eventually("the Acquired event", || async {
-        event_reasons(&env.events(), None, "nightly")
-            .await
-            .contains(&"Acquired".to_owned())
-            .then_some(())
-    })
-    .await;
+    events_seen(&env.events(), None, "nightly", &["Acquired"]).await;
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }
@@ -145,14 +138,7 @@ async fn losing_a_majority_marks_the_lock_lost_before_valid_until_and_it_recover
         .clone();
     assert_eq!(held.status, "False");
     assert_eq!(held.reason, "Lost");
-    // The Event is published after the status write that shows the loss: wait for it, do not race it.
-    eventually("the Lost event", || async {
-        event_reasons(&env.events(), None, "report")
-            .await
-            .contains(&"Lost".to_owned())
-            .then_some(())
-    })
-    .await;
+    events_seen(&env.events(), None, "report", &["Lost"]).await;
 
     masters[0].cont();
     masters[1].cont();
@@ -564,13 +550,8 @@ async fn changing_the_holder_releases_and_acquires_with_a_new_token() {
         count >= 2 && values.iter().all(|value| value.starts_with("team-b|")),
         "{values:?}"
     );
-    // A repeated reason is one Event with a series count (the recorder aggregates like kube's and client-go's);
-    // both are published after the status writes that show them, so they are waited for.
-    eventually("the Released and Acquired events", || async {
-        let reasons = event_reasons(&env.events(), None, "owner").await;
-        (reasons.contains(&"Released".to_owned()) && reasons.contains(&"Acquired".to_owned())).then_some(())
-    })
-    .await;
+    // A repeated reason is one Event with a series count (the recorder aggregates like kube's and client-go's).
+    events_seen(&env.events(), None, "owner", &["Released", "Acquired"]).await;
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }

@@ -406,6 +406,26 @@ pub async fn event_reasons(events: &Api<Event>, kind: Option<&str>, name: &str) 
 }
 
 /// Polls `probe` every 20 ms until it yields a value, failing the test after [`PATIENCE`].
+/// Waits until the Events regarding `name` (of `kind`, if given) include every one of `wanted` reasons, and
+/// returns every reason seen. Events are published after the writes they tell of, so a test that has seen a
+/// status waits for its Event rather than racing it.
+pub async fn events_seen(
+    events: &Api<Event>,
+    kind: Option<&str>,
+    name: &str,
+    wanted: &[&str],
+) -> Vec<String> {
+    let what = format!("the Events {wanted:?} regarding {name}");
+    eventually(&what, || async {
+        let reasons = event_reasons(events, kind, name).await;
+        wanted
+            .iter()
+            .all(|reason| reasons.iter().any(|seen| seen == reason))
+            .then_some(reasons)
+    })
+    .await
+}
+
 pub async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
 where
     F: FnMut() -> Fut,
