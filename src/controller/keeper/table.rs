@@ -643,7 +643,7 @@ mod tests {
         assert_eq!((applied.extended, applied.lost), (1, 1));
         assert_eq!(
             applied.wake,
-            [second.clone()],
+            std::slice::from_ref(&second),
             "only the lost permit wakes its lock"
         );
         let first = table.view(&lock(), third).expect("permit 0 held");
