@@ -162,8 +162,8 @@ pub fn lock_settings(
     })
 }
 
-/// `spec.permits` as a count, where the holder policy can hand that many out. The schema refuses the same (an
-/// object stored before its rules existed may still break them).
+/// `spec.permits` as a count, where the holder policy can hand that many out: in this version, one. The schema
+/// refuses the same; this is the operator's own check of what it is given.
 fn check_permits(permits: i32, holder: &HolderKind) -> Result<u32, (&'static str, String)> {
     let count = u32::try_from(permits)
         .ok()
@@ -191,7 +191,7 @@ fn check_permits(permits: i32, holder: &HolderKind) -> Result<u32, (&'static str
         HolderKind::Jobs => Err((
             "PermitsNotSupported",
             format!(
-                "spec.permits is {count}: this operator version does not hand several permits to Jobs yet; set permits to 1"
+                "spec.permits is {count}: handing several permits to Jobs is not supported yet; set permits to 1"
             ),
         )),
     }
@@ -294,6 +294,9 @@ mod tests {
         }))
         .unwrap_err();
         assert_eq!(leader.reason, "PermitsNotSupported");
+        let jobs = settings(serde_json::json!({"permits": 3, "holder": {"jobs": {}}})).unwrap_err();
+        assert_eq!(jobs.reason, "PermitsNotSupported");
+        assert!(jobs.message.contains("not supported yet"), "{}", jobs.message);
     }
 
     #[test]
