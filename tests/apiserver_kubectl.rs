@@ -172,8 +172,8 @@ async fn tables_of_custom_resources_follow_their_printer_columns() {
         .create(&PostParams::default(), &lock("pending"))
         .await
         .expect("create");
-    let status = json!({"status": {"phase": "Held", "holder": "me", "fencingToken": 7, "quorum": "3/5",
-                                   "validUntil": "2030-01-01T00:00:00Z"}});
+    let status = json!({"status": {"phase": "Held", "holder": "me", "held": "1/1", "fencingToken": 7,
+                                   "quorum": "3/5", "validUntil": "2030-01-01T00:00:00Z"}});
     locks
         .patch_status("held", &PatchParams::default(), &Patch::Merge(&status))
         .await
@@ -196,23 +196,33 @@ async fn tables_of_custom_resources_follow_their_printer_columns() {
         .collect();
     assert_eq!(
         columns,
-        ["Name", "Holder", "Phase", "Token", "Valid-Until", "Quorum", "Age"]
+        [
+            "Name",
+            "Holder",
+            "Phase",
+            "Held",
+            "Token",
+            "Valid-Until",
+            "Quorum",
+            "Age"
+        ]
     );
     let rows = table["rows"].as_array().unwrap();
     let cells = |row: &Value| row["cells"].as_array().unwrap().clone();
     let held = cells(&rows[0]);
     assert_eq!(
-        &held[..6],
+        &held[..7],
         &[
             json!("held"),
             json!("me"),
             json!("Held"),
+            json!("1/1"),
             json!(7),
             json!("2030-01-01T00:00:00Z"),
             json!("3/5")
         ]
     );
-    let age = held[6].as_str().unwrap();
+    let age = held[7].as_str().unwrap();
     assert!(
         age.ends_with('s') && age[..age.len() - 1].parse::<u64>().is_ok(),
         "an age in seconds: {age}"

@@ -45,6 +45,7 @@ fn crds_carry_validation_and_columns() {
         "shortNames:\n    - dlock",
         "name: Holder",
         "name: Valid-Until",
+        "name: Held",
         "subresources:\n      status: {}",
     ] {
         assert!(

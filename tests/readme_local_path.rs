@@ -323,7 +323,16 @@ fn the_readme_local_path_works_as_written() {
         .unwrap_or_default();
     assert_eq!(
         header.split_whitespace().collect::<Vec<_>>(),
-        ["NAME", "HOLDER", "PHASE", "TOKEN", "VALID-UNTIL", "QUORUM", "AGE"],
+        [
+            "NAME",
+            "HOLDER",
+            "PHASE",
+            "HELD",
+            "TOKEN",
+            "VALID-UNTIL",
+            "QUORUM",
+            "AGE"
+        ],
         "{shown}"
     );
     let row: Vec<&str> = shown
@@ -333,7 +342,11 @@ fn the_readme_local_path_works_as_written() {
         .split_whitespace()
         .collect();
     assert!(
-        row.len() == 7 && row[1] == "report-runner" && row[2] == "Held" && row[5].ends_with("/3"),
+        row.len() == 8
+            && row[1] == "report-runner"
+            && row[2] == "Held"
+            && row[3] == "1/1"
+            && row[6].ends_with("/3"),
         "the lock is held, as the README shows it: {shown}\n--- operator\n{}",
         read(&operator_log)
     );

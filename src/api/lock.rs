@@ -18,6 +18,8 @@ use serde::{Deserialize, Serialize};
     status = "DistributedLockStatus",
     printcolumn = r#"{"name":"Holder","type":"string","jsonPath":".status.holder"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    // Permits held of spec.permits (`2/3`); `1/1` or `0/1` for a plain lock.
+    printcolumn = r#"{"name":"Held","type":"string","jsonPath":".status.held"}"#,
     printcolumn = r#"{"name":"Token","type":"integer","jsonPath":".status.fencingToken"}"#,
     // A string, not a date: kubectl shows future dates as `<invalid>`.
     printcolumn = r#"{"name":"Valid-Until","type":"string","jsonPath":".status.validUntil"}"#,
@@ -27,6 +29,8 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.resourceKey) == has(oldSelf.resourceKey) && (!has(self.resourceKey) || self.resourceKey == oldSelf.resourceKey)").message("resourceKey is immutable: create a new DistributedLock to lock another key"))]
 #[x_kube(validation = Rule::new("!has(self.holder.leaderElection) || !has(self.holder.leaderElection.fenceMargin) || duration(self.holder.leaderElection.fenceMargin) < duration(self.ttl)").message("holder.leaderElection.fenceMargin must be shorter than ttl"))]
+#[x_kube(validation = Rule::new("!has(self.permits) || self.permits == 1 || !has(self.holder.identity)").message("permits above 1 cannot be used with holder.identity: one identity holds one permit"))]
+#[x_kube(validation = Rule::new("!has(self.permits) || self.permits == 1 || has(self.holder.identity)").message("permits above 1 are not supported yet with holder.leaderElection or holder.jobs: this version holds one permit per DistributedLock (the lock command's --permits runs semaphores)"))]
 #[x_kube(validation = Rule::new("!has(self.holder.jobs) || !has(self.holder.jobs.fenceMargin) || duration(self.holder.jobs.fenceMargin) < duration(self.ttl)").message("holder.jobs.fenceMargin must be shorter than ttl"))]
 #[schemars(transform = crate::api::schema::one_line_paragraphs)]
 pub struct DistributedLockSpec {
@@ -52,6 +56,19 @@ pub struct DistributedLockSpec {
 
     /// Who holds the lock: exactly one policy.
     pub holder: HolderPolicy,
+
+    /// How many holders the lock admits at once (a counting semaphore); 1, the default, is a plain lock. Permit
+    /// 0 is the lock's key; permit i is the key `permit:<i>:<key>` with its own fencing token sequence, so the
+    /// masters keep one key and one counter per permit; the `lock` command's `--permits` counts against the same
+    /// permits. Above 1 it is refused with holder.identity (one identity holds one permit) and, in this version,
+    /// with holder.leaderElection and holder.jobs too: the operator does not hand out several permits yet.
+    #[serde(default = "default_permits")]
+    #[schemars(range(min = 1, max = 100))]
+    pub permits: i32,
+}
+
+fn default_permits() -> i32 {
+    1
 }
 
 fn default_quorum() -> String {
@@ -204,6 +221,14 @@ pub struct DistributedLockStatus {
     /// Who holds the key when this lock cannot get it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocked_by: Option<String>,
+    /// Permits held of spec.permits, as `held/permits` (`1/1` for a held plain lock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
+    /// With spec.permits above 1: who holds each permit (permit 0's holder is also in holder, fencingToken and
+    /// validUntil above). Empty for a plain lock, whose holder those fields show.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100))]
+    pub holders: Vec<PermitHolder>,
     /// Holder changes and losses so far.
     #[serde(default)]
     pub transitions: i64,
@@ -220,6 +245,23 @@ impl DistributedLockStatus {
             std::sync::LazyLock::new(DistributedLockStatus::default);
         &NONE
     }
+}
+
+/// One held permit of a semaphore (spec.permits above 1).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PermitHolder {
+    /// The permit's number, from 0 to spec.permits - 1; its key is the lock's key for 0, `permit:<i>:<key>`
+    /// otherwise.
+    pub permit: i32,
+    pub holder: String,
+    /// Strictly increasing per permit: permits are separate token sequences.
+    pub fencing_token: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acquired_at: Option<Time>,
+    /// No other holder of this permit can exist before this time (microseconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_until: Option<MicroTime>,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -3,6 +3,7 @@
 //! in flight per quorum, so a quorum with hung masters delays only its own locks; and it wakes the lock
 //! reconciler at once when a lock is lost — at the latest at its fence time, before its validity ends.
 
+mod refs;
 pub mod table;
 mod waiting;
 
@@ -15,7 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use self::table::{Applied, DueBatch, Removal, Table};
-pub use self::table::{HeldView, Holding, LockRef};
+pub use self::table::{HeldView, Holding, LockRef, PermitRef};
 use super::engines::{Engines, QuorumLookup};
 use super::replica_lease::Leadership;
 use crate::redlock::{ExtendError, Lease, OperationReport};
@@ -27,8 +28,8 @@ const TICK: Duration = Duration::from_millis(50);
 
 pub struct Keeper {
     table: Mutex<Table>,
-    /// Highest token this replica wrote per lock: the status cache may lag behind our own writes.
-    tokens: Mutex<HashMap<LockRef, i64>>,
+    /// Highest token this replica wrote per lock and permit: the status cache may lag behind our own writes.
+    tokens: Mutex<HashMap<LockRef, HashMap<u32, i64>>>,
     batch_done: Notify,
     wake_reconciler: mpsc::UnboundedSender<LockRef>,
     metrics: Arc<Metrics>,
@@ -69,35 +70,38 @@ impl Keeper {
         self.table.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn tokens(&self) -> MutexGuard<'_, HashMap<LockRef, i64>> {
+    fn tokens(&self) -> MutexGuard<'_, HashMap<LockRef, HashMap<u32, i64>>> {
         self.tokens
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Keeps `lease` extended from now on.
-    pub fn insert(&self, lock: LockRef, lease: Lease, holding: Holding) {
-        self.note_token(&lock, holding.token);
-        if self.table().insert(lock, lease, holding, Instant::now()) {
+    /// Keeps `lease` extended from now on. Every method naming a lock takes a permit of it, or a bare
+    /// [`LockRef`] for its permit 0 (a plain lock): each permit is kept, extended and fenced on its own.
+    pub fn insert(&self, lock: impl Into<PermitRef>, lease: Lease, holding: Holding) {
+        let permit = lock.into();
+        self.note_token(&permit, holding.token);
+        if self.table().insert(permit, lease, holding, Instant::now()) {
             self.metrics.locks_held.inc();
         }
     }
 
-    pub fn view(&self, lock: &LockRef) -> Option<HeldView> {
-        self.table().view(lock, Instant::now())
+    pub fn view(&self, lock: impl Into<PermitRef>) -> Option<HeldView> {
+        self.table().view(&lock.into(), Instant::now())
     }
 
     /// Records that status now shows the validity ending at `valid_until`.
-    pub fn status_written(&self, lock: &LockRef, valid_until: Instant) {
-        self.table().status_written(lock, valid_until);
+    pub fn status_written(&self, lock: impl Into<PermitRef>, valid_until: Instant) {
+        self.table().status_written(&lock.into(), valid_until);
     }
 
     /// Takes the lock out of the table, once no extension of it is in flight (an extension landing after a
     /// release would re-create the key). The caller releases or forgets the returned lease.
-    pub async fn remove(&self, lock: &LockRef) -> Option<Lease> {
+    pub async fn remove(&self, lock: impl Into<PermitRef>) -> Option<Lease> {
+        let permit = lock.into();
         loop {
             let done = self.batch_done.notified();
-            match self.table().remove(lock) {
+            match self.table().remove(&permit) {
                 Removal::Absent => return None,
                 Removal::Removed(lease) => {
                     self.metrics.locks_held.dec();
@@ -129,18 +133,29 @@ impl Keeper {
         let _ = self.wake_reconciler.send(lock);
     }
 
-    pub fn highest_token(&self, lock: &LockRef) -> i64 {
-        self.tokens().get(lock).copied().unwrap_or(0)
+    pub fn highest_token(&self, lock: impl Into<PermitRef>) -> i64 {
+        let permit = lock.into();
+        self.tokens()
+            .get(&permit.lock)
+            .and_then(|permits| permits.get(&permit.permit))
+            .copied()
+            .unwrap_or(0)
     }
 
-    /// The lock is gone: its highest token lives on in the key's floor record, not here.
+    /// The lock is gone: the highest token of each of its permits lives on in that permit key's floor record,
+    /// not here.
     pub fn forget_token(&self, lock: &LockRef) {
         self.tokens().remove(lock);
     }
 
-    pub fn note_token(&self, lock: &LockRef, token: i64) {
+    pub fn note_token(&self, lock: impl Into<PermitRef>, token: i64) {
+        let permit = lock.into();
         let mut tokens = self.tokens();
-        let entry = tokens.entry(lock.clone()).or_insert(token);
+        let entry = tokens
+            .entry(permit.lock)
+            .or_default()
+            .entry(permit.permit)
+            .or_insert(token);
         *entry = (*entry).max(token);
     }
 
@@ -208,8 +223,8 @@ impl Keeper {
         let now = Instant::now();
         let fenced = self.table().signal_fenced(now);
         self.metrics.locks_lost.inc_by(fenced.len() as u64);
-        for lock in fenced {
-            self.wake(lock);
+        for permit in fenced {
+            self.wake(permit.lock);
         }
         let (due, lags) = self.table().take_due(now);
         for lag in lags {
@@ -237,7 +252,7 @@ impl Keeper {
         batch: DueBatch,
         leadership: &Leadership,
         mode: Mode,
-    ) -> (Vec<LockRef>, Vec<Result<Lease, ExtendError>>) {
+    ) -> (Vec<PermitRef>, Vec<Result<Lease, ExtendError>>) {
         // Checked at the moment of the write: a replica that saw a successor sends nothing, one that cannot confirm
         // its leadership only compares and extends.
         let repair = mode == Mode::Active && leadership.is_leader();
@@ -274,8 +289,8 @@ impl Keeper {
     fn report(&self, applied: Applied) {
         self.metrics.extensions.inc_by(applied.extended);
         self.metrics.locks_lost.inc_by(applied.lost);
-        for lock in applied.wake {
-            self.wake(lock);
+        for permit in applied.wake {
+            self.wake(permit.lock);
         }
     }
 }

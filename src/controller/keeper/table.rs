@@ -5,17 +5,14 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
 
+pub use super::refs::{LockRef, PermitRef};
 use super::waiting::{Slot, Waiting, earliest};
-use crate::api::DistributedLock;
 use crate::negative_controls::{self, Control};
 use crate::redlock::{
     ExtendError, KeepAction, KeepPolicy, Lease, LossReason, OperationReport, fence_time, next_keep_action,
 };
-
-pub type LockRef = ObjectRef<DistributedLock>;
 
 /// One held lock.
 pub struct HeldLock {
@@ -55,7 +52,7 @@ impl HeldLock {
     }
 
     /// Call after every change of the fields [`Self::is_waiting`] and [`Self::slot`] read.
-    fn enter(&self, lock: &LockRef, waiting: &mut Waiting) {
+    fn enter(&self, lock: &PermitRef, waiting: &mut Waiting) {
         if self.is_waiting() {
             waiting.add(&self.quorum, self.slot(), self.fence_at(), lock.clone());
         }
@@ -84,7 +81,7 @@ pub struct HeldView {
 /// Leases due for extension on one quorum, in the order of `locks`.
 pub struct DueBatch {
     pub quorum: String,
-    pub locks: Vec<LockRef>,
+    pub locks: Vec<PermitRef>,
     pub leases: Vec<Lease>,
 }
 
@@ -95,7 +92,7 @@ pub struct Applied {
     /// Locks lost by this batch.
     pub lost: u64,
     /// Locks whose reconciler must look now: lost, or status due.
-    pub wake: Vec<LockRef>,
+    pub wake: Vec<PermitRef>,
 }
 
 /// Taking a lock out of the table.
@@ -119,7 +116,7 @@ fn fencing_valid_until(lease: &Lease, policy: &KeepPolicy) -> Instant {
 
 #[derive(Default)]
 pub struct Table {
-    held: HashMap<LockRef, HeldLock>,
+    held: HashMap<PermitRef, HeldLock>,
     /// Quorums with a batch in flight: each quorum has at most one, so a quorum whose masters hang (up to its
     /// node timeout per command) delays only its own locks, never another quorum's.
     busy: HashSet<String>,
@@ -130,7 +127,7 @@ pub struct Table {
 
 impl Table {
     /// Keeps `lease` from `now`; `true` when the lock was not held before.
-    pub fn insert(&mut self, lock: LockRef, lease: Lease, held: Holding, now: Instant) -> bool {
+    pub fn insert(&mut self, lock: PermitRef, lease: Lease, held: Holding, now: Instant) -> bool {
         let valid_until = fencing_valid_until(&lease, &held.policy);
         let next_at = match next_keep_action(now, valid_until, lease.validity(), false, &held.policy) {
             KeepAction::ExtendAt(at) => at,
@@ -163,7 +160,7 @@ impl Table {
         }
     }
 
-    pub fn view(&self, lock: &LockRef, now: Instant) -> Option<HeldView> {
+    pub fn view(&self, lock: &PermitRef, now: Instant) -> Option<HeldView> {
         self.held.get(lock).map(|held| HeldView {
             lease: held.lease.clone(),
             quorum: held.quorum.clone(),
@@ -176,14 +173,14 @@ impl Table {
     }
 
     /// Records that status now shows the validity ending at `valid_until`.
-    pub fn status_written(&mut self, lock: &LockRef, valid_until: Instant) {
+    pub fn status_written(&mut self, lock: &PermitRef, valid_until: Instant) {
         if let Some(held) = self.held.get_mut(lock) {
             held.status_valid_until = Some(valid_until);
             held.notified = false;
         }
     }
 
-    pub fn remove(&mut self, lock: &LockRef) -> Removal {
+    pub fn remove(&mut self, lock: &PermitRef) -> Removal {
         match self.held.get(lock) {
             None => Removal::Absent,
             Some(held) if held.in_flight => Removal::InFlight,
@@ -248,7 +245,7 @@ impl Table {
     pub fn apply(
         &mut self,
         quorum: &str,
-        locks: Vec<LockRef>,
+        locks: Vec<PermitRef>,
         results: Vec<Result<Lease, ExtendError>>,
         now: Instant,
     ) -> Applied {
@@ -315,7 +312,7 @@ impl Table {
     /// Locks whose fence time came while no extension succeeded (for instance every master timing out longer
     /// than a tick): their owner hears now, not when an extension finally gives up. Looks at every lock only once
     /// `now` reached the fence floor, which it then raises to the earliest fence time still waiting.
-    pub fn signal_fenced(&mut self, now: Instant) -> Vec<LockRef> {
+    pub fn signal_fenced(&mut self, now: Instant) -> Vec<PermitRef> {
         if !self.waiting.fence_may_have_come(now) {
             return Vec::new();
         }
@@ -358,6 +355,8 @@ fn status_due(held: &HeldLock, now: Instant) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use kube::runtime::reflector::ObjectRef;
+
     use super::*;
     use crate::redlock::{LockValue, NodeOutcome, NodeReport};
 
@@ -372,19 +371,22 @@ mod tests {
         Lease::for_tests("ns/a", LockValue::random("holder").unwrap(), TTL, granted_at)
     }
 
-    fn lock() -> LockRef {
-        ObjectRef::new("a").within("ns")
+    fn lock() -> PermitRef {
+        PermitRef::from(ObjectRef::new("a").within("ns"))
+    }
+
+    fn holding(quorum: &str, key: &str, token: i64) -> Holding {
+        Holding {
+            quorum: quorum.into(),
+            key: key.into(),
+            token,
+            policy: policy(),
+        }
     }
 
     fn table_holding(now: Instant) -> Table {
         let mut table = Table::default();
-        let holding = Holding {
-            quorum: "default".into(),
-            key: "ns/a".into(),
-            token: 3,
-            policy: policy(),
-        };
-        assert!(table.insert(lock(), lease(now), holding, now));
+        assert!(table.insert(lock(), lease(now), holding("default", "ns/a", 3), now));
         table
     }
 
@@ -399,7 +401,7 @@ mod tests {
     }
 
     /// Takes the one due lease, failing the test if none or several are due.
-    fn take_one(table: &mut Table, now: Instant) -> Option<Vec<LockRef>> {
+    fn take_one(table: &mut Table, now: Instant) -> Option<Vec<PermitRef>> {
         let (mut due, lags) = table.take_due(now);
         assert_eq!(due.len(), lags.len().min(1));
         due.pop().map(|batch| {
@@ -483,14 +485,8 @@ mod tests {
     async fn a_quorum_with_a_batch_in_flight_holds_up_no_other_quorum() {
         let start = Instant::now();
         let mut table = table_holding(start);
-        let slow = ObjectRef::new("b").within("ns");
-        let holding = Holding {
-            quorum: "slow".into(),
-            key: "ns/b".into(),
-            token: 1,
-            policy: policy(),
-        };
-        assert!(table.insert(slow.clone(), lease(start), holding, start));
+        let slow = PermitRef::from(ObjectRef::new("b").within("ns"));
+        assert!(table.insert(slow.clone(), lease(start), holding("slow", "ns/b", 1), start));
         let third = start + TTL / 3;
         let (due, _) = table.take_due(third);
         assert_eq!(due.len(), 2, "one batch per quorum");
@@ -622,18 +618,58 @@ mod tests {
         assert!(table.is_empty());
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn the_permits_of_one_lock_are_kept_extended_and_lost_each_on_its_own() {
+        let start = Instant::now();
+        let mut table = table_holding(start);
+        let second = PermitRef::new(lock().lock, 1);
+        let permit_1 = holding("default", "permit:1:ns/a", 1);
+        assert!(table.insert(second.clone(), lease(start), permit_1, start));
+        assert_eq!(table.len(), 2, "permit 1 does not replace permit 0");
+        // Status shows permit 0's validity, so only a loss wakes the lock for it.
+        table.status_written(&lock(), start + TTL);
+        let third = start + TTL / 3;
+        let locks = take_one(&mut table, third).expect("both due");
+        assert_eq!(locks, [lock(), second.clone()]);
+        let taken = ExtendError::Lost {
+            holder: None,
+            report: OperationReport {
+                nodes: Vec::new(),
+                elapsed: Duration::ZERO,
+                quorum: 2,
+            },
+        };
+        let applied = table.apply("default", locks, vec![Ok(lease(third)), Err(taken)], third);
+        assert_eq!((applied.extended, applied.lost), (1, 1));
+        assert_eq!(
+            applied.wake,
+            std::slice::from_ref(&second),
+            "only the lost permit wakes its lock"
+        );
+        let first = table.view(&lock(), third).expect("permit 0 held");
+        assert!(first.lost.is_none(), "permit 1's loss is not permit 0's");
+        assert_eq!(first.token, 3);
+        let lost = table.view(&second, third).expect("permit 1 kept until removed");
+        assert!(lost.lost.is_some());
+        assert!(matches!(table.remove(&second), Removal::Removed(_)));
+        assert!(
+            table.view(&lock(), third).is_some(),
+            "removing permit 1 leaves permit 0"
+        );
+    }
+
     // The indexes of waiting entries: what they give must be what a look at every entry would give.
 
     fn ms(millis: u64) -> Duration {
         Duration::from_millis(millis)
     }
 
-    fn named(name: &str) -> LockRef {
-        ObjectRef::new(name).within("ns")
+    fn named(name: &str) -> PermitRef {
+        PermitRef::from(ObjectRef::new(name).within("ns"))
     }
 
-    fn names(locks: &[LockRef]) -> Vec<&str> {
-        locks.iter().map(|lock| lock.name.as_str()).collect()
+    fn names(locks: &[PermitRef]) -> Vec<&str> {
+        locks.iter().map(|lock| lock.lock.name.as_str()).collect()
     }
 
     /// Holds `name` on `quorum` with a lease granted at `granted_at`, inserted at that moment.
@@ -683,13 +719,13 @@ mod tests {
     /// The indexes agree with the entries: every waiting entry is indexed once, under its quorum and slot, and
     /// nothing else is; the fence floor is at or before every waiting entry's fence time.
     fn assert_indexed(table: &Table) {
-        let mut expected: Vec<(String, Slot, LockRef)> = table
+        let mut expected: Vec<(String, Slot, PermitRef)> = table
             .held
             .iter()
             .filter(|(_, held)| held.is_waiting())
             .map(|(lock, held)| (held.quorum.clone(), held.slot(), lock.clone()))
             .collect();
-        let mut indexed: Vec<(String, Slot, LockRef)> = table
+        let mut indexed: Vec<(String, Slot, PermitRef)> = table
             .waiting
             .entries()
             .map(|(quorum, slot, lock)| (quorum.to_owned(), slot, lock.clone()))
@@ -756,7 +792,7 @@ mod tests {
             .waiting
             .entries()
             .filter(|(quorum, _, _)| *quorum == "slow")
-            .map(|(_, _, lock)| lock.name.as_str())
+            .map(|(_, _, lock)| lock.lock.name.as_str())
             .collect();
         still_waiting.sort_unstable();
         assert_eq!(
@@ -947,7 +983,10 @@ mod tests {
                 "every lock is signalled before its validity ends"
             );
             for lock in table.signal_fenced(now) {
-                assert!(lost_at.insert(lock.name.clone(), now).is_none(), "signalled once");
+                assert!(
+                    lost_at.insert(lock.lock.name.clone(), now).is_none(),
+                    "signalled once"
+                );
             }
             let (batches, _) = table.take_due(now);
             for batch in batches {
@@ -1026,7 +1065,7 @@ mod tests {
                     table.remove(&named(&format!("l{}", rng.random_range(0..40))));
                 }
                 47..67 => {
-                    let mut expected: Vec<(Slot, LockRef, String, Duration)> = table
+                    let mut expected: Vec<(Slot, PermitRef, String, Duration)> = table
                         .held
                         .iter()
                         .filter(|(_, held)| {
@@ -1038,14 +1077,14 @@ mod tests {
                         .collect();
                     expected.sort_by_key(|(slot, ..)| *slot);
                     let (batches, mut lags) = table.take_due(now);
-                    let mut got: Vec<(String, Vec<LockRef>)> = batches
+                    let mut got: Vec<(String, Vec<PermitRef>)> = batches
                         .iter()
                         .map(|batch| (batch.quorum.clone(), batch.locks.clone()))
                         .collect();
                     got.sort_by(|a, b| a.0.cmp(&b.0));
-                    let mut want: Vec<(String, Vec<LockRef>)> = Vec::new();
+                    let mut want: Vec<(String, Vec<PermitRef>)> = Vec::new();
                     for quorum in ["q0", "q1", "q2"] {
-                        let locks: Vec<LockRef> = expected
+                        let locks: Vec<PermitRef> = expected
                             .iter()
                             .filter(|(_, _, q, _)| q == quorum)
                             .map(|(_, lock, ..)| lock.clone())
@@ -1085,15 +1124,15 @@ mod tests {
                     table.apply(&batch.quorum, batch.locks, results, now);
                 }
                 80..99 => {
-                    let mut want: Vec<LockRef> = table
+                    let mut want: Vec<PermitRef> = table
                         .held
                         .iter()
                         .filter(|(_, held)| held.is_waiting() && held.fence_at() <= now)
                         .map(|(lock, _)| lock.clone())
                         .collect();
                     let mut got = table.signal_fenced(now);
-                    want.sort_by(|a, b| a.name.cmp(&b.name));
-                    got.sort_by(|a, b| a.name.cmp(&b.name));
+                    want.sort_by(|a, b| a.lock.name.cmp(&b.lock.name));
+                    got.sort_by(|a, b| a.lock.name.cmp(&b.lock.name));
                     assert_eq!(got, want);
                     fenced += got.len();
                 }

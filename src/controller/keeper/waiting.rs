@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use tokio::time::Instant;
 
-use super::LockRef;
+use super::refs::PermitRef;
 
 /// Where a waiting lock stands in its quorum's order: when it is due, then a number unique to its table entry
 /// (locks due at the same instant are taken in the order they were inserted).
@@ -19,14 +19,14 @@ pub struct Slot {
 #[derive(Default)]
 pub struct Waiting {
     /// Per quorum: a quorum with a batch in flight is passed over whole, however many of its locks are due.
-    due: HashMap<String, BTreeMap<Slot, LockRef>>,
+    due: HashMap<String, BTreeMap<Slot, PermitRef>>,
     /// At or before the fence time of every waiting lock; `None` while none has been added since the last look.
     /// Locks that stop waiting do not raise it: the next look at every lock does.
     fence_floor: Option<Instant>,
 }
 
 impl Waiting {
-    pub fn add(&mut self, quorum: &str, slot: Slot, fence_at: Instant, lock: LockRef) {
+    pub fn add(&mut self, quorum: &str, slot: Slot, fence_at: Instant, lock: PermitRef) {
         match self.due.get_mut(quorum) {
             Some(schedule) => {
                 schedule.insert(slot, lock);
@@ -48,7 +48,11 @@ impl Waiting {
     }
 
     /// Takes out the locks due at `now` on the quorums not in `busy`: per quorum, earliest first.
-    pub fn take_due(&mut self, now: Instant, busy: &HashSet<String>) -> Vec<(String, Vec<(Slot, LockRef)>)> {
+    pub fn take_due(
+        &mut self,
+        now: Instant,
+        busy: &HashSet<String>,
+    ) -> Vec<(String, Vec<(Slot, PermitRef)>)> {
         let mut taken = Vec::new();
         self.due.retain(|quorum, schedule| {
             if busy.contains(quorum) {
@@ -85,7 +89,7 @@ impl Waiting {
 
     /// Every waiting lock with its quorum and slot, for tests that hold the indexes against the table.
     #[cfg(test)]
-    pub fn entries(&self) -> impl Iterator<Item = (&str, Slot, &LockRef)> {
+    pub fn entries(&self) -> impl Iterator<Item = (&str, Slot, &PermitRef)> {
         self.due.iter().flat_map(|(quorum, schedule)| {
             schedule
                 .iter()
@@ -112,8 +116,8 @@ mod tests {
 
     use super::*;
 
-    fn lock(name: &str) -> LockRef {
-        ObjectRef::new(name).within("ns")
+    fn lock(name: &str) -> PermitRef {
+        PermitRef::from(ObjectRef::new(name).within("ns"))
     }
 
     fn slot(start: Instant, after_ms: u64, seq: u64) -> Slot {
@@ -141,7 +145,7 @@ mod tests {
             .map(|(quorum, due)| {
                 (
                     quorum.as_str(),
-                    due.iter().map(|(_, lock)| lock.name.as_str()).collect(),
+                    due.iter().map(|(_, lock)| lock.lock.name.as_str()).collect(),
                 )
             })
             .collect();
@@ -154,7 +158,10 @@ mod tests {
         let taken = waiting.take_due(start + ms(2), &HashSet::new());
         assert_eq!(taken.len(), 1);
         assert_eq!(taken[0].0, "b", "taken once its quorum is free");
-        let left: Vec<&str> = waiting.entries().map(|(_, _, lock)| lock.name.as_str()).collect();
+        let left: Vec<&str> = waiting
+            .entries()
+            .map(|(_, _, lock)| lock.lock.name.as_str())
+            .collect();
         assert_eq!(left, ["a5"]);
 
         waiting.remove("a", slot(start, 5, 3));

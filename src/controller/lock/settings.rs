@@ -6,7 +6,7 @@ use crate::api::lock::LeaderElectionPolicy;
 use crate::api::{DistributedLockSpec, HolderPolicy, SharedKeys};
 use crate::api::{label_key, limits};
 use crate::duration;
-use crate::redlock::shortest_ttl;
+use crate::redlock::{MAX_PERMITS, shortest_ttl};
 
 /// Who the lock is for, once validated.
 #[derive(Clone, Debug, PartialEq)]
@@ -26,6 +26,8 @@ pub struct LockSettings {
     /// The holder is fenced (told the lock is lost) this long before the validity ends; `None`: the default,
     /// a fifth of the TTL.
     pub fence_margin: Option<Duration>,
+    /// How many holders at once (1 to [`MAX_PERMITS`]): permit i is `permit_key(key, i)`.
+    pub permits: u32,
 }
 
 /// Why a spec cannot be acted on, and whether waiting can help.
@@ -147,6 +149,8 @@ pub fn lock_settings(
             Some(margin)
         }
     };
+    let permits =
+        check_permits(spec.permits, &holder).map_err(|(reason, message)| invalid(reason, message))?;
     let key = redis_key(spec, namespace, name, quorum.shared_keys)?;
     Ok(LockSettings {
         key,
@@ -154,7 +158,43 @@ pub fn lock_settings(
         quorum: spec.quorum.clone(),
         holder,
         fence_margin,
+        permits,
     })
+}
+
+/// `spec.permits` as a count, where the holder policy can hand that many out: in this version, one. The schema
+/// refuses the same; this is the operator's own check of what it is given.
+fn check_permits(permits: i32, holder: &HolderKind) -> Result<u32, (&'static str, String)> {
+    let count = u32::try_from(permits)
+        .ok()
+        .filter(|count| (1..=MAX_PERMITS).contains(count))
+        .ok_or_else(|| {
+            (
+                "InvalidPermits",
+                format!("spec.permits must be between 1 and {MAX_PERMITS}, not {permits}"),
+            )
+        })?;
+    if count == 1 {
+        return Ok(count);
+    }
+    match holder {
+        HolderKind::Identity(_) => Err((
+            "InvalidPermits",
+            format!("spec.permits is {count}, but one holder.identity holds one permit: set permits to 1"),
+        )),
+        HolderKind::LeaderElection(_) => Err((
+            "PermitsNotSupported",
+            format!(
+                "spec.permits is {count}: leader election with several permits is not supported yet; set permits to 1"
+            ),
+        )),
+        HolderKind::Jobs => Err((
+            "PermitsNotSupported",
+            format!(
+                "spec.permits is {count}: handing several permits to Jobs is not supported yet; set permits to 1"
+            ),
+        )),
+    }
 }
 
 /// The one place a lock's Redis key is made. Scoped by the namespace (`<namespace>/<resourceKey or name>`),
@@ -232,6 +272,31 @@ mod tests {
         assert_eq!(settings.ttl, Duration::from_secs(10));
         assert_eq!(settings.quorum, "default");
         assert_eq!(settings.holder, HolderKind::Identity("batch".into()));
+    }
+
+    #[test]
+    fn permits_default_to_one_and_are_bounded_by_what_the_policy_hands_out() {
+        let rules = QuorumRules::unshared(Duration::from_secs(60));
+        let settings = |value| lock_settings(&spec(value), "ns", "n", &rules);
+        let plain = settings(serde_json::json!({"holder": {"jobs": {}}})).unwrap();
+        assert_eq!(plain.permits, 1, "a lock without permits is a plain lock");
+        for permits in [0, -1, 101, i32::MIN] {
+            let invalid =
+                settings(serde_json::json!({"permits": permits, "holder": {"jobs": {}}})).unwrap_err();
+            assert_eq!(invalid.reason, "InvalidPermits", "{permits}");
+        }
+        let identity = settings(serde_json::json!({"permits": 2, "holder": {"identity": "x"}})).unwrap_err();
+        assert_eq!(identity.reason, "InvalidPermits");
+        assert!(identity.message.contains("one permit"), "{}", identity.message);
+        let leader = settings(serde_json::json!({
+            "permits": 3,
+            "holder": {"leaderElection": {"selector": {"matchLabels": {"app": "w"}}}},
+        }))
+        .unwrap_err();
+        assert_eq!(leader.reason, "PermitsNotSupported");
+        let jobs = settings(serde_json::json!({"permits": 3, "holder": {"jobs": {}}})).unwrap_err();
+        assert_eq!(jobs.reason, "PermitsNotSupported");
+        assert!(jobs.message.contains("not supported yet"), "{}", jobs.message);
     }
 
     #[test]

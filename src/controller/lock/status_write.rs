@@ -7,12 +7,13 @@ use kube::core::Request;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 
+use super::status::held_count;
 use crate::api::{DistributedLock, DistributedLockStatus};
 use crate::controller::context::Context;
 use crate::controller::error::{Error, is_conflict};
 
 /// Replaces the status with what `edit` makes of the current one, with the resourceVersion it was read at as a
-/// precondition; on a conflict it reads the object again and asks `edit` again. `edit` returning `None` means the
+/// precondition; on a conflict it reads the object again and asks `edit` again. `status.held` is set here. `edit` returning `None` means the
 /// write no longer applies: `Ok(false)`. An edit that changes nothing writes nothing: `Ok(true)`.
 ///
 /// A held lock's status is refreshed every other extension: with 10,000 held locks, encoding the whole object
@@ -31,9 +32,11 @@ pub async fn write_status(
     let mut current = Cow::Borrowed(lock);
     for _ in 0..4 {
         let before = current.status.as_ref().unwrap_or(DistributedLockStatus::none());
-        let Some(next) = edit(before) else {
+        let Some(mut next) = edit(before) else {
             return Ok(false);
         };
+        // Every write shows the `Held` column's count, whichever edit made it.
+        next.held = Some(held_count(&next, current.spec.permits));
         if &next == before {
             return Ok(true);
         }

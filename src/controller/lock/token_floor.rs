@@ -1,5 +1,6 @@
 //! The cluster's durable floor of fencing tokens per (quorum, key): one small ConfigMap in the operator's
-//! namespace records the highest token granted for the key. The masters' counters can forget (a majority
+//! namespace records the highest token granted for the key. A semaphore's permits are keys of their own
+//! (`permit_key`), so each permit has its own record and token sequence; permit 0's is the plain lock's. The masters' counters can forget (a majority
 //! restarted empty, `FLUSHALL`, counters expired); a token is shown nowhere before this record holds it, so
 //! within a cluster a later grant never shows a lower token. Pure: naming, the record's data, and what to do
 //! after the masters granted; `actions::token_floor` makes the API calls.
@@ -87,6 +88,28 @@ pub fn invalid_record_message(namespace: &str, name: &str, problem: &str) -> Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_permit_has_its_own_record_and_permit_0_keeps_the_plain_locks() {
+        use crate::redlock::permit_key;
+        assert_eq!(
+            record_name("default", &permit_key("ns/jobs", 0)),
+            record_name("default", "ns/jobs"),
+            "a lock that becomes a semaphore keeps its floor on permit 0"
+        );
+        let names: std::collections::HashSet<String> = (0..100)
+            .map(|permit| record_name("default", &permit_key("ns/jobs", permit)))
+            .collect();
+        assert_eq!(names.len(), 100);
+        assert_eq!(
+            floor_of(
+                Some(&record_data("default", "permit:2:ns/jobs", 7)),
+                "default",
+                &permit_key("ns/jobs", 2)
+            ),
+            Ok(7)
+        );
+    }
 
     #[test]
     fn names_are_stable_valid_and_distinct_per_quorum_and_key() {

@@ -1,7 +1,9 @@
-//! Job fencing: the queue and its rules (`queue`, pure) and the patches that grant, fence, resume and requeue
+//! Job fencing: the queue and its rules (`queue`, pure), the same rules per permit of a semaphore (`permits`,
+//! pure, not wired yet) and the patches that grant, fence, resume and requeue
 //! Jobs (`job_writes`).
 
 pub mod job_writes;
+pub mod permits;
 pub mod queue;
 
 pub use job_writes::JobQueue;

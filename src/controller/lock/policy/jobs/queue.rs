@@ -20,6 +20,9 @@ pub const FENCED_AT_ANNOTATION: &str = "redlock.io/fenced-at";
 /// On a fenced Job whose token can no longer be used and whose pod template could not take a new one: it stays
 /// suspended.
 pub const STALE_ANNOTATION: &str = "redlock.io/stale";
+/// On a granted Job's pod template, and so on its pods: the permit of the lock it was granted (a semaphore's;
+/// absent: permit 0, as every grant of a lock of one permit).
+pub const PERMIT_ANNOTATION: &str = "redlock.io/permit";
 /// On a fenced Job whose token can no longer be used, once its `status.startTime` was cleared so that its pod
 /// template can take a new token: it waits in the queue again.
 pub const REQUEUED_ANNOTATION: &str = "redlock.io/requeued";
@@ -44,6 +47,8 @@ pub struct JobView {
     pub pods: i32,
     /// How long its pods may take to stop (the pod template's termination grace period, 30 s by default).
     pub grace: Duration,
+    /// The permit its grant named (0 when it names none).
+    pub permit: u32,
 }
 
 impl JobView {
@@ -107,6 +112,7 @@ impl JobView {
                 .is_some_and(|value| value == "true"),
             pods,
             grace: Duration::from_secs(u64::try_from(grace).unwrap_or(0)),
+            permit: permit_of(&template_annotations),
         }
     }
 
@@ -126,7 +132,8 @@ impl JobView {
         }
     }
 
-    fn waiting(&self) -> bool {
+    /// Waiting for a grant: never granted, or requeued for a new token.
+    pub(super) fn waiting(&self) -> bool {
         !self.finished
             && !self.stale
             && (self.requeued || (self.granted_token.is_none() && self.fenced_token.is_none()))
@@ -142,6 +149,8 @@ pub struct GrantedPod {
     /// The Job that owns it; none once orphaned.
     pub job: Option<String>,
     pub token: Option<i64>,
+    /// The permit of the grant that started it.
+    pub permit: u32,
 }
 
 impl GrantedPod {
@@ -167,6 +176,7 @@ impl GrantedPod {
             name: pod.metadata.name.clone().unwrap_or_default(),
             job,
             token,
+            permit: permit_of(annotations),
         })
     }
 
@@ -180,6 +190,15 @@ impl GrantedPod {
             None => format!("{} ({job})", self.name),
         }
     }
+}
+
+/// The permit a grant's annotations name: 0 where they name none (a grant of a lock of one permit) or one that
+/// is not a number, which only a hand edit can write; a permit the lock does not have holds nothing.
+fn permit_of(annotations: &std::collections::BTreeMap<String, String>) -> u32 {
+    annotations
+        .get(PERMIT_ANNOTATION)
+        .and_then(|permit| permit.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Jobs waiting for the lock, in the order they get it: priority (highest first), creation time, name.
@@ -278,10 +297,11 @@ fn wait_for_pods(pods: &[GrantedPod]) -> JobStep {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn job(name: &str, created: i64, priority: i64) -> JobView {
+    /// A waiting Job (never granted, suspended, no pods).
+    pub(in crate::controller::lock::policy::jobs) fn job(name: &str, created: i64, priority: i64) -> JobView {
         JobView {
             name: name.into(),
             created: Timestamp::from_second(created).ok(),
@@ -296,6 +316,7 @@ mod tests {
             requeued: false,
             pods: 0,
             grace: Duration::from_secs(30),
+            permit: 0,
         }
     }
 
@@ -420,11 +441,17 @@ mod tests {
         );
     }
 
-    fn pod_of(name: &str, job: Option<&str>, token: i64) -> GrantedPod {
+    /// An unfinished pod of a grant of permit 0.
+    pub(in crate::controller::lock::policy::jobs) fn pod_of(
+        name: &str,
+        job: Option<&str>,
+        token: i64,
+    ) -> GrantedPod {
         GrantedPod {
             name: name.into(),
             job: job.map(Into::into),
             token: Some(token),
+            permit: 0,
         }
     }
 
@@ -486,6 +513,39 @@ mod tests {
         assert_eq!(GrantedPod::of(&pod("batch", "Succeeded", true), "batch"), None);
         assert_eq!(GrantedPod::of(&pod("batch", "Failed", true), "batch"), None);
         assert_eq!(GrantedPod::of(&pod("other", "Running", true), "batch"), None);
+    }
+
+    #[test]
+    fn a_grant_names_its_permit_and_a_grant_without_one_is_permit_0() {
+        let pod = |annotations: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": "p", "annotations": annotations },
+                "status": { "phase": "Running" }
+            }))
+            .expect("pod")
+        };
+        let granted = |permit: Option<&str>| {
+            let mut annotations = serde_json::json!({ LOCK_LABEL: "batch", TOKEN_ANNOTATION: "7" });
+            if let Some(permit) = permit {
+                annotations[PERMIT_ANNOTATION] = permit.into();
+            }
+            annotations
+        };
+        let permit = |annotations| GrantedPod::of(&pod(annotations), "batch").map(|pod| pod.permit);
+        assert_eq!(permit(granted(Some("2"))), Some(2));
+        assert_eq!(permit(granted(None)), Some(0));
+        assert_eq!(
+            permit(granted(Some("two"))),
+            Some(0),
+            "only a hand edit writes that"
+        );
+        let job: Job = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "j" },
+            "spec": { "template": { "metadata": { "annotations": granted(Some("3")) } } }
+        }))
+        .expect("job");
+        let view = JobView::of(&job);
+        assert_eq!((view.granted_token, view.permit), (Some(7), 3));
     }
 
     #[test]

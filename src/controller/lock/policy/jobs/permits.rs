@@ -1,0 +1,299 @@
+//! Job fencing with several permits (a Job semaphore): which permit each Job belongs to, and what each permit
+//! does next. Every permit goes through the one-permit rules of [`next_step`] with its own Jobs, pods, holder
+//! and token; only the waiting queue is shared, handed out in queue order to the free permits, lowest first.
+//! Pure, so every rule is tested without a cluster.
+//!
+//! Not wired into the reconciler yet: this version refuses `permits` above 1 (see `settings`), so the
+//! reconciler runs [`next_step`] for permit 0 alone. With one permit, [`plan`] is exactly [`next_step`].
+
+use super::queue::{GrantedPod, JobStep, JobView, next_step, queue};
+
+/// What one permit is, as far as the Jobs are concerned.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PermitState<'a> {
+    /// The Job holding the permit (per this replica's lease, or per status right after a restart).
+    pub current: Option<&'a str>,
+    /// The highest token known for the permit.
+    pub latest_token: i64,
+}
+
+/// The permit a Job belongs to: the one its grant named. Only a Job that was granted belongs to one; a waiting
+/// Job (never granted, or requeued for a new token) belongs to none and may get any.
+fn permit_of(job: &JobView) -> Option<u32> {
+    if job.waiting() { None } else { Some(job.permit) }
+}
+
+/// What each permit does next, in permit order. `permits[i]` is permit i's holder and token; `pods` are the
+/// unfinished pods of every grant of the lock (each names its permit).
+///
+/// A Job keeps its permit from its grant until it finishes or is requeued: its holding, fencing, resuming and
+/// the wait for its pods are that permit's alone, so one permit's loss or wait holds up no other. Waiting Jobs
+/// go, in queue order, to the permits that have nothing of their own to do (no holder, no fenced Job, no pods of
+/// an earlier grant), lowest permit first. A Job some permit holds is that permit's and never queued for, or
+/// taken as fenced by, another, even where the cache does not show its grant yet.
+pub fn plan(jobs: &[JobView], pods: &[GrantedPod], permits: &[PermitState<'_>]) -> Vec<JobStep> {
+    let holders: Vec<&str> = permits.iter().filter_map(|state| state.current).collect();
+    let mut waiting = queue(jobs)
+        .into_iter()
+        .filter(|job| !holders.contains(&job.name.as_str()));
+    permits
+        .iter()
+        .zip(0u32..)
+        .map(|(state, permit)| {
+            // Its holder is its own whatever the cache shows of the grant (a grant not seen yet, or an earlier
+            // grant's annotations); a Job another permit holds is not, whatever its annotations say.
+            let own_jobs: Vec<JobView> = jobs
+                .iter()
+                .filter(|job| {
+                    let name = Some(job.name.as_str());
+                    name == state.current
+                        || (permit_of(job) == Some(permit) && !holders.contains(&job.name.as_str()))
+                })
+                .cloned()
+                .collect();
+            let own_pods: Vec<GrantedPod> = pods.iter().filter(|pod| pod.permit == permit).cloned().collect();
+            let step = next_step(&own_jobs, &own_pods, state.current, state.latest_token);
+            if step != JobStep::Idle {
+                return step;
+            }
+            match waiting.next() {
+                None => JobStep::Idle,
+                Some(job) => {
+                    let mut with_next = own_jobs;
+                    with_next.push(job.clone());
+                    next_step(&with_next, &own_pods, None, state.latest_token)
+                }
+            }
+        })
+        .collect()
+}
+
+/// Jobs that run without holding any permit: suspended at once. A Job holding one permit is no stray of
+/// another.
+pub fn strays<'a>(jobs: &'a [JobView], permits: &[PermitState<'_>]) -> Vec<&'a JobView> {
+    jobs.iter()
+        .filter(|job| {
+            !job.suspended
+                && !job.finished
+                && !permits
+                    .iter()
+                    .any(|state| state.current == Some(job.name.as_str()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::queue::tests::{job, pod_of};
+    use super::*;
+
+    fn waiting(name: &str, created: i64) -> JobView {
+        job(name, created, 0)
+    }
+
+    /// Granted `permit` with `token` and running.
+    fn running(name: &str, created: i64, permit: u32, token: i64) -> JobView {
+        JobView {
+            suspended: false,
+            granted_token: Some(token),
+            pods: 1,
+            permit,
+            ..waiting(name, created)
+        }
+    }
+
+    fn holding(job: &'static str, latest_token: i64) -> PermitState<'static> {
+        PermitState {
+            current: Some(job),
+            latest_token,
+        }
+    }
+
+    /// Nobody holds the permit; `latest_token` was its last.
+    fn after(latest_token: i64) -> PermitState<'static> {
+        PermitState {
+            current: None,
+            latest_token,
+        }
+    }
+
+    fn free(permits: usize) -> Vec<PermitState<'static>> {
+        vec![PermitState::default(); permits]
+    }
+
+    fn grant(name: &str) -> JobStep {
+        JobStep::Grant(name.into())
+    }
+
+    fn queue_of(count: i64) -> Vec<JobView> {
+        (0..count)
+            .map(|index| waiting(&format!("job-{index}"), index))
+            .collect()
+    }
+
+    #[test]
+    fn the_first_jobs_of_the_queue_get_the_lowest_permits() {
+        let jobs = queue_of(10);
+        assert_eq!(
+            plan(&jobs, &[], &free(3)),
+            [grant("job-0"), grant("job-1"), grant("job-2")]
+        );
+        assert_eq!(
+            plan(&jobs[..2], &[], &free(3)),
+            [grant("job-0"), grant("job-1"), JobStep::Idle]
+        );
+    }
+
+    #[test]
+    fn holders_keep_their_permits_and_a_freed_permit_goes_to_the_next_in_queue() {
+        let mut jobs = queue_of(10);
+        jobs[0] = running("job-0", 0, 0, 4);
+        jobs[1] = running("job-1", 1, 1, 9);
+        jobs[2] = running("job-2", 2, 2, 1);
+        let mut permits = vec![holding("job-0", 4), holding("job-1", 9), holding("job-2", 1)];
+        assert_eq!(
+            plan(&jobs, &[], &permits),
+            [
+                JobStep::Hold("job-0".into()),
+                JobStep::Hold("job-1".into()),
+                JobStep::Hold("job-2".into())
+            ]
+        );
+        // job-1 completes: its permit is released, then given to the next Job; the others hold on.
+        jobs[1].finished = true;
+        assert_eq!(
+            plan(&jobs, &[], &permits)[1],
+            JobStep::ReleaseFinished("job-1".into())
+        );
+        permits[1].current = None;
+        assert_eq!(
+            plan(&jobs, &[], &permits),
+            [
+                JobStep::Hold("job-0".into()),
+                grant("job-3"),
+                JobStep::Hold("job-2".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn a_held_job_is_never_queued_for_another_permit_even_before_the_cache_shows_its_grant() {
+        // Permit 0 holds job-0, whose grant the Job cache does not show yet: it still looks waiting.
+        let jobs = queue_of(3);
+        let permits = vec![holding("job-0", 1), PermitState::default()];
+        assert_eq!(
+            plan(&jobs, &[], &permits),
+            [JobStep::Hold("job-0".into()), grant("job-1")]
+        );
+    }
+
+    #[test]
+    fn a_job_regranted_on_another_permit_is_not_taken_as_fenced_on_its_old_one() {
+        // job-0, once granted permit 0, was requeued and granted permit 1; the cache still shows the first grant.
+        let mut jobs = queue_of(3);
+        jobs[0] = running("job-0", 0, 0, 2);
+        let permits = vec![after(2), holding("job-0", 5)];
+        assert_eq!(
+            plan(&jobs, &[], &permits),
+            [grant("job-1"), JobStep::Hold("job-0".into())]
+        );
+    }
+
+    #[test]
+    fn a_fenced_job_holds_up_only_its_own_permit() {
+        let mut jobs = queue_of(5);
+        // job-0 was fenced on permit 1 and its pods still run; job-1 holds permit 0.
+        jobs[0] = JobView {
+            suspended: true,
+            fenced_token: Some(3),
+            ..running("job-0", 0, 1, 3)
+        };
+        jobs[1] = running("job-1", 1, 0, 7);
+        let permits = vec![holding("job-1", 7), after(3), PermitState::default()];
+        assert_eq!(
+            plan(&jobs, &[], &permits),
+            [
+                JobStep::Hold("job-1".into()),
+                JobStep::WaitForFenced("job-0".into()),
+                grant("job-2")
+            ]
+        );
+        // Its pods gone and the Job controller showing it suspended: it resumes on its own permit with its
+        // own token, not on the free permit 2.
+        jobs[0].pods = 0;
+        let steps = plan(&jobs, &[], &permits);
+        assert_eq!(
+            steps[1],
+            JobStep::ResumeFenced {
+                job: "job-0".into(),
+                token: 3
+            }
+        );
+        assert_eq!(steps[2], grant("job-2"));
+    }
+
+    #[test]
+    fn pods_of_an_earlier_grant_hold_up_only_their_permit() {
+        let jobs = queue_of(4);
+        let pods = vec![pod_of("old-pod", None, 2)];
+        let steps = plan(&jobs, &pods, &free(2));
+        assert!(
+            matches!(&steps[0], JobStep::WaitForPods(pods) if pods[0].contains("old-pod")),
+            "{steps:?}"
+        );
+        assert_eq!(steps[1], grant("job-1"), "the queue moves on at permit 1");
+    }
+
+    #[test]
+    fn a_requeued_job_waits_in_the_queue_for_any_permit() {
+        let mut jobs = queue_of(3);
+        jobs[0] = JobView {
+            requeued: true,
+            fenced_token: Some(5),
+            ..running("job-0", 0, 2, 5)
+        };
+        jobs[0].suspended = true;
+        jobs[0].pods = 0;
+        assert_eq!(plan(&jobs, &[], &free(2)), [grant("job-0"), grant("job-1")]);
+    }
+
+    #[test]
+    fn one_permit_is_the_plain_queue() {
+        let cases: Vec<(Vec<JobView>, Vec<GrantedPod>, PermitState<'static>)> = vec![
+            (queue_of(3), Vec::new(), PermitState::default()),
+            (
+                vec![running("a", 0, 0, 4), waiting("b", 1)],
+                Vec::new(),
+                holding("a", 4),
+            ),
+            (vec![running("a", 0, 0, 4), waiting("b", 1)], Vec::new(), after(4)),
+            (
+                queue_of(2),
+                vec![pod_of("p", Some("gone"), 1)],
+                PermitState::default(),
+            ),
+        ];
+        for (jobs, pods, state) in cases {
+            assert_eq!(
+                plan(&jobs, &pods, std::slice::from_ref(&state)),
+                [next_step(&jobs, &pods, state.current, state.latest_token)],
+                "{jobs:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_job_holding_one_permit_is_no_stray_of_another() {
+        let jobs = vec![
+            running("a", 0, 0, 1),
+            running("b", 1, 1, 1),
+            running("c", 2, 0, 1),
+        ];
+        let permits = vec![holding("a", 1), holding("b", 1)];
+        let names: Vec<&str> = strays(&jobs, &permits)
+            .iter()
+            .map(|job| job.name.as_str())
+            .collect();
+        assert_eq!(names, ["c"]);
+    }
+}
