@@ -7,6 +7,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 
+use super::handover::{give_up, give_up_kept, rebuilt};
 use super::{Target, stamp_now};
 use crate::api::{DistributedLock, LockPhase};
 use crate::controller::context::Context;
@@ -30,7 +31,9 @@ pub async fn release_held(ctx: &Context, lref: &LockRef, quorum: Option<&str>) -
     }
 }
 
-/// This replica holds a lock that no longer matches the spec (holder, key or quorum changed): release it first.
+/// This replica holds a lock that no longer matches the spec (holder, key or quorum changed): give it up first. Its
+/// holder was told (its label is gone, or status shows the change) but may act up to the validity it was shown:
+/// the key is released, and the next holder acquires, only once that has ended.
 pub async fn release_for_change(
     target: &Target<'_>,
     ctx: &Context,
@@ -41,10 +44,13 @@ pub async fn release_for_change(
         .as_ref()
         .map(|held| held.lease.holder().to_owned())
         .unwrap_or_default();
-    release_held(ctx, &target.lref, held.as_ref().map(|held| held.quorum.as_str())).await;
+    let gave_up = give_up_kept(ctx, target.lock, &target.lref, Some(&target.policy)).await?;
     let note = format!(
-        "released for {previous}: the spec now wants {wanted} on `{}`",
-        target.settings.key
+        "released for {previous}: the spec now wants {wanted} on `{}`{}",
+        target.settings.key,
+        gave_up
+            .map(|gave_up| format!("; {}", gave_up.note()))
+            .unwrap_or_default()
     );
     ctx.publish(target.lock, EventType::Normal, "Released", note.clone())
         .await;
@@ -52,8 +58,9 @@ pub async fn release_for_change(
     Ok(Action::requeue(Duration::from_millis(10)))
 }
 
-/// Status names a holder other than the wanted one, held by a predecessor of this replica: release that
-/// acquisition (its value is rebuilt from the token) before acquiring for the new holder.
+/// Status names a holder other than the wanted one, held by a predecessor of this replica: give that acquisition
+/// up (its value is rebuilt from the token; released once the validity status shows has ended) before acquiring
+/// for the new holder.
 pub async fn release_previous(
     target: &Target<'_>,
     ctx: &Context,
@@ -62,16 +69,12 @@ pub async fn release_previous(
     previous: &str,
 ) -> Result<Action, Error> {
     ctx.ensure_leader()?;
-    let uid = target.lock.uid().unwrap_or_default();
-    let value = ctx
-        .secret
-        .lock_value(&target.settings.key, &uid, token, previous)?;
-    target
-        .engine
-        .engine
-        .release_value(&target.settings.key, value)
-        .await;
-    let message = format!("released for {previous}: the holder changed to {wanted}");
+    let given = rebuilt(target, ctx, previous, token)?;
+    let gave_up = give_up(ctx, &target.lref, Some(&target.policy), given).await?;
+    let message = format!(
+        "released for {previous}: the holder changed to {wanted}; {}",
+        gave_up.note()
+    );
     show_released(ctx, target.lock, &message).await?;
     ctx.publish(target.lock, EventType::Normal, "Released", message)
         .await;
@@ -96,7 +99,9 @@ pub async fn release_finished(
     Ok(Action::requeue(Duration::from_millis(10)))
 }
 
-/// The lock is being deleted: release its key before the finalizer goes.
+/// The lock is being deleted: release its key before the finalizer goes. A leader-election or identity lock's key
+/// shown to a holder was given up before (`reconcile::hand_over_before_deletion`) and is released by now; what is
+/// left here is Job fencing's key, or a key nothing showed.
 pub async fn cleanup(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     ctx.ensure_leader()?;
     let lref = ObjectRef::from_obj(lock);
@@ -104,7 +109,8 @@ pub async fn cleanup(lock: &DistributedLock, ctx: &Context) -> Result<Action, Er
         Some(held) => release_held(ctx, &lref, Some(&held.quorum)).await,
         None => release_from_status(lock, ctx).await?,
     };
-    if let Some(report) = released {
+    // Nothing to say where the key was released already (after the validity shown to its holder) or expired.
+    if let Some(report) = released.filter(|report| report.votes() > 0) {
         let note = format!(
             "released on deletion ({} of {} masters deleted the key)",
             report.votes(),

@@ -125,6 +125,12 @@ impl Election {
         }
     }
 
+    /// Whether `pod` is gone from the API server, read directly (a cache may lag behind): a leader whose Pod
+    /// object is gone cannot be acting any more, so its key need not wait for the validity it was shown.
+    pub async fn pod_gone(&self, pod: &str) -> Result<bool, Error> {
+        Ok(self.api.get_opt(pod).await?.is_none())
+    }
+
     /// Labels `pod` as the leader with its fencing token and validity, unless it already shows exactly that.
     pub async fn label(
         &self,
