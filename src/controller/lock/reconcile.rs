@@ -87,7 +87,7 @@ fn rules_of(engine: &QuorumEngine) -> QuorumRules<'_> {
 /// before: its Jobs are fenced through their own objects.
 async fn hand_over_before_deletion(lock: &DistributedLock, ctx: &Context) -> Result<Option<Duration>, Error> {
     let lref = ObjectRef::from_obj(lock);
-    if let Some(at) = handover::settle(ctx, &lref).await {
+    if let Some(at) = handover::settle(ctx, &lref, None).await? {
         return Ok(Some(handover::until(at)));
     }
     let QuorumLookup::Ready(engine) = ctx.engines.lookup(&lock.spec.quorum) else {
@@ -182,7 +182,7 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
         }
     };
     policy.prepare(ctx, current.as_deref()).await?;
-    if let Some(at) = handover::settle(ctx, &lref).await {
+    if let Some(at) = handover::settle(ctx, &lref, Some(&policy)).await? {
         // A key given up waits for the validity shown to its holder to end: nobody takes the lock meanwhile, and
         // status says until when (written when it was given up).
         return Ok(Action::requeue(handover::until(at)));

@@ -16,6 +16,7 @@ use crate::controller::keeper::{LockRef, Retiring};
 use crate::controller::lock::handover::{Release, release_note, shown_until, wait_until, when_to_release};
 use crate::controller::lock::policy::Policy;
 use crate::controller::lock::status::wall_at;
+use crate::negative_controls::{self, Control};
 use crate::redlock::LockValue;
 
 /// A key to give up, and what its holder was shown.
@@ -49,11 +50,12 @@ pub async fn give_up(
     policy: Option<&Policy>,
     given: GivenUp,
 ) -> Result<GaveUp, Error> {
-    let stopped = match policy {
-        Some(Policy::Leader(election)) => election.pod_gone(&given.holder).await?,
-        _ => false,
+    let stopped = holder_stopped(ctx, policy, &given.holder).await?;
+    let release = if negative_controls::active(Control::ReleaseAtOnce) {
+        Release::Now
+    } else {
+        when_to_release(given.shown_until, stopped, Timestamp::now())
     };
-    let release = when_to_release(given.shown_until, stopped, Timestamp::now());
     match release {
         Release::Now => release_value(ctx, &given.quorum, &given.key, given.value).await,
         Release::At(release_at) => {
@@ -107,17 +109,36 @@ pub async fn give_up_kept(
     give_up(ctx, lref, policy, given).await.map(Some)
 }
 
-/// Releases the key waiting for the lock once the validity shown has ended. `Some(at)`: it still waits until then,
-/// and nobody may take the lock meanwhile.
-pub async fn settle(ctx: &Context, lref: &LockRef) -> Option<Timestamp> {
-    let retiring = ctx.keeper.retiring(lref)?;
-    if let Release::At(at) = when_to_release(Some(retiring.release_at), false, Timestamp::now()) {
-        return Some(at);
+/// Whether the holder is known to have stopped: a leader whose Pod object is gone.
+async fn holder_stopped(ctx: &Context, policy: Option<&Policy>, holder: &str) -> Result<bool, Error> {
+    match policy {
+        Some(Policy::Leader(election)) => election.pod_gone(ctx, holder).await,
+        _ => Ok(false),
     }
-    let retiring = ctx.keeper.take_retiring(lref)?;
-    tracing::info!(lock = %lref, holder = %retiring.holder, token = retiring.token, "the validity shown to the holder ended: key released");
-    release_value(ctx, &retiring.quorum, &retiring.key, retiring.value).await;
-    None
+}
+
+/// Releases the key waiting for the lock once the validity shown has ended, or its holder is known to have
+/// stopped since (a deleted leader pod whose grace period ended: its deletion wakes the lock). `Some(at)`: it
+/// still waits until then, and nobody may take the lock meanwhile.
+pub async fn settle(
+    ctx: &Context,
+    lref: &LockRef,
+    policy: Option<&Policy>,
+) -> Result<Option<Timestamp>, Error> {
+    let Some(retiring) = ctx.keeper.retiring(lref) else {
+        return Ok(None);
+    };
+    let now = Timestamp::now();
+    if let Release::At(at) = when_to_release(Some(retiring.release_at), false, now)
+        && !holder_stopped(ctx, policy, &retiring.holder).await?
+    {
+        return Ok(Some(at));
+    }
+    if let Some(retiring) = ctx.keeper.take_retiring(lref) {
+        tracing::info!(lock = %lref, holder = %retiring.holder, token = retiring.token, "the validity shown to the holder ended, or it stopped: key released");
+        release_value(ctx, &retiring.quorum, &retiring.key, retiring.value).await;
+    }
+    Ok(None)
 }
 
 /// A predecessor's acquisition (its value rebuilt from `token` and `holder`), shown to its holder up to the

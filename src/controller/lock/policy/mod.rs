@@ -18,7 +18,6 @@ use super::settings::{HolderKind, LockSettings};
 use crate::api::DistributedLock;
 use crate::controller::context::Context;
 use crate::controller::error::Error;
-use crate::negative_controls::{self, Control};
 
 /// The annotation that carries the fencing token: on the leader pod, and in a granted Job's pod template.
 pub const TOKEN_ANNOTATION: &str = "redlock.io/fencing-token";
@@ -112,9 +111,6 @@ impl Policy {
             Self::Leader(election) => {
                 election.confirm_current(current).await?;
                 let keep = current.filter(|holder| election.chosen.as_deref() == Some(*holder));
-                if negative_controls::active(Control::LateUnlabel) {
-                    return Ok(());
-                }
                 election.unlabel_all_but(ctx, keep).await
             }
             Self::Jobs(jobs) => {
