@@ -8,11 +8,12 @@ use tokio::time::Instant;
 use kube::ResourceExt;
 
 use super::Target;
-use crate::api::{DistributedLock, LockPhase};
+use crate::api::DistributedLock;
 use crate::controller::context::Context;
 use crate::controller::engines::QuorumLookup;
 use crate::controller::error::Error;
 use crate::controller::keeper::{LockRef, Retiring};
+use crate::controller::lock::decide::acquisition_in_status;
 use crate::controller::lock::handover::{Release, release_note, shown_until, wait_until, when_to_release};
 use crate::controller::lock::policy::Policy;
 use crate::controller::lock::status::wall_at;
@@ -157,12 +158,7 @@ pub fn shown_in_status(
     quorum: &str,
     key: &str,
 ) -> Result<Option<GivenUp>, Error> {
-    let Some(status) = &lock.status else {
-        return Ok(None);
-    };
-    let (Some(LockPhase::Held | LockPhase::Lost), Some(holder), Some(token)) =
-        (status.phase, &status.holder, status.fencing_token)
-    else {
+    let Some((holder, token)) = lock.status.as_ref().and_then(acquisition_in_status) else {
         return Ok(None);
     };
     rebuilt_on(ctx, lock, quorum, key, holder, token).map(Some)

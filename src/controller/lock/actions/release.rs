@@ -9,11 +9,12 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::handover::{give_up, give_up_kept, rebuilt};
 use super::{Target, stamp_now};
-use crate::api::{DistributedLock, LockPhase};
+use crate::api::DistributedLock;
 use crate::controller::context::Context;
 use crate::controller::engines::QuorumLookup;
 use crate::controller::error::Error;
 use crate::controller::keeper::{HeldView, LockRef};
+use crate::controller::lock::decide::acquisition_in_status;
 use crate::controller::lock::status;
 use crate::controller::lock::status_write::write_status;
 use crate::redlock::OperationReport;
@@ -130,12 +131,7 @@ pub async fn release_from_status(
     ctx: &Context,
 ) -> Result<Option<OperationReport>, Error> {
     ctx.ensure_leader()?;
-    let Some(status) = &lock.status else {
-        return Ok(None);
-    };
-    let (Some(LockPhase::Held | LockPhase::Lost), Some(holder), Some(token)) =
-        (status.phase, &status.holder, status.fencing_token)
-    else {
+    let Some((holder, token)) = lock.status.as_ref().and_then(acquisition_in_status) else {
         return Ok(None);
     };
     let QuorumLookup::Ready(engine) = ctx.engines.lookup(&lock.spec.quorum) else {
