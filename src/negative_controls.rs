@@ -19,9 +19,9 @@ pub enum Control {
     NoQuarantine,
     /// The cluster's fencing-token floor record is neither read nor written.
     NoFloorRecord,
-    /// A leader-election lock moves to the next leader before the old leader's label is removed (it is
-    /// removed afterwards, or never), instead of the label going first.
-    LateUnlabel,
+    /// A key given up (lost, moved, deleted) is released at once instead of once the validity shown to its holder
+    /// has ended.
+    ReleaseAtOnce,
 }
 
 impl Control {
@@ -29,7 +29,7 @@ impl Control {
         Control::FenceAfterValidity,
         Control::NoQuarantine,
         Control::NoFloorRecord,
-        Control::LateUnlabel,
+        Control::ReleaseAtOnce,
     ];
 
     pub fn name(self) -> &'static str {
@@ -37,7 +37,7 @@ impl Control {
             Control::FenceAfterValidity => "fence-after-validity",
             Control::NoQuarantine => "no-quarantine",
             Control::NoFloorRecord => "no-floor-record",
-            Control::LateUnlabel => "late-unlabel",
+            Control::ReleaseAtOnce => "release-at-once",
         }
     }
 }

@@ -93,7 +93,10 @@ async fn the_operator_under_a_nemesis_never_lets_two_holders_act() {
         identity_locks: 1,
         job_locks: 1,
         outside_clients: 2,
-        outside_on_cluster_keys: false,
+        // `lock` processes share the leader and identity keys: a key given up is released only once the validity
+        // shown to its holder has ended, so one that takes it cannot act beside a holder that has not yet seen its
+        // label or status go (the race this short run kept them off these keys for, until it was fixed).
+        outside_on_cluster_keys: true,
         churn_keys: 1,
         job_seconds: 0.5..2.0,
         real_clusters: true,
@@ -144,8 +147,8 @@ async fn the_checker_catches_fencing_after_the_validity() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_checker_catches_a_leader_label_removed_after_the_lock_moved() {
-    caught(redlock_operator::negative_controls::Control::LateUnlabel).await;
+async fn the_checker_catches_a_key_released_before_the_validity_shown_to_its_holder_ended() {
+    caught(redlock_operator::negative_controls::Control::ReleaseAtOnce).await;
 }
 
 #[test]

@@ -99,6 +99,11 @@ impl Lease {
         self.value.holder()
     }
 
+    /// The value this lease holds the key with, for releasing it later without the lease.
+    pub fn value(&self) -> &LockValue {
+        &self.value
+    }
+
     /// The permit this lease holds, of a semaphore (see [`Redlock::acquire_permit`]); 0 for a plain lock.
     pub fn permit(&self) -> u32 {
         self.permit

@@ -4,6 +4,7 @@
 //! reconciler at once when a lock is lost — at the latest at its fence time, before its validity ends.
 
 mod refs;
+mod retiring;
 pub mod table;
 mod waiting;
 
@@ -15,6 +16,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+pub use self::retiring::Retiring;
 use self::table::{Applied, DueBatch, Removal, Table};
 pub use self::table::{HeldView, Holding, LockRef, PermitRef};
 use super::engines::{Engines, QuorumLookup};
@@ -30,6 +32,8 @@ pub struct Keeper {
     table: Mutex<Table>,
     /// Highest token this replica wrote per lock and permit: the status cache may lag behind our own writes.
     tokens: Mutex<HashMap<LockRef, HashMap<u32, i64>>>,
+    /// Keys given up and waiting for the validity shown to their holder to end before they are released.
+    retiring: Mutex<HashMap<LockRef, Retiring>>,
     batch_done: Notify,
     wake_reconciler: mpsc::UnboundedSender<LockRef>,
     metrics: Arc<Metrics>,
@@ -57,6 +61,7 @@ impl Keeper {
         let keeper = Arc::new(Self {
             table: Mutex::new(Table::default()),
             tokens: Mutex::new(HashMap::new()),
+            retiring: Mutex::new(HashMap::new()),
             batch_done: Notify::new(),
             wake_reconciler,
             metrics,
@@ -74,6 +79,28 @@ impl Keeper {
         self.tokens
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn retiring_table(&self) -> MutexGuard<'_, HashMap<LockRef, Retiring>> {
+        self.retiring
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Remembers a key to release at its `release_at` (replacing an earlier one of the same lock: that one's
+    /// holder was shown no later validity, and the reconciler settles it first).
+    pub fn retire(&self, lock: LockRef, retiring: Retiring) {
+        self.retiring_table().insert(lock, retiring);
+    }
+
+    /// The key of `lock` waiting to be released, if any.
+    pub fn retiring(&self, lock: &LockRef) -> Option<Retiring> {
+        self.retiring_table().get(lock).cloned()
+    }
+
+    /// Takes the key waiting to be released out, to release it now.
+    pub fn take_retiring(&self, lock: &LockRef) -> Option<Retiring> {
+        self.retiring_table().remove(lock)
     }
 
     /// Keeps `lease` extended from now on. Every method naming a lock takes a permit of it, or a bare
@@ -116,6 +143,8 @@ impl Keeper {
     /// Forgets every lock without releasing it (this replica stopped being the leader; the next one resumes).
     pub fn forget_all(&self) -> usize {
         let count = self.table().clear();
+        // Not released by this replica either: their keys expire on their own, never before the validity shown.
+        self.retiring_table().clear();
         self.metrics.locks_held.set(0);
         count
     }

@@ -97,6 +97,15 @@ pub fn current_holder(held: Option<&HeldView>, status: &DistributedLockStatus) -
         })
 }
 
+/// The acquisition status names (held, or lost and perhaps still on the masters): its holder and token, from which
+/// its value is rebuilt to release it.
+pub fn acquisition_in_status(status: &DistributedLockStatus) -> Option<(&str, i64)> {
+    match (status.phase, &status.holder, status.fencing_token) {
+        (Some(LockPhase::Held | LockPhase::Lost), Some(holder), Some(token)) => Some((holder, token)),
+        _ => None,
+    }
+}
+
 /// After a resume attempt could not reach a majority: keep trying while the validity status shows leaves
 /// room for the fence margin; after that the lock counts as lost (reported before `validUntil`).
 pub fn resume_still_possible(status: &DistributedLockStatus, fence_margin: Duration, now: Timestamp) -> bool {
@@ -274,6 +283,28 @@ mod tests {
         let mut not_held = held_status("web-0", 1);
         not_held.phase = Some(LockPhase::Lost);
         assert_eq!(current_holder(None, &not_held), None);
+    }
+
+    #[test]
+    fn the_acquisition_to_release_is_the_one_status_shows_held_or_lost() {
+        let held = held_status("web-0", 4);
+        assert_eq!(acquisition_in_status(&held), Some(("web-0", 4)));
+        let lost = DistributedLockStatus {
+            phase: Some(LockPhase::Lost),
+            ..held.clone()
+        };
+        assert_eq!(acquisition_in_status(&lost), Some(("web-0", 4)));
+        let released = DistributedLockStatus {
+            phase: Some(LockPhase::Pending),
+            ..held.clone()
+        };
+        assert_eq!(
+            acquisition_in_status(&released),
+            None,
+            "released: nothing to give up"
+        );
+        let unnamed = DistributedLockStatus { holder: None, ..held };
+        assert_eq!(acquisition_in_status(&unnamed), None);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 pub mod actions;
 pub mod decide;
+pub mod handover;
 pub mod policy;
 pub mod reconcile;
 pub mod settings;

@@ -4,16 +4,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
 
-use super::actions::{self, Target};
+use super::actions::{self, Target, handover};
 use super::decide::{LockAction, Wanted, current_holder, decide, known_floor};
+use super::handover::Release;
 use super::policy::{Policy, Turn};
-use super::settings::{QuorumRules, lock_settings};
+use super::settings::{HolderKind, QuorumRules, lock_settings};
 use super::{FINALIZER, RESYNC};
 use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
 use crate::controller::context::Context;
@@ -36,15 +38,20 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         tracing::debug!(lock = %lref, "watch caches not synced yet: waiting");
         return Ok(Action::requeue(CACHE_SYNC_RETRY));
     }
+    if lock.meta().deletion_timestamp.is_some()
+        && lock.finalizers().iter().any(|name| name == FINALIZER)
+        && let Some(wait) = hand_over_before_deletion(&lock, &ctx).await?
+    {
+        // The finalizer stays until the validity shown to the holder has ended (a `Cleanup` that returns
+        // removes it).
+        return Ok(Action::requeue(wait));
+    }
     let api: Api<DistributedLock> =
         Api::namespaced(ctx.client.clone(), &lock.namespace().unwrap_or_default());
     let result = finalizer(&api, FINALIZER, lock, |event| async {
         match event {
             FinalizerEvent::Apply(lock) => apply(&lock, &ctx).await,
-            FinalizerEvent::Cleanup(lock) => {
-                unlabel_before_deletion(&lock, &ctx).await?;
-                actions::release::cleanup(&lock, &ctx).await
-            }
+            FinalizerEvent::Cleanup(lock) => actions::release::cleanup(&lock, &ctx).await,
         }
     })
     .await;
@@ -72,27 +79,53 @@ fn rules_of(engine: &QuorumEngine) -> QuorumRules<'_> {
     }
 }
 
-/// A leader-election lock being deleted gives its key up: its leader loses the label first, as on a move, so
-/// that no pod keeps the label (and acts as the leader up to the validity it was shown) of a lock that is gone
-/// while another holder takes the key (found by the product safety checker).
-async fn unlabel_before_deletion(lock: &DistributedLock, ctx: &Context) -> Result<(), Error> {
-    if lock.spec.holder.leader_election.is_none() {
-        return Ok(());
+/// A leader-election or identity lock being deleted gives its key up as on a move: its leader loses the label
+/// first (so that no pod keeps the label of a lock that is gone while another holder takes the key), then the key
+/// is not extended any more and is released once the validity shown to its holder has ended — the holder learns
+/// of the deletion only through its watch, or not at all when cut off from the API server (both found by the
+/// product safety checker). `Some(wait)`: the finalizer stays that much longer. Job fencing releases at once, as
+/// before: its Jobs are fenced through their own objects.
+async fn hand_over_before_deletion(lock: &DistributedLock, ctx: &Context) -> Result<Option<Duration>, Error> {
+    let lref = ObjectRef::from_obj(lock);
+    if let Some(at) = handover::settle(ctx, &lref, None).await? {
+        return Ok(Some(handover::until(at)));
     }
     let QuorumLookup::Ready(engine) = ctx.engines.lookup(&lock.spec.quorum) else {
-        return Ok(());
+        return Ok(None);
     };
     let namespace = lock.namespace().unwrap_or_default();
     let Ok(settings) = lock_settings(&lock.spec, &namespace, &lock.name_any(), &rules_of(&engine)) else {
-        return Ok(());
+        return Ok(None);
     };
-    let lref = ObjectRef::from_obj(lock);
+    if matches!(settings.holder, HolderKind::Jobs) {
+        return Ok(None);
+    }
     let status = lock.status.as_ref().unwrap_or(DistributedLockStatus::none());
     let current = current_holder(ctx.keeper.view(&lref).as_ref(), status);
-    if let Ok(Policy::Leader(election)) = Policy::observe(ctx, lock, &settings, current.as_deref(), 0) {
+    let policy = Policy::observe(ctx, lock, &settings, current.as_deref(), 0).ok();
+    if let Some(Policy::Leader(election)) = &policy {
         election.unlabel_all_but(ctx, None).await?;
     }
-    Ok(())
+    let gave_up = match handover::give_up_kept(ctx, lock, &lref, policy.as_ref()).await? {
+        Some(gave_up) => Some(gave_up),
+        None => match handover::shown_in_status(ctx, lock, &settings.quorum, &settings.key)? {
+            Some(given) => Some(handover::give_up(ctx, &lref, policy.as_ref(), given).await?),
+            None => None,
+        },
+    };
+    match gave_up {
+        Some(
+            gave_up @ handover::GaveUp {
+                release: Release::At(at),
+                ..
+            },
+        ) => {
+            let note = format!("deleted: {}; the finalizer stays until then", gave_up.note());
+            ctx.publish(lock, EventType::Normal, "Releasing", note).await;
+            Ok(Some(handover::until(at)))
+        }
+        _ => Ok(None),
+    }
 }
 
 async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
@@ -149,6 +182,11 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
         }
     };
     policy.prepare(ctx, current.as_deref()).await?;
+    if let Some(at) = handover::settle(ctx, &lref, Some(&policy)).await? {
+        // A key given up waits for the validity shown to its holder to end: nobody takes the lock meanwhile, and
+        // status says until when (written when it was given up).
+        return Ok(Action::requeue(handover::until(at)));
+    }
     let mut keep = KeepPolicy::for_ttl(settings.ttl, config.node_timeout);
     if let Some(margin) = settings.fence_margin {
         keep.fence_margin = margin;

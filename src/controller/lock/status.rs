@@ -13,13 +13,25 @@ use crate::api::lock::MasterOutcome;
 use crate::api::{DistributedLockStatus, LockPhase};
 use crate::redlock::OperationReport;
 
+/// What a `Held` write shows, and so what status must show before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Showing {
+    /// A new acquisition: needs a higher token than status shows.
+    NewToken,
+    /// The same acquisition, extended or resumed after a restart: needs no newer token, and never brings back a
+    /// token status shows lost — its holder was told, and the next holding gets a new token (a status cache
+    /// that lagged behind the loss made a resume take the old one back). A refresh over an older token counts
+    /// as the acquisition: that acquisition's own write did not land.
+    Refresh,
+    /// A fenced Job's lock taken back with its own token, once its pods are confirmed stopped.
+    TakeBackFenced,
+}
+
 /// A grant or extension to show.
 pub struct HeldFacts<'a> {
     pub holder: &'a str,
     pub token: i64,
-    /// A new acquisition (needs a higher token than status shows), not a refresh (needs no newer one). A refresh
-    /// over an older token counts as the acquisition: that acquisition's own write did not land.
-    pub new_token: bool,
+    pub showing: Showing,
     pub renewed_at: Timestamp,
     pub valid_until: Timestamp,
     pub report: &'a OperationReport,
@@ -43,7 +55,14 @@ pub fn held(
     stamp: Stamp,
 ) -> Option<DistributedLockStatus> {
     let shown = current.fencing_token.unwrap_or(0);
-    if (facts.new_token && shown >= facts.token) || shown > facts.token {
+    let stale = match facts.showing {
+        Showing::NewToken => shown >= facts.token,
+        Showing::Refresh => {
+            shown > facts.token || (shown == facts.token && current.phase == Some(LockPhase::Lost))
+        }
+        Showing::TakeBackFenced => shown > facts.token,
+    };
+    if stale {
         return None;
     }
     let mut next = current.clone();
@@ -327,7 +346,11 @@ mod tests {
         HeldFacts {
             holder: "web-0",
             token,
-            new_token,
+            showing: if new_token {
+                Showing::NewToken
+            } else {
+                Showing::Refresh
+            },
             renewed_at: Timestamp::from_second(100).unwrap(),
             valid_until: Timestamp::from_second(110).unwrap(),
             report,
@@ -390,6 +413,35 @@ mod tests {
             condition(&refreshed, "Held").last_transition_time,
             Time(stamp(100).now)
         );
+    }
+
+    #[test]
+    fn a_token_shown_lost_is_never_shown_held_again_except_a_fenced_job_taken_back() {
+        let granted = report(vec![NodeOutcome::Granted, NodeOutcome::Granted]);
+        let none = Decoration::default();
+        let margin = Duration::from_secs(2);
+        let first = held(
+            &DistributedLockStatus::default(),
+            &facts(3, true, &granted),
+            &none,
+            margin,
+            stamp(100),
+        )
+        .expect("held");
+        let lost = super::lost(&first, "lock lost", stamp(101));
+        assert!(
+            held(&lost, &facts(3, false, &granted), &none, margin, stamp(102)).is_none(),
+            "a resume from a status cache that lagged behind the loss brings the old token back"
+        );
+        let taken_back = HeldFacts {
+            showing: Showing::TakeBackFenced,
+            ..facts(3, false, &granted)
+        };
+        let job = held(&lost, &taken_back, &none, margin, stamp(102)).expect("a fenced Job resumes");
+        assert_eq!(job.phase, Some(LockPhase::Held));
+        assert_eq!(job.fencing_token, Some(3));
+        let next = held(&lost, &facts(4, true, &granted), &none, margin, stamp(102)).expect("a new token");
+        assert_eq!(next.fencing_token, Some(4));
     }
 
     #[test]

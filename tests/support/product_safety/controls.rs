@@ -99,7 +99,7 @@ async fn scenario_for(control: Control, seed: u64, on: bool) -> Report {
         Control::NoQuarantine => no_quarantine(seed, switched).await,
         Control::NoFloorRecord => no_floor_record(seed, switched).await,
         Control::FenceAfterValidity => fence_after_validity(seed, switched).await,
-        Control::LateUnlabel => late_unlabel(seed, switched).await,
+        Control::ReleaseAtOnce => release_at_once(seed, switched).await,
     }
 }
 
@@ -257,12 +257,17 @@ async fn fence_after_validity(seed: u64, switched: Option<Control>) -> Report {
     world.finish(from).await
 }
 
-/// A leader-election lock of three pods whose leader becomes unready, again and again: the lock moves to the
-/// next pod, and the old leader's label must be gone before it does.
-async fn late_unlabel(seed: u64, switched: Option<Control>) -> Report {
+/// A leader-election lock of three pods, and a `lock` process outside Kubernetes on its key. The pods' link to the
+/// API server stalls (they go on believing up to the validity they were shown: they stop at their fence time) and
+/// the leader becomes unready: the operator removes its label — which it cannot see — and gives the key up. It
+/// must not release it before the validity shown to the old leader has ended, or the `lock` process takes it
+/// while the old leader still acts.
+async fn release_at_once(seed: u64, switched: Option<Control>) -> Report {
     let world = World::start(Scenario {
         leader_locks: 1,
         pods_per_lock: 3,
+        outside_clients: 1,
+        outside_on_cluster_keys: true,
         ..base(seed, switched)
     })
     .await;
@@ -274,10 +279,15 @@ async fn late_unlabel(seed: u64, switched: Option<Control>) -> Report {
         let Some(leader) = side.leaders[0].labelled(&side.cluster).await.into_iter().next() else {
             continue;
         };
-        world.recorder.nemesis(format!("{leader} unready for 3s"));
+        world.recorder.nemesis(format!(
+            "the pods' API link stalled for 5s, and {leader} unready for 5s"
+        ));
+        side.holders_link.hold(Direction::Both, true);
         set_ready(&side.cluster, &leader, false).await;
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        side.holders_link.hold(Direction::Both, false);
         set_ready(&side.cluster, &leader, true).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
         if overlapped(&world) {
             break;
         }

@@ -9,6 +9,7 @@ use kube::runtime::events::EventType;
 use rand::Rng;
 use tokio::time::Instant;
 
+use super::handover::give_up_kept;
 use super::holding::{keep, show_held, take_back};
 use super::release::release_held;
 use super::token_floor::{self, Recorded};
@@ -20,7 +21,7 @@ use crate::controller::error::Error;
 use crate::controller::keeper::HeldView;
 use crate::controller::lock::RESYNC;
 use crate::controller::lock::decide::{contended_retry, resume_still_possible};
-use crate::controller::lock::status::{self, Blocked};
+use crate::controller::lock::status::{self, Blocked, Showing};
 use crate::controller::lock::status_write::write_status;
 use crate::controller::lock::token::{EXHAUSTED_REASON, Exhausted, Places, exhausted_message};
 use crate::controller::lock::token_floor::record_name;
@@ -196,7 +197,7 @@ async fn grant(
 /// Granted, kept, and its token recorded as the key's floor: show it.
 async fn hold(target: &Target<'_>, ctx: &Context, holder: &str, lease: &Lease) -> Result<Action, Error> {
     let token = lease.fencing_token();
-    match show_held(target, ctx, holder, lease, token, true).await {
+    match show_held(target, ctx, holder, lease, token, Showing::NewToken).await {
         Ok(true) => {
             let note = format!(
                 "{holder} holds the lock with fencing token {token} ({} of {} masters)",
@@ -233,13 +234,13 @@ pub async fn refresh_status(
     holder: &str,
     held: &HeldView,
 ) -> Result<Action, Error> {
-    if show_held(target, ctx, holder, &held.lease, held.token, false).await? {
+    if show_held(target, ctx, holder, &held.lease, held.token, Showing::Refresh).await? {
         return Ok(Action::requeue(RESYNC));
     }
-    // Status shows a newer token than ours: this acquisition is stale for everyone who fences on the token. Give
-    // it up and acquire above that token.
-    tracing::warn!(lock = %target.lref, token = held.token, "a newer fencing token is in status: re-acquiring above it");
-    release_held(ctx, &target.lref, Some(&held.quorum)).await;
+    // Status shows a newer token than ours, or ours lost: this acquisition is stale for everyone who fences on the
+    // token. Give it up (its holder may have been shown it: released when that validity ends) and acquire above.
+    tracing::warn!(lock = %target.lref, token = held.token, "a newer fencing token, or this one lost, is in status: re-acquiring");
+    give_up_kept(ctx, target.lock, &target.lref, Some(&target.policy)).await?;
     Ok(Action::requeue(Duration::from_millis(10)))
 }
 
@@ -323,9 +324,15 @@ pub async fn resume(
     ctx.ensure_leader()?;
     match take_back(target, ctx, token, holder).await? {
         Ok(lease) => {
-            tracing::info!(lock = %target.lref, token, "resumed a lock held by a previous replica");
-            show_held(target, ctx, holder, &lease, token, false).await?;
-            Ok(Action::requeue(RESYNC))
+            if show_held(target, ctx, holder, &lease, token, Showing::Refresh).await? {
+                tracing::info!(lock = %target.lref, token, "resumed a lock held by a previous replica");
+                return Ok(Action::requeue(RESYNC));
+            }
+            // Status (newer than the cache that showed it held) shows the token lost or a newer one: it is never
+            // brought back. Its holder may have been shown the validity the takeover refreshed: released after.
+            tracing::info!(lock = %target.lref, token, "not resumed: status shows this token lost or a newer one");
+            give_up_kept(ctx, target.lock, &target.lref, Some(&target.policy)).await?;
+            Ok(Action::requeue(Duration::from_millis(10)))
         }
         Err(ExtendError::NoQuorum { .. } | ExtendError::Expired { .. })
             if resume_still_possible(status, target.keep.fence_margin, Timestamp::now()) =>

@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use rand::Rng;
 
+use super::handover::{give_up, give_up_kept, rebuilt};
 use super::holding::{show_held, take_back};
 use super::release::release_held;
 use super::{Target, stamp_now};
@@ -16,14 +16,15 @@ use crate::controller::error::Error;
 use crate::controller::lock::RESYNC;
 use crate::controller::lock::decide::contended_retry;
 use crate::controller::lock::policy::{KeysAfterLoss, Policy};
-use crate::controller::lock::status;
+use crate::controller::lock::status::{self, Showing};
 use crate::controller::lock::status_write::write_status;
 use crate::redlock::ExtendError;
 
-/// Fences the holder, then gives up the keys (or leaves them to expire) and shows `Lost`. `unkept` is the token
-/// of an acquisition this replica does not keep (a predecessor's, whose takeover failed): where the policy gives
-/// the keys up, or nobody may act on them any more, its keys go too, instead of blocking the next holder until
-/// their TTL ends where a takeover refreshed them or a late master re-created them.
+/// Fences the holder, then gives up the keys (released once the validity shown to the holder ended) or leaves them
+/// to expire, and shows `Lost`. `unkept` is the token of an acquisition this replica does not keep (a
+/// predecessor's, whose takeover failed): where the policy gives the keys up, or nobody may act on them any more,
+/// its keys go too, instead of blocking the next holder until their TTL ends where a takeover refreshed them or
+/// a late master re-created them.
 pub async fn report_lost(
     target: &Target<'_>,
     ctx: &Context,
@@ -39,26 +40,33 @@ pub async fn report_lost(
         (Policy::Jobs(_), _) | (_, None) => holder.to_owned(),
         (_, Some(held)) => held.lease.holder().to_owned(),
     };
+    let mut gave_up = None;
     match target.policy.before_lost(ctx, &fenced, token, reason).await? {
-        KeysAfterLoss::Release => {
-            let released = release_held(ctx, &target.lref, Some(&target.settings.quorum)).await;
-            if let (None, Some(token)) = (released, unkept) {
-                release_unkept(target, ctx, holder, token).await?;
+        KeysAfterLoss::ReleaseAfterShownValidity => {
+            let policy = Some(&target.policy);
+            gave_up = give_up_kept(ctx, target.lock, &target.lref, policy).await?;
+            if let (None, Some(token)) = (&gave_up, unkept) {
+                let given = rebuilt(target, ctx, holder, token)?;
+                gave_up = Some(give_up(ctx, &target.lref, policy, given).await?);
             }
         }
         KeysAfterLoss::LeaveToExpire => {
             ctx.keeper.remove(&target.lref).await;
-            // A predecessor's identity lock whose validity, as status showed it, is over: its holder may no
-            // longer act, so its keys need not block the next holder for their whole TTL. (A fenced Job's keys
+            // A predecessor's identity lock: released once the validity status showed its holder has ended,
+            // rather than blocking the next holder for the whole TTL a takeover refreshed. (A fenced Job's keys
             // stay: if a majority still holds them, the Job resumes with its own token.)
             if let (Some(token), Policy::Identity(_)) = (unkept, &target.policy)
-                && shown_validity_over(target.lock)
+                && ctx.leadership.is_leader()
             {
-                release_unkept(target, ctx, holder, token).await?;
+                let given = rebuilt(target, ctx, holder, token)?;
+                gave_up = Some(give_up(ctx, &target.lref, None, given).await?);
             }
         }
     }
-    let message = format!("lock lost: {reason}; re-acquiring");
+    let message = match &gave_up {
+        Some(gave_up) => format!("lock lost: {reason}; {}; re-acquiring then", gave_up.note()),
+        None => format!("lock lost: {reason}; re-acquiring"),
+    };
     let stamp = stamp_now(target.lock);
     let written = write_status(ctx, target.lock, |current| {
         Some(status::lost(current, &message, stamp))
@@ -90,7 +98,7 @@ pub async fn resume_fenced(
     };
     match take_back(target, ctx, token, job).await? {
         Ok(lease) => {
-            if !show_held(target, ctx, job, &lease, token, false).await? {
+            if !show_held(target, ctx, job, &lease, token, Showing::TakeBackFenced).await? {
                 release_held(ctx, &target.lref, Some(&target.settings.quorum)).await;
                 return Ok(Action::requeue(Duration::from_millis(10)));
             }
@@ -117,28 +125,4 @@ pub async fn requeue(target: &Target<'_>, ctx: &Context, job: &str, token: i64) 
         jobs.requeue_or_mark_stale(ctx, job, token).await?;
     }
     Ok(Action::requeue(Duration::from_millis(10)))
-}
-
-/// Deletes a predecessor's acquisition (its value rebuilt from `token` and `holder`) wherever it is still the
-/// value. Only after its holder was fenced: the keys are all that kept a contender out meanwhile.
-async fn release_unkept(target: &Target<'_>, ctx: &Context, holder: &str, token: i64) -> Result<(), Error> {
-    if !ctx.leadership.is_leader() {
-        return Ok(());
-    }
-    let uid = target.lock.uid().unwrap_or_default();
-    let value = ctx.secret.lock_value(&target.settings.key, &uid, token, holder)?;
-    target
-        .engine
-        .engine
-        .release_value(&target.settings.key, value)
-        .await;
-    Ok(())
-}
-
-/// Whether the `validUntil` status shows has passed (or there is none): no holder acts on the lock any more.
-fn shown_validity_over(lock: &crate::api::DistributedLock) -> bool {
-    lock.status
-        .as_ref()
-        .and_then(|status| status.valid_until.as_ref())
-        .is_none_or(|until| until.0 <= k8s_openapi::jiff::Timestamp::now())
 }

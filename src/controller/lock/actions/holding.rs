@@ -12,7 +12,7 @@ use crate::api::conditions::Stamp;
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::keeper::Holding;
-use crate::controller::lock::status::{self, HeldFacts, wall_at};
+use crate::controller::lock::status::{self, HeldFacts, Showing, wall_at};
 use crate::controller::lock::status_write::write_status;
 use crate::redlock::{ExtendError, Lease};
 
@@ -37,23 +37,23 @@ pub async fn take_back(
     Ok(result)
 }
 
-/// Writes the `Held` status for `lease`, then lets the policy act on the holder (label, grant). With
-/// `new_token`, only if status still shows an older token; without, only if it shows no newer one — the
-/// resourceVersion precondition makes check and write one atomic step. `Ok(false)`: a newer token is there.
+/// Writes the `Held` status for `lease`, then lets the policy act on the holder (label, grant), if status allows
+/// what `showing` needs (see [`Showing`]) — the resourceVersion precondition makes check and write one atomic
+/// step. `Ok(false)`: status shows a newer token, or this one lost.
 pub async fn show_held(
     target: &Target<'_>,
     ctx: &Context,
     holder: &str,
     lease: &Lease,
     token: i64,
-    new_token: bool,
+    showing: Showing,
 ) -> Result<bool, Error> {
     let now = Instant::now();
     let wall_now = Timestamp::now();
     let facts = HeldFacts {
         holder,
         token,
-        new_token,
+        showing,
         renewed_at: wall_at(lease.granted_at(), now, wall_now),
         valid_until: wall_at(lease.valid_until(), now, wall_now),
         report: lease.report(),

@@ -7,12 +7,14 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 
+use super::handover::{give_up, give_up_kept, rebuilt};
 use super::{Target, stamp_now};
-use crate::api::{DistributedLock, LockPhase};
+use crate::api::DistributedLock;
 use crate::controller::context::Context;
 use crate::controller::engines::QuorumLookup;
 use crate::controller::error::Error;
 use crate::controller::keeper::{HeldView, LockRef};
+use crate::controller::lock::decide::acquisition_in_status;
 use crate::controller::lock::status;
 use crate::controller::lock::status_write::write_status;
 use crate::redlock::OperationReport;
@@ -30,7 +32,9 @@ pub async fn release_held(ctx: &Context, lref: &LockRef, quorum: Option<&str>) -
     }
 }
 
-/// This replica holds a lock that no longer matches the spec (holder, key or quorum changed): release it first.
+/// This replica holds a lock that no longer matches the spec (holder, key or quorum changed): give it up first. Its
+/// holder was told (its label is gone, or status shows the change) but may act up to the validity it was shown:
+/// the key is released, and the next holder acquires, only once that has ended.
 pub async fn release_for_change(
     target: &Target<'_>,
     ctx: &Context,
@@ -41,10 +45,13 @@ pub async fn release_for_change(
         .as_ref()
         .map(|held| held.lease.holder().to_owned())
         .unwrap_or_default();
-    release_held(ctx, &target.lref, held.as_ref().map(|held| held.quorum.as_str())).await;
+    let gave_up = give_up_kept(ctx, target.lock, &target.lref, Some(&target.policy)).await?;
     let note = format!(
-        "released for {previous}: the spec now wants {wanted} on `{}`",
-        target.settings.key
+        "released for {previous}: the spec now wants {wanted} on `{}`{}",
+        target.settings.key,
+        gave_up
+            .map(|gave_up| format!("; {}", gave_up.note()))
+            .unwrap_or_default()
     );
     ctx.publish(target.lock, EventType::Normal, "Released", note.clone())
         .await;
@@ -52,8 +59,9 @@ pub async fn release_for_change(
     Ok(Action::requeue(Duration::from_millis(10)))
 }
 
-/// Status names a holder other than the wanted one, held by a predecessor of this replica: release that
-/// acquisition (its value is rebuilt from the token) before acquiring for the new holder.
+/// Status names a holder other than the wanted one, held by a predecessor of this replica: give that acquisition
+/// up (its value is rebuilt from the token; released once the validity status shows has ended) before acquiring
+/// for the new holder.
 pub async fn release_previous(
     target: &Target<'_>,
     ctx: &Context,
@@ -62,16 +70,12 @@ pub async fn release_previous(
     previous: &str,
 ) -> Result<Action, Error> {
     ctx.ensure_leader()?;
-    let uid = target.lock.uid().unwrap_or_default();
-    let value = ctx
-        .secret
-        .lock_value(&target.settings.key, &uid, token, previous)?;
-    target
-        .engine
-        .engine
-        .release_value(&target.settings.key, value)
-        .await;
-    let message = format!("released for {previous}: the holder changed to {wanted}");
+    let given = rebuilt(target, ctx, previous, token)?;
+    let gave_up = give_up(ctx, &target.lref, Some(&target.policy), given).await?;
+    let message = format!(
+        "released for {previous}: the holder changed to {wanted}; {}",
+        gave_up.note()
+    );
     show_released(ctx, target.lock, &message).await?;
     ctx.publish(target.lock, EventType::Normal, "Released", message)
         .await;
@@ -96,7 +100,9 @@ pub async fn release_finished(
     Ok(Action::requeue(Duration::from_millis(10)))
 }
 
-/// The lock is being deleted: release its key before the finalizer goes.
+/// The lock is being deleted: release its key before the finalizer goes. A leader-election or identity lock's key
+/// shown to a holder was given up before (`reconcile::hand_over_before_deletion`) and is released by now; what is
+/// left here is Job fencing's key, or a key nothing showed.
 pub async fn cleanup(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     ctx.ensure_leader()?;
     let lref = ObjectRef::from_obj(lock);
@@ -104,7 +110,8 @@ pub async fn cleanup(lock: &DistributedLock, ctx: &Context) -> Result<Action, Er
         Some(held) => release_held(ctx, &lref, Some(&held.quorum)).await,
         None => release_from_status(lock, ctx).await?,
     };
-    if let Some(report) = released {
+    // Nothing to say where the key was released already (after the validity shown to its holder) or expired.
+    if let Some(report) = released.filter(|report| report.votes() > 0) {
         let note = format!(
             "released on deletion ({} of {} masters deleted the key)",
             report.votes(),
@@ -124,12 +131,7 @@ pub async fn release_from_status(
     ctx: &Context,
 ) -> Result<Option<OperationReport>, Error> {
     ctx.ensure_leader()?;
-    let Some(status) = &lock.status else {
-        return Ok(None);
-    };
-    let (Some(LockPhase::Held | LockPhase::Lost), Some(holder), Some(token)) =
-        (status.phase, &status.holder, status.fencing_token)
-    else {
+    let Some((holder, token)) = lock.status.as_ref().and_then(acquisition_in_status) else {
         return Ok(None);
     };
     let QuorumLookup::Ready(engine) = ctx.engines.lookup(&lock.spec.quorum) else {

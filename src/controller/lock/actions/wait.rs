@@ -6,16 +6,18 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 
-use super::release::release_held;
+use super::handover::{give_up_kept, until};
 use super::{Target, stamp_now};
 use crate::api::{DistributedLock, LockPhase};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
+use crate::controller::lock::handover::Release;
 use crate::controller::lock::policy::Waiting;
 use crate::controller::lock::status;
 use crate::controller::lock::status_write::write_status;
 
-/// The spec or the quorum cannot be acted on: release whatever is held and say why.
+/// The spec or the quorum cannot be acted on: give up whatever is held (released once the validity shown to its
+/// holder has ended) and say why.
 pub async fn not_ready(
     lock: &DistributedLock,
     ctx: &Context,
@@ -25,9 +27,7 @@ pub async fn not_ready(
     retry: Option<Duration>,
 ) -> Result<Action, Error> {
     let lref = ObjectRef::from_obj(lock);
-    if let Some(held) = ctx.keeper.view(&lref) {
-        release_held(ctx, &lref, Some(&held.quorum)).await;
-    }
+    give_up_kept(ctx, lock, &lref, None).await?;
     let before = lock.status.as_ref().and_then(|status| status.phase);
     // A new reason in the same phase (a lock Pending for one reason, then for another) is news too.
     let reason_before = lock.status.as_ref().and_then(|status| {
@@ -68,11 +68,19 @@ pub async fn quorum_not_ready(
 
 /// The policy lets nobody hold the lock now: say why. A change of the pods or Jobs wakes the lock.
 pub async fn wait_for_policy(target: &Target<'_>, ctx: &Context, waiting: &Waiting) -> Result<Action, Error> {
-    if waiting.release_kept
-        && let Some(held) = ctx.keeper.view(&target.lref)
-    {
-        release_held(ctx, &target.lref, Some(&held.quorum)).await;
-    }
+    let gave_up = if waiting.release_kept {
+        give_up_kept(ctx, target.lock, &target.lref, Some(&target.policy)).await?
+    } else {
+        None
+    };
+    let message = match &gave_up {
+        Some(gave_up) => format!("{}; {}", waiting.message, gave_up.note()),
+        None => waiting.message.clone(),
+    };
+    let waiting = &Waiting {
+        message,
+        ..waiting.clone()
+    };
     let decoration = target.policy.decoration(None, target.keep.fence_margin);
     let before = target.lock.status.as_ref().and_then(|status| status.phase);
     let stamp = stamp_now(target.lock);
@@ -89,5 +97,10 @@ pub async fn wait_for_policy(target: &Target<'_>, ctx: &Context, waiting: &Waiti
         )
         .await;
     }
-    Ok(Action::requeue(waiting.retry))
+    // A key given up is released by the look at its release time.
+    let retry = match gave_up.map(|gave_up| gave_up.release) {
+        Some(Release::At(at)) => waiting.retry.min(until(at)),
+        _ => waiting.retry,
+    };
+    Ok(Action::requeue(retry))
 }

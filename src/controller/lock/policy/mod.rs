@@ -18,7 +18,6 @@ use super::settings::{HolderKind, LockSettings};
 use crate::api::DistributedLock;
 use crate::controller::context::Context;
 use crate::controller::error::Error;
-use crate::negative_controls::{self, Control};
 
 /// The annotation that carries the fencing token: on the leader pod, and in a granted Job's pod template.
 pub const TOKEN_ANNOTATION: &str = "redlock.io/fencing-token";
@@ -53,8 +52,8 @@ pub struct Waiting {
     pub message: String,
     /// A `Lost` phase stays until the lock is held again (Job fencing: the fenced Job is still being stopped).
     pub keep_lost: bool,
-    /// Whatever this replica still keeps is released (a leader nobody may be). Job fencing leaves the keys of a
-    /// fenced Job to expire instead: if the masters come back before they do, the Job resumes with its token.
+    /// Whatever this replica still keeps is given up (a leader nobody may be), and released once the validity
+    /// shown to its holder has ended. Job fencing leaves the keys of a fenced Job to expire instead: if the masters come back before they do, the Job resumes with its token.
     pub release_kept: bool,
     /// A Warning Event when the lock was held until now.
     pub warn_if_was_held: bool,
@@ -73,8 +72,10 @@ pub struct Decoration {
 /// What happens to the keys of a lost lock once its holder is fenced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeysAfterLoss {
-    /// Released: the holder was fenced in a way it sees (its label is gone).
-    Release,
+    /// Released once the validity shown to the holder has ended (at once if its pod is gone): the holder was
+    /// fenced in a way it sees (its label is gone), but it sees that late through its watch, or never when it is
+    /// cut off from the API server.
+    ReleaseAfterShownValidity,
     /// Left to expire: the holder may act until the validity it was shown, which the keys outlive. If the
     /// masters come back before they expire, a fenced Job resumes with its own token.
     LeaveToExpire,
@@ -110,9 +111,6 @@ impl Policy {
             Self::Leader(election) => {
                 election.confirm_current(current).await?;
                 let keep = current.filter(|holder| election.chosen.as_deref() == Some(*holder));
-                if negative_controls::active(Control::LateUnlabel) {
-                    return Ok(());
-                }
                 election.unlabel_all_but(ctx, keep).await
             }
             Self::Jobs(jobs) => {
@@ -201,7 +199,7 @@ impl Policy {
             Self::Identity(_) => Ok(KeysAfterLoss::LeaveToExpire),
             Self::Leader(election) => {
                 election.unlabel(ctx, holder).await?;
-                Ok(KeysAfterLoss::Release)
+                Ok(KeysAfterLoss::ReleaseAfterShownValidity)
             }
             Self::Jobs(jobs) => {
                 jobs.fence(ctx, holder, token, reason).await?;

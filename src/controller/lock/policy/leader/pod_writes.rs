@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::{Selector, SelectorExt};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::rule::{PodView, VALID_UNTIL_ANNOTATION, candidates, choose_leader, labels_to_remove};
 use crate::api::DistributedLock;
@@ -125,6 +125,17 @@ impl Election {
         }
     }
 
+    /// Whether `pod` is gone from the API server: a leader whose Pod object is gone cannot be acting any more, so
+    /// its key need not wait for the validity it was shown. A pod the cache still shows counts as there; one it
+    /// does not is confirmed with a direct read (the cache may lag behind a pod created again under its name).
+    pub async fn pod_gone(&self, ctx: &Context, pod: &str) -> Result<bool, Error> {
+        let cached = ObjectRef::new(pod).within(&self.api_namespace());
+        if ctx.pods.get(&cached).is_some() {
+            return Ok(false);
+        }
+        Ok(self.api.get_opt(pod).await?.is_none())
+    }
+
     /// Labels `pod` as the leader with its fencing token and validity, unless it already shows exactly that.
     pub async fn label(
         &self,
@@ -135,9 +146,7 @@ impl Election {
     ) -> Result<(), Error> {
         let valid_until = serde_json::to_value(valid_until)?;
         let current = self.pods.iter().find(|view| view.name == pod);
-        let cached = ctx
-            .pods
-            .get(&kube::runtime::reflector::ObjectRef::new(pod).within(&self.api_namespace()));
+        let cached = ctx.pods.get(&ObjectRef::new(pod).within(&self.api_namespace()));
         let shown = cached
             .as_ref()
             .and_then(|pod| pod.metadata.annotations.clone())

@@ -1,0 +1,207 @@
+//! Giving a key up once its holder was told (label removed, status changed): released now if the holder is known
+//! to have stopped or was shown no validity, else not extended any more and released by [`settle`] once the
+//! validity last shown to it has ended (the rule and why: `lock::handover`).
+
+use k8s_openapi::jiff::Timestamp;
+use tokio::time::Instant;
+
+use kube::ResourceExt;
+
+use super::Target;
+use crate::api::DistributedLock;
+use crate::controller::context::Context;
+use crate::controller::engines::QuorumLookup;
+use crate::controller::error::Error;
+use crate::controller::keeper::{LockRef, Retiring};
+use crate::controller::lock::decide::acquisition_in_status;
+use crate::controller::lock::handover::{Release, release_note, shown_until, wait_until, when_to_release};
+use crate::controller::lock::policy::Policy;
+use crate::controller::lock::status::wall_at;
+use crate::negative_controls::{self, Control};
+use crate::redlock::LockValue;
+
+/// A key to give up, and what its holder was shown.
+pub struct GivenUp {
+    pub quorum: String,
+    pub key: String,
+    pub value: LockValue,
+    pub holder: String,
+    pub token: i64,
+    /// The latest validity that can have been shown to the holder.
+    pub shown_until: Option<Timestamp>,
+}
+
+/// What became of a key given up: who held it and when it is released, for status and Events.
+pub struct GaveUp {
+    pub holder: String,
+    pub release: Release,
+}
+
+impl GaveUp {
+    pub fn note(&self) -> String {
+        release_note(&self.holder, self.release)
+    }
+}
+
+/// Gives `given` up: released now, or remembered to be released when the validity shown has ended. `policy`
+/// tells whether the holder is known to have stopped (a leader pod gone from the API server).
+pub async fn give_up(
+    ctx: &Context,
+    lref: &LockRef,
+    policy: Option<&Policy>,
+    given: GivenUp,
+) -> Result<GaveUp, Error> {
+    let stopped = holder_stopped(ctx, policy, &given.holder).await?;
+    let release = if negative_controls::active(Control::ReleaseAtOnce) {
+        Release::Now
+    } else {
+        when_to_release(given.shown_until, stopped, Timestamp::now())
+    };
+    match release {
+        Release::Now => release_value(ctx, &given.quorum, &given.key, given.value).await,
+        Release::At(release_at) => {
+            tracing::info!(lock = %lref, holder = %given.holder, token = given.token, %release_at, "key given up: released when the validity shown to its holder ends");
+            ctx.keeper.retire(
+                lref.clone(),
+                Retiring {
+                    quorum: given.quorum,
+                    key: given.key,
+                    value: given.value,
+                    holder: given.holder.clone(),
+                    token: given.token,
+                    release_at,
+                },
+            );
+        }
+    }
+    Ok(GaveUp {
+        holder: given.holder,
+        release,
+    })
+}
+
+/// Gives up the lease this replica keeps for the lock, if any: not extended from now on. `lock`'s status may show
+/// a later validity than the lease (written by a predecessor).
+pub async fn give_up_kept(
+    ctx: &Context,
+    lock: &DistributedLock,
+    lref: &LockRef,
+    policy: Option<&Policy>,
+) -> Result<Option<GaveUp>, Error> {
+    if !ctx.leadership.is_leader() {
+        // Left to the keeper and the successor, as `release_held` does.
+        return Ok(None);
+    }
+    let Some(view) = ctx.keeper.view(lref) else {
+        return Ok(None);
+    };
+    let Some(lease) = ctx.keeper.remove(lref).await else {
+        return Ok(None);
+    };
+    let kept_until = wall_at(lease.valid_until(), Instant::now(), Timestamp::now());
+    let given = GivenUp {
+        quorum: view.quorum,
+        key: lease.resource().to_owned(),
+        value: lease.value().clone(),
+        holder: lease.holder().to_owned(),
+        token: view.token,
+        shown_until: shown_until(status_valid_until(lock), Some(kept_until)),
+    };
+    give_up(ctx, lref, policy, given).await.map(Some)
+}
+
+/// Whether the holder is known to have stopped: a leader whose Pod object is gone.
+async fn holder_stopped(ctx: &Context, policy: Option<&Policy>, holder: &str) -> Result<bool, Error> {
+    match policy {
+        Some(Policy::Leader(election)) => election.pod_gone(ctx, holder).await,
+        _ => Ok(false),
+    }
+}
+
+/// Releases the key waiting for the lock once the validity shown has ended, or its holder is known to have
+/// stopped since (a deleted leader pod whose grace period ended: its deletion wakes the lock). `Some(at)`: it
+/// still waits until then, and nobody may take the lock meanwhile.
+pub async fn settle(
+    ctx: &Context,
+    lref: &LockRef,
+    policy: Option<&Policy>,
+) -> Result<Option<Timestamp>, Error> {
+    let Some(retiring) = ctx.keeper.retiring(lref) else {
+        return Ok(None);
+    };
+    let now = Timestamp::now();
+    if let Release::At(at) = when_to_release(Some(retiring.release_at), false, now)
+        && !holder_stopped(ctx, policy, &retiring.holder).await?
+    {
+        return Ok(Some(at));
+    }
+    if let Some(retiring) = ctx.keeper.take_retiring(lref) {
+        tracing::info!(lock = %lref, holder = %retiring.holder, token = retiring.token, "the validity shown to the holder ended, or it stopped: key released");
+        release_value(ctx, &retiring.quorum, &retiring.key, retiring.value).await;
+    }
+    Ok(None)
+}
+
+/// A predecessor's acquisition (its value rebuilt from `token` and `holder`), shown to its holder up to the
+/// `validUntil` status shows. Given up only after its holder was fenced: the keys are all that kept a contender
+/// out meanwhile.
+pub fn rebuilt(target: &Target<'_>, ctx: &Context, holder: &str, token: i64) -> Result<GivenUp, Error> {
+    let settings = &target.settings;
+    rebuilt_on(ctx, target.lock, &settings.quorum, &settings.key, holder, token)
+}
+
+/// The acquisition status shows held (or lost) on `key`, rebuilt as in [`rebuilt`]: what a replica that keeps
+/// nothing of the lock gives up.
+pub fn shown_in_status(
+    ctx: &Context,
+    lock: &DistributedLock,
+    quorum: &str,
+    key: &str,
+) -> Result<Option<GivenUp>, Error> {
+    let Some((holder, token)) = lock.status.as_ref().and_then(acquisition_in_status) else {
+        return Ok(None);
+    };
+    rebuilt_on(ctx, lock, quorum, key, holder, token).map(Some)
+}
+
+fn rebuilt_on(
+    ctx: &Context,
+    lock: &DistributedLock,
+    quorum: &str,
+    key: &str,
+    holder: &str,
+    token: i64,
+) -> Result<GivenUp, Error> {
+    let uid = lock.uid().unwrap_or_default();
+    Ok(GivenUp {
+        quorum: quorum.to_owned(),
+        key: key.to_owned(),
+        value: ctx.secret.lock_value(key, &uid, token, holder)?,
+        holder: holder.to_owned(),
+        token,
+        shown_until: status_valid_until(lock),
+    })
+}
+
+/// How long from now to wait for `at`.
+pub fn until(at: Timestamp) -> std::time::Duration {
+    wait_until(at, Timestamp::now())
+}
+
+/// The `validUntil` status shows.
+pub fn status_valid_until(lock: &DistributedLock) -> Option<Timestamp> {
+    lock.status
+        .as_ref()
+        .and_then(|status| status.valid_until.as_ref())
+        .map(|until| until.0)
+}
+
+/// Deletes `value` from `key` wherever it is still the value. Only the active replica releases.
+async fn release_value(ctx: &Context, quorum: &str, key: &str, value: LockValue) {
+    if !ctx.leadership.is_leader() {
+        return;
+    }
+    if let QuorumLookup::Ready(engine) = ctx.engines.lookup(quorum) {
+        engine.engine.release_value(key, value).await;
+    }
+}
