@@ -14,7 +14,7 @@ use e2e::*;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use redlock_operator::api::LockPhase;
 use redlock_operator::controller::run::Running;
 use support::job_controller::FakeJobRuntime;
@@ -531,6 +531,72 @@ async fn a_restarted_operator_keeps_the_grant_of_a_running_job() {
         live_granted_pods(&env).await,
         pods_before,
         "the Job's pod ran on untouched"
+    );
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
+
+/// A careless edit that makes a held lock's spec invalid (a TTL above the quorum's `maxTtl`, which no schema can
+/// see) must not free the key under the running Job: the holding stays under the last valid spec, extended,
+/// until the spec is fixed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_edit_keeps_the_running_job_holding_under_the_last_valid_spec() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let _runtime = job_runtime(&env);
+    let (quorum, running, shutdown) = first_running(&masters, &env, 37, 0, "3s", None).await;
+
+    let patch = |ttl: &str| serde_json::json!({ "spec": { "ttl": ttl } });
+    env.locks()
+        .patch("batch", &PatchParams::default(), &Patch::Merge(patch("10s")))
+        .await
+        .expect("patch");
+    let refused = lock_where(&env, "batch", "Ready=False TtlAboveMaxTtl", |lock| {
+        lock.status
+            .as_ref()
+            .and_then(|s| condition(&s.conditions, "Ready"))
+            .is_some_and(|ready| ready.status == "False" && ready.reason == "TtlAboveMaxTtl")
+    })
+    .await;
+    assert_eq!(
+        phase(&refused),
+        Some(LockPhase::Held),
+        "an invalid edit moves nothing"
+    );
+    let shown = refused
+        .status
+        .as_ref()
+        .and_then(|s| s.valid_until.as_ref())
+        .map(|t| t.0)
+        .expect("validUntil");
+    // Past the validity shown when the edit came: had the key been given up, it would be gone by now and the
+    // second Job granted.
+    let left = shown.duration_since(k8s_openapi::jiff::Timestamp::now());
+    tokio::time::sleep(Duration::try_from(left).unwrap_or_default() + Duration::from_secs(1)).await;
+    assert_one_grant_running(&env).await;
+    assert!(job_state(&env, "first").await.0, "the first Job still runs");
+    let key = format!("{}/batch", env.namespace);
+    let (count, values) = key_on(&masters.urls(), &key).await;
+    assert!(count >= 2, "the key is still held on a majority: {values:?}");
+
+    env.locks()
+        .patch("batch", &PatchParams::default(), &Patch::Merge(patch("3s")))
+        .await
+        .expect("patch back");
+    let fixed = lock_where(&env, "batch", "Ready again", |lock| {
+        lock.status
+            .as_ref()
+            .and_then(|s| condition(&s.conditions, "Ready"))
+            .is_some_and(|ready| ready.status == "True")
+    })
+    .await;
+    assert_eq!(
+        (
+            phase(&fixed),
+            fixed.status.as_ref().and_then(|s| s.holder.as_deref()),
+            token(&fixed)
+        ),
+        (Some(LockPhase::Held), Some("first"), Some(1))
     );
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;

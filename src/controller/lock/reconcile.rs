@@ -17,7 +17,7 @@ use super::handover::Release;
 use super::policy::{Policy, Turn};
 use super::settings::{HolderKind, QuorumRules, lock_settings};
 use super::{FINALIZER, RESYNC};
-use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
+use crate::api::{DistributedLock, DistributedLockStatus};
 use crate::controller::context::Context;
 use crate::controller::engines::{QuorumEngine, QuorumLookup};
 use crate::controller::error::Error;
@@ -159,15 +159,7 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     let settings = match lock_settings(&lock.spec, &namespace, &lock.name_any(), &rules_of(&engine)) {
         Ok(settings) => settings,
         Err(invalid) => {
-            return actions::wait::not_ready(
-                lock,
-                ctx,
-                LockPhase::Invalid,
-                invalid.reason,
-                invalid.message,
-                None,
-            )
-            .await;
+            return actions::wait::invalid_spec(lock, ctx, invalid.reason, invalid.message).await;
         }
     };
     let status = lock.status.as_ref().unwrap_or(DistributedLockStatus::none());
@@ -177,8 +169,7 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     let mut policy = match Policy::observe(ctx, lock, &settings, current.as_deref(), latest_token) {
         Ok(policy) => policy,
         Err(message) => {
-            return actions::wait::not_ready(lock, ctx, LockPhase::Invalid, "InvalidSelector", message, None)
-                .await;
+            return actions::wait::invalid_spec(lock, ctx, "InvalidSelector", message).await;
         }
     };
     policy.prepare(ctx, current.as_deref()).await?;

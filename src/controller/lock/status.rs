@@ -170,6 +170,29 @@ pub fn not_ready(
     next
 }
 
+/// The spec was edited into one the operator cannot act on while this replica holds the lock: the holding stays
+/// as it is (kept extended, its holder neither moved nor fenced) and `Ready` says why, until the spec is fixed or
+/// the lock deleted. Giving the key up instead would leave a running Job or a labelled leader acting after its
+/// validity without the policy that fences it, since an invalid spec names no policy to act through.
+pub fn invalid_while_held(
+    current: &DistributedLockStatus,
+    reason: &'static str,
+    message: &str,
+    stamp: Stamp,
+) -> DistributedLockStatus {
+    let mut next = current.clone();
+    next.observed_generation = stamp.generation;
+    let message = format!(
+        "{message}; the lock stays with its holder under the last valid spec (kept extended, the holder neither moved nor fenced) until the spec is fixed or the lock deleted"
+    );
+    conditions::set(
+        &mut next.conditions,
+        Update::new("Ready", false, reason, &message),
+        stamp,
+    );
+    next
+}
+
 /// Released for a holder the spec no longer wants (or a Job that finished): nobody holds it until the next
 /// acquisition.
 pub fn released(current: &DistributedLockStatus, message: &str, stamp: Stamp) -> DistributedLockStatus {
@@ -551,6 +574,24 @@ mod tests {
         );
         assert_eq!(condition(&invalid, "Ready").status, "False");
         assert_eq!(condition(&invalid, "Held").reason, "TtlAboveMaxTtl");
+        let held = DistributedLockStatus {
+            phase: Some(LockPhase::Held),
+            holder: Some("job-a".into()),
+            fencing_token: Some(4),
+            ..DistributedLockStatus::default()
+        };
+        let kept = invalid_while_held(&held, "TtlAboveMaxTtl", "spec.ttl exceeds maxTtl", stamp(1));
+        assert_eq!(
+            (kept.phase, kept.holder.as_deref(), kept.fencing_token),
+            (Some(LockPhase::Held), Some("job-a"), Some(4)),
+            "an invalid edit moves nothing"
+        );
+        let ready = condition(&kept, "Ready");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "TtlAboveMaxTtl")
+        );
+        assert!(ready.message.contains("last valid spec"), "{}", ready.message);
         let released = released(&invalid, "released for a", stamp(2));
         assert_eq!(released.phase, Some(LockPhase::Pending));
         assert_eq!(condition(&released, "Held").reason, "HolderChanged");

@@ -30,13 +30,7 @@ pub async fn not_ready(
     give_up_kept(ctx, lock, &lref, None).await?;
     let before = lock.status.as_ref().and_then(|status| status.phase);
     // A new reason in the same phase (a lock Pending for one reason, then for another) is news too.
-    let reason_before = lock.status.as_ref().and_then(|status| {
-        status
-            .conditions
-            .iter()
-            .find(|condition| condition.type_ == "Ready" && condition.status == "False")
-            .map(|ready| ready.reason.clone())
-    });
+    let reason_before = not_ready_reason(lock);
     let stamp = stamp_now(lock);
     let written = write_status(ctx, lock, |current| {
         Some(status::not_ready(current, phase, reason, &message, stamp))
@@ -46,6 +40,43 @@ pub async fn not_ready(
         ctx.publish(lock, EventType::Warning, reason, message).await;
     }
     Ok(retry.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// The spec cannot be acted on. A lock this replica holds keeps its holder under the last valid spec (see
+/// [`status::invalid_while_held`]); any other is not ready.
+pub async fn invalid_spec(
+    lock: &DistributedLock,
+    ctx: &Context,
+    reason: &'static str,
+    message: String,
+) -> Result<Action, Error> {
+    let lref = ObjectRef::from_obj(lock);
+    if ctx.keeper.view(&lref).is_none() {
+        return not_ready(lock, ctx, LockPhase::Invalid, reason, message, None).await;
+    }
+    let reason_before = not_ready_reason(lock);
+    let stamp = stamp_now(lock);
+    let written = write_status(ctx, lock, |current| {
+        Some(status::invalid_while_held(current, reason, &message, stamp))
+    })
+    .await?;
+    if written && reason_before.as_deref() != Some(reason) {
+        let note =
+            format!("{message}; the holder keeps the lock under the last valid spec until this is fixed");
+        ctx.publish(lock, EventType::Warning, reason, note).await;
+    }
+    Ok(Action::await_change())
+}
+
+/// Why status shows the lock not ready, if it does.
+fn not_ready_reason(lock: &DistributedLock) -> Option<String> {
+    lock.status.as_ref().and_then(|status| {
+        status
+            .conditions
+            .iter()
+            .find(|condition| condition.type_ == "Ready" && condition.status == "False")
+            .map(|ready| ready.reason.clone())
+    })
 }
 
 /// The lock's quorum cannot be used: waits (looked at again every 30 s, and at once when the quorum changes).
