@@ -201,3 +201,37 @@ fn token_regressions_after_a_majority_of_masters_forgot_are_reported_apart_unles
         .collect();
     assert_eq!(forgotten, ["west/pod", "outside/b"]);
 }
+
+/// A master restarted shortly before a grant is quarantined then: it neither votes for the token nor is written
+/// by the grant, so it does not know the token either.
+#[test]
+fn a_master_quarantined_at_the_earlier_grant_counts_as_not_knowing_its_token() {
+    let recorder = product_safety::recorder::Recorder::default();
+    let now = Instant::now();
+    let belief = |holder: &str, after: Duration, token: i64| Interval {
+        resource: "k".into(),
+        client: holder.into(),
+        start: now + after,
+        end: now + after + Duration::from_millis(5),
+        token,
+        evidence: String::new(),
+    };
+    // Master 0 restarted (stamped with the clock, now) and was still quarantined when `outside/a` got token 7 a
+    // second later; the later holding is far in the future, whatever the clock did meanwhile.
+    recorder.master_restarted(0);
+    recorder.belief(belief("outside/a", Duration::from_secs(1), 7));
+    let keys = ["k".to_owned()];
+    let far = Duration::from_secs(60);
+    recorder.belief(belief("outside/b", far, 2));
+    let report = |recorder: &product_safety::recorder::Recorder| {
+        product_safety::checker::check(recorder, &keys, (now, now + far + far), 1, 5)
+    };
+    // Only master 0 does not know token 7: a real regression. Then masters 1 and 2 restart too (also within a
+    // quarantine of the grant, as the clock runs): a majority does not know it.
+    assert_eq!(report(&recorder).token_regressions.len(), 1);
+    recorder.master_restarted(1);
+    recorder.master_restarted(2);
+    let checked = report(&recorder);
+    assert!(checked.token_regressions.is_empty(), "{checked}");
+    assert_eq!(checked.forgotten_token_regressions.len(), 1);
+}

@@ -48,18 +48,25 @@ fn floor_of(holder: &str) -> Option<&str> {
     (domain != "outside").then_some(domain)
 }
 
-/// Whether a regression is one the guarantees leave open: a majority of the `masters` restarted empty between
-/// the earlier holding's start and the later one's (so the later grant's majority may be masters that all
-/// forgot the earlier token), and the later holder's floor record never saw the earlier token.
+/// Whether a regression is one the guarantees leave open: a majority of the `masters` do not know the earlier
+/// token by the later grant — each restarted empty after the earlier holding started, or shortly before it, still
+/// quarantined when that token was granted and so never written by the grant — and the later holder's floor
+/// record never saw the earlier token. (A master quarantined at the grant may have learned the token later from
+/// an extension's repair: counting it as forgetful can excuse a regression the guarantees would not, never the
+/// other way.)
 fn forgotten(regression: &TokenRegression, restarts: &[(usize, Instant)], masters: usize) -> bool {
     let (earlier, later) = (&regression.earlier, &regression.later);
     let same_floor =
         floor_of(&later.client).is_some() && floor_of(&later.client) == floor_of(&earlier.client);
+    let since = earlier
+        .start
+        .checked_sub(super::QUARANTINE)
+        .unwrap_or(earlier.start);
     let forgetful = (0..masters)
         .filter(|&master| {
             restarts
                 .iter()
-                .any(|&(index, at)| index == master && at > earlier.start && at < later.start)
+                .any(|&(index, at)| index == master && at > since && at < later.start)
         })
         .count();
     forgetful > masters / 2 && !same_floor

@@ -48,6 +48,9 @@ use crate::support::redis_server::RedisCluster;
 
 /// The masters' longest TTL (the quorum's `maxTtl`): a restarted master does not vote for this long.
 pub const MAX_TTL: &str = "3s";
+/// How long a restarted master stays quarantined: `MAX_TTL` × (1 + the default drift factor, 0.01) + 2 ms,
+/// rounded up. A master in quarantine neither votes for a grant nor is written by it.
+pub const QUARANTINE: Duration = Duration::from_millis(3_100);
 /// Every lock's TTL.
 pub const TTL: &str = "3s";
 const MASTERS: usize = 5;
