@@ -36,11 +36,11 @@ pub fn when_to_release(shown_until: Option<Timestamp>, holder_stopped: bool, now
     }
 }
 
-/// How long a reconciler waits for `at`: a little past it, so that its next look does not come a moment early.
+/// How long a reconciler waits for `at`: a millisecond past it (a look that still comes early waits again).
 pub fn wait_until(at: Timestamp, now: Timestamp) -> Duration {
     Duration::try_from(at.duration_since(now))
         .unwrap_or_default()
-        .saturating_add(Duration::from_millis(10))
+        .saturating_add(Duration::from_millis(1))
 }
 
 /// What status and Events say while the key waits, so that a user sees why a hand-over waits.
@@ -97,8 +97,8 @@ mod tests {
 
     #[test]
     fn a_wait_ends_just_after_the_release_time_and_never_before_now() {
-        assert_eq!(wait_until(at(1_010), at(1_000)), Duration::from_millis(10_010));
-        assert_eq!(wait_until(at(1_000), at(1_010)), Duration::from_millis(10));
+        assert_eq!(wait_until(at(1_010), at(1_000)), Duration::from_millis(10_001));
+        assert_eq!(wait_until(at(1_000), at(1_010)), Duration::from_millis(1));
     }
 
     #[test]
