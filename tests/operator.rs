@@ -142,8 +142,10 @@ async fn losing_a_majority_marks_the_lock_lost_before_valid_until_and_it_recover
 
     masters[0].cont();
     masters[1].cont();
+    // A new token, above the lost one; not necessarily 2: acquisition attempts queued on the paused masters run
+    // when they resume and may raise their counters, so the grant may skip tokens (seen in realistic mode).
     let again = lock_where(&env, "report", "re-acquired with a new token", |lock| {
-        phase(lock) == Some(LockPhase::Held) && token(lock) == Some(2)
+        phase(lock) == Some(LockPhase::Held) && token(lock).is_some_and(|token| token > 1)
     })
     .await;
     assert_eq!(
