@@ -115,7 +115,7 @@ impl Policy {
             }
             Self::Jobs(jobs) => {
                 jobs.confirm().await?;
-                jobs.suspend_strays(ctx, current).await?;
+                jobs.suspend_strays(ctx).await?;
                 jobs.recheck_pods(ctx).await
             }
         }
@@ -136,7 +136,7 @@ impl Policy {
                     retry: super::RESYNC,
                 }),
             },
-            Self::Jobs(jobs) => jobs_turn(&jobs.step, &lock.name_any()),
+            Self::Jobs(jobs) => jobs_turn(jobs.step(), &lock.name_any()),
         }
     }
 
@@ -178,7 +178,7 @@ impl Policy {
             Self::Leader(election) => election.label(ctx, holder, token, valid_until).await,
             // Granted only once status shows the token the Job is given.
             Self::Jobs(jobs) => {
-                jobs.grant(ctx, holder, token, &lock.name_any(), fence_margin)
+                jobs.grant(ctx, holder, token, &lock.name_any(), None, fence_margin)
                     .await
             }
         }
