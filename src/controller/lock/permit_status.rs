@@ -4,11 +4,30 @@
 //!
 //! A semaphore's status lists each held permit in `holders`; permit 0 is also shown in the top-level `holder`,
 //! `fencingToken`, `acquiredAt` and `validUntil`, as a plain lock's (and the top-level token stays as permit 0's
-//! floor once it is released, as a plain lock's does). The phase is `Held` while any permit is held. Not wired
-//! into the reconciler yet (this version refuses `permits` above 1).
+//! floor once it is released, as a plain lock's does). The phase is `Held` while any permit is held. A plain
+//! lock's status is its permit 0's, as it is.
 
+use std::borrow::Cow;
+
+use crate::api::conditions::{self, Stamp, Update};
 use crate::api::lock::PermitHolder;
-use crate::api::{DistributedLockStatus, LockPhase};
+use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
+
+/// Whether `lock`'s status lists its permits in `holders` (a semaphore) rather than showing its one holder at
+/// the top.
+pub fn is_semaphore(lock: &DistributedLock) -> bool {
+    lock.spec.permits > 1
+}
+
+/// What `lock`'s status shows of `permit`, as a plain lock's status (see [`permit_view`]).
+pub fn status_of(lock: &DistributedLock, permit: u32) -> Cow<'_, DistributedLockStatus> {
+    let status = lock.status.as_ref().unwrap_or(DistributedLockStatus::none());
+    if is_semaphore(lock) {
+        Cow::Owned(permit_view(status, permit))
+    } else {
+        Cow::Borrowed(status)
+    }
+}
 
 /// Permit `permit` of `status` as a plain lock's status: `Held` by its holder with its token and validity when
 /// `holders` lists it, otherwise not held (permit 0 keeps the top-level token, its floor; a `Lost` phase is kept,
@@ -42,11 +61,18 @@ pub fn permit_view(status: &DistributedLockStatus, permit: u32) -> DistributedLo
 
 /// `status` with permit `permit` as `edited` (an edit of [`permit_view`]) shows it: listed in `holders` while
 /// `Held`, gone from it otherwise; permit 0 also in the top-level fields. What the edit changed of the
-/// semaphore's own fields (conditions, queue, masters, transitions) is kept.
-pub fn fold_permit(status: &DistributedLockStatus, permit: u32, edited: &DistributedLockStatus) -> DistributedLockStatus {
+/// semaphore's own fields (queue, masters, transitions, the `Ready` condition) is kept; the `Held` condition
+/// tells of every permit (one permit's reason would overwrite another's at each look, and write every time).
+pub fn fold_permit(
+    status: &DistributedLockStatus,
+    permit: u32,
+    edited: &DistributedLockStatus,
+    stamp: Stamp,
+) -> DistributedLockStatus {
     let mut next = edited.clone();
     next.holders = status.holders.clone();
-    next.holders.retain(|held| u32::try_from(held.permit).ok() != Some(permit));
+    next.holders
+        .retain(|held| u32::try_from(held.permit).ok() != Some(permit));
     if edited.phase == Some(LockPhase::Held)
         && let (Some(holder), Some(token), Ok(number)) =
             (&edited.holder, edited.fencing_token, i32::try_from(permit))
@@ -73,7 +99,25 @@ pub fn fold_permit(status: &DistributedLockStatus, permit: u32, edited: &Distrib
         // Held, but the permit number does not fit the status: shown as not held rather than wrongly.
         next.phase = Some(LockPhase::Pending);
     }
+    conditions::set(&mut next.conditions, held_condition(&next.holders), stamp);
     next
+}
+
+/// A semaphore's `Held` condition: which permits are held, by whom and with which token.
+fn held_condition(holders: &[PermitHolder]) -> Update {
+    if holders.is_empty() {
+        return Update::new("Held", false, "NoPermitHeld", "no permit is held");
+    }
+    let held: Vec<String> = holders
+        .iter()
+        .map(|held| {
+            format!(
+                "permit {} by {} with fencing token {}",
+                held.permit, held.holder, held.fencing_token
+            )
+        })
+        .collect();
+    Update::new("Held", true, "Held", format!("held: {}", held.join(", ")))
 }
 
 fn listed(status: &DistributedLockStatus, permit: u32) -> Option<&PermitHolder> {
@@ -89,6 +133,11 @@ mod tests {
     use k8s_openapi::jiff::Timestamp;
 
     use super::*;
+
+    const STAMP: Stamp = Stamp {
+        generation: Some(1),
+        now: Timestamp::UNIX_EPOCH,
+    };
 
     fn until(second: i64) -> Option<MicroTime> {
         Some(MicroTime(Timestamp::from_second(second).unwrap()))
@@ -125,11 +174,17 @@ mod tests {
         }];
         let second = permit_view(&status, 1);
         assert_eq!(second.phase, Some(LockPhase::Pending));
-        assert_eq!((second.holder, second.fencing_token, second.valid_until), (None, None, None));
+        assert_eq!(
+            (second.holder, second.fencing_token, second.valid_until),
+            (None, None, None)
+        );
         let first = permit_view(&status, 0);
         assert_eq!(first.holder.as_deref(), Some("a"));
         assert_eq!(first.fencing_token, Some(4));
-        assert!(first.holders.is_empty(), "a permit's view is a plain lock's status");
+        assert!(
+            first.holders.is_empty(),
+            "a permit's view is a plain lock's status"
+        );
     }
 
     #[test]
@@ -137,10 +192,15 @@ mod tests {
         let mut status = DistributedLockStatus::default();
         for (permit, holder, token) in [(2, "c", 9), (0, "a", 3), (1, "b", 1)] {
             let edited = held(holder, token, 100 + i64::from(permit));
-            status = fold_permit(&status, permit, &edited);
+            status = fold_permit(&status, permit, &edited, STAMP);
             let view = permit_view(&status, permit);
             assert_eq!(
-                (view.phase, view.holder.as_deref(), view.fencing_token, view.valid_until),
+                (
+                    view.phase,
+                    view.holder.as_deref(),
+                    view.fencing_token,
+                    view.valid_until
+                ),
                 (edited.phase, Some(holder), Some(token), edited.valid_until)
             );
         }
@@ -162,27 +222,35 @@ mod tests {
     #[test]
     fn releasing_one_permit_touches_no_other() {
         let mut status = DistributedLockStatus::default();
-        status = fold_permit(&status, 0, &held("a", 3, 100));
-        status = fold_permit(&status, 1, &held("b", 7, 101));
-        let after = fold_permit(&status, 1, &released(&permit_view(&status, 1)));
+        status = fold_permit(&status, 0, &held("a", 3, 100), STAMP);
+        status = fold_permit(&status, 1, &held("b", 7, 101), STAMP);
+        let after = fold_permit(&status, 1, &released(&permit_view(&status, 1)), STAMP);
         assert_eq!(after.holders.len(), 1);
         assert_eq!(after.holders[0].holder, "a");
         assert_eq!(after.phase, Some(LockPhase::Held), "permit 0 is still held");
-        assert_eq!(permit_view(&after, 0), permit_view(&status, 0));
-        let none = fold_permit(&after, 0, &released(&permit_view(&after, 0)));
+        let holder_of = |status: &DistributedLockStatus| {
+            let view = permit_view(status, 0);
+            (view.phase, view.holder, view.fencing_token, view.valid_until)
+        };
+        assert_eq!(holder_of(&after), holder_of(&status));
+        let none = fold_permit(&after, 0, &released(&permit_view(&after, 0)), STAMP);
         assert!(none.holders.is_empty());
         assert_eq!(none.phase, Some(LockPhase::Pending));
-        assert_eq!(none.fencing_token, Some(3), "permit 0's token stays as its floor, as a plain lock's");
+        assert_eq!(
+            none.fencing_token,
+            Some(3),
+            "permit 0's token stays as its floor, as a plain lock's"
+        );
     }
 
     #[test]
     fn a_lost_permit_is_no_longer_listed_and_its_view_says_lost() {
-        let mut status = fold_permit(&DistributedLockStatus::default(), 1, &held("b", 7, 101));
+        let mut status = fold_permit(&DistributedLockStatus::default(), 1, &held("b", 7, 101), STAMP);
         let lost = DistributedLockStatus {
             phase: Some(LockPhase::Lost),
             ..permit_view(&status, 1)
         };
-        status = fold_permit(&status, 1, &lost);
+        status = fold_permit(&status, 1, &lost, STAMP);
         assert!(status.holders.is_empty());
         assert_eq!(status.phase, Some(LockPhase::Lost));
         assert_eq!(permit_view(&status, 1).phase, Some(LockPhase::Lost));

@@ -3,8 +3,8 @@
 //! and token; only the waiting queue is shared, handed out in queue order to the free permits, lowest first.
 //! Pure, so every rule is tested without a cluster.
 //!
-//! The reconciler runs [`plan`] for every Jobs lock; this version refuses `permits` above 1 (see `settings`),
-//! so it plans for permit 0 alone, where [`plan`] is exactly [`next_step`].
+//! The reconciler runs [`plan`] for every Jobs lock: for a plain lock, its one permit, where [`plan`] is
+//! exactly [`next_step`].
 
 use super::queue::{GrantedPod, JobStep, JobView, next_step, queue};
 
