@@ -601,3 +601,148 @@ async fn an_invalid_edit_keeps_the_running_job_holding_under_the_last_valid_spec
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }
+
+/// Per Job of a semaphore's queue, the grant its pod template shows: (permit, token).
+async fn semaphore_grants(env: &Env) -> Vec<(String, bool, bool, Option<(u32, i64)>)> {
+    let mut grants = Vec::new();
+    for job in jobs(env).list(&ListParams::default()).await.expect("jobs").items {
+        let runs = !job.spec.as_ref().and_then(|spec| spec.suspend).unwrap_or(false);
+        let annotations = job
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.template.metadata.as_ref())
+            .and_then(|meta| meta.annotations.clone())
+            .unwrap_or_default();
+        let grant = match (
+            annotations.get("redlock.io/permit"),
+            annotations.get("redlock.io/fencing-token"),
+        ) {
+            (Some(permit), Some(token)) => Some((
+                permit.parse().expect("a permit number"),
+                token.parse().expect("a token"),
+            )),
+            _ => None,
+        };
+        grants.push((job.name_any(), finished(&job), runs, grant));
+    }
+    grants
+}
+
+/// What a Job semaphore exists for, checked on the Jobs and pods themselves: at most `permits` Jobs may run at
+/// once, the pods that run (or are still stopping) are of at most `permits` grants, and never of two grants of
+/// one permit.
+async fn assert_at_most_permits_running(env: &Env, permits: usize) {
+    let running = running_jobs(env).await;
+    assert!(
+        running.len() <= permits,
+        "more Jobs than permits run: {running:?}"
+    );
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    let mut grants = std::collections::BTreeMap::<String, std::collections::BTreeSet<String>>::new();
+    for pod in pods.list(&ListParams::default()).await.expect("pods").items {
+        let phase = pod.status.as_ref().and_then(|status| status.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            continue;
+        }
+        let annotations = pod.annotations();
+        if let Some(token) = annotations.get("redlock.io/fencing-token") {
+            let permit = annotations.get("redlock.io/permit").cloned().unwrap_or_default();
+            grants.entry(permit).or_default().insert(token.clone());
+        }
+    }
+    assert!(
+        grants.len() <= permits,
+        "pods of more permits than there are: {grants:?}"
+    );
+    assert!(
+        grants.values().all(|tokens| tokens.len() == 1),
+        "pods of two grants of one permit at once: {grants:?}"
+    );
+}
+
+/// Ten short Jobs through a semaphore of three; one master is SIGKILLed once four were granted and restarted
+/// empty (its fencing counters gone) once six were: what is asserted holds whenever that happens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_semaphore_runs_its_queue_at_most_permits_at_a_time_each_with_its_permits_token() {
+    const PERMITS: usize = 3;
+    const JOBS: usize = 10;
+    let mut masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let _runtime = job_runtime(&env);
+    for index in 0..JOBS {
+        create_job(&env, &format!("job-{index:02}"), None, true, 0, Work::Seconds(2)).await;
+    }
+    let quorum = env.unique("q");
+    env.create_quorum(&quorum, &masters.urls(), "6s").await;
+    let (running, shutdown) = operator(&env, &installation_secret(41), None).await;
+    quorum_available(&env, &quorum).await;
+    env.create_lock_from(serde_json::json!({
+        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+        "metadata": { "name": "batch" },
+        "spec": { "quorum": quorum, "ttl": "3s", "permits": PERMITS, "holder": { "jobs": {} } }
+    }))
+    .await;
+    // Every grant seen, in the order seen: (permit, token) per Job.
+    let mut granted: Vec<(String, u32, i64)> = Vec::new();
+    let mut most_at_once = 0;
+    let mut restarted = false;
+    // Polled rather than waited for with `eventually`: every look also records what it saw.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
+    loop {
+        assert_at_most_permits_running(&env, PERMITS).await;
+        let grants = semaphore_grants(&env).await;
+        let runs = grants.iter().filter(|(_, done, runs, _)| *runs && !done).count();
+        most_at_once = most_at_once.max(runs);
+        for (job, _, _, grant) in &grants {
+            if let Some((permit, token)) = grant
+                && !granted.iter().any(|(seen, _, _)| seen == job)
+            {
+                granted.push((job.clone(), *permit, *token));
+            }
+        }
+        if granted.len() >= 4 && masters[0].is_running() && !restarted {
+            masters[0].kill();
+        }
+        if granted.len() >= 6 && !restarted {
+            masters[0].restart().expect("restart the master");
+            restarted = true;
+        }
+        if grants.len() == JOBS && grants.iter().all(|(_, done, _, _)| *done) {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let lock = env.locks().get("batch").await.expect("lock");
+            panic!(
+                "timed out waiting for the Jobs to complete: {grants:?}; the lock: {:?}",
+                lock.status
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(restarted, "the master was killed and restarted mid-run");
+    assert_eq!(granted.len(), JOBS, "every Job was granted: {granted:?}");
+    assert!(most_at_once <= PERMITS);
+    assert!(most_at_once > 1, "the permits ran Jobs side by side: {granted:?}");
+    for (job, permit, _) in &granted {
+        assert!((*permit as usize) < PERMITS, "{job} was granted permit {permit}");
+    }
+    for permit in 0..PERMITS as u32 {
+        let tokens: Vec<i64> = granted
+            .iter()
+            .filter(|(_, of, _)| *of == permit)
+            .map(|(_, _, token)| *token)
+            .collect();
+        assert!(
+            tokens.windows(2).all(|pair| pair[0] < pair[1]),
+            "permit {permit}'s tokens rise grant after grant: {granted:?}"
+        );
+    }
+    eventually("every permit released once the queue is done", || async {
+        let lock = env.locks().get("batch").await.ok()?;
+        let status = lock.status?;
+        (status.held.as_deref() == Some("0/3") && status.holders.is_empty()).then_some(())
+    })
+    .await;
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}

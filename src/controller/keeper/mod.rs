@@ -33,7 +33,7 @@ pub struct Keeper {
     /// Highest token this replica wrote per lock and permit: the status cache may lag behind our own writes.
     tokens: Mutex<HashMap<LockRef, HashMap<u32, i64>>>,
     /// Keys given up and waiting for the validity shown to their holder to end before they are released.
-    retiring: Mutex<HashMap<LockRef, Retiring>>,
+    retiring: Mutex<HashMap<PermitRef, Retiring>>,
     batch_done: Notify,
     wake_reconciler: mpsc::UnboundedSender<LockRef>,
     metrics: Arc<Metrics>,
@@ -81,26 +81,26 @@ impl Keeper {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn retiring_table(&self) -> MutexGuard<'_, HashMap<LockRef, Retiring>> {
+    fn retiring_table(&self) -> MutexGuard<'_, HashMap<PermitRef, Retiring>> {
         self.retiring
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Remembers a key to release at its `release_at` (replacing an earlier one of the same lock: that one's
+    /// Remembers a key to release at its `release_at` (replacing an earlier one of the same permit: that one's
     /// holder was shown no later validity, and the reconciler settles it first).
-    pub fn retire(&self, lock: LockRef, retiring: Retiring) {
-        self.retiring_table().insert(lock, retiring);
+    pub fn retire(&self, lock: impl Into<PermitRef>, retiring: Retiring) {
+        self.retiring_table().insert(lock.into(), retiring);
     }
 
-    /// The key of `lock` waiting to be released, if any.
-    pub fn retiring(&self, lock: &LockRef) -> Option<Retiring> {
-        self.retiring_table().get(lock).cloned()
+    /// The key of `lock` (a permit of it) waiting to be released, if any.
+    pub fn retiring(&self, lock: impl Into<PermitRef>) -> Option<Retiring> {
+        self.retiring_table().get(&lock.into()).cloned()
     }
 
     /// Takes the key waiting to be released out, to release it now.
-    pub fn take_retiring(&self, lock: &LockRef) -> Option<Retiring> {
-        self.retiring_table().remove(lock)
+    pub fn take_retiring(&self, lock: impl Into<PermitRef>) -> Option<Retiring> {
+        self.retiring_table().remove(&lock.into())
     }
 
     /// Keeps `lease` extended from now on. Every method naming a lock takes a permit of it, or a bare

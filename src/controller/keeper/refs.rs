@@ -21,6 +21,16 @@ impl PermitRef {
     }
 }
 
+/// A lock's name for permit 0 (a plain lock's), the lock's name and the permit otherwise: what logs show.
+impl std::fmt::Display for PermitRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.permit {
+            0 => write!(f, "{}", self.lock),
+            permit => write!(f, "{} permit {permit}", self.lock),
+        }
+    }
+}
+
 impl From<LockRef> for PermitRef {
     fn from(lock: LockRef) -> Self {
         Self::new(lock, 0)

@@ -8,6 +8,7 @@ use std::time::Duration;
 pub mod actions;
 pub mod decide;
 pub mod handover;
+pub mod permit_status;
 pub mod policy;
 pub mod reconcile;
 pub mod settings;

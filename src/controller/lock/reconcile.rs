@@ -12,16 +12,22 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 use super::actions::{self, Target, handover};
-use super::decide::{LockAction, Wanted, current_holder, decide, known_floor};
+use super::decide::{LockAction, Wanted, acquisition_in_status, current_holder, decide, known_floor};
 use super::handover::Release;
+use super::permit_status::{is_semaphore, status_of};
+use super::policy::jobs::JobQueue;
 use super::policy::{Policy, Turn};
-use super::settings::{HolderKind, QuorumRules, lock_settings};
+use super::settings::{HolderKind, LockSettings, QuorumRules, lock_settings};
 use super::{FINALIZER, RESYNC};
 use crate::api::{DistributedLock, DistributedLockStatus};
 use crate::controller::context::Context;
 use crate::controller::engines::{QuorumEngine, QuorumLookup};
 use crate::controller::error::Error;
-use crate::redlock::KeepPolicy;
+use crate::controller::keeper::{HeldView, PermitRef};
+use crate::redlock::{KeepPolicy, permit_key};
+
+/// How soon a Job semaphore with a permit that has something to do is looked at again.
+const SEMAPHORE_RETRY: Duration = Duration::from_millis(500);
 
 /// How soon a lock is looked at again while the watch caches are still receiving their first lists.
 const CACHE_SYNC_RETRY: Duration = Duration::from_millis(100);
@@ -108,7 +114,7 @@ async fn hand_over_before_deletion(lock: &DistributedLock, ctx: &Context) -> Res
     }
     let gave_up = match handover::give_up_kept(ctx, lock, &lref, policy.as_ref()).await? {
         Some(gave_up) => Some(gave_up),
-        None => match handover::shown_in_status(ctx, lock, &settings.quorum, &settings.key)? {
+        None => match handover::shown_in_status(ctx, lock, 0, &settings.quorum, &settings.key)? {
             Some(given) => Some(handover::give_up(ctx, &lref, policy.as_ref(), given).await?),
             None => None,
         },
@@ -162,6 +168,13 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
             return actions::wait::invalid_spec(lock, ctx, invalid.reason, invalid.message).await;
         }
     };
+    let mut keep = KeepPolicy::for_ttl(settings.ttl, config.node_timeout);
+    if let Some(margin) = settings.fence_margin {
+        keep.fence_margin = margin;
+    }
+    if is_semaphore(lock) {
+        return apply_semaphore(lock, ctx, lref, settings, engine, keep).await;
+    }
     let status = lock.status.as_ref().unwrap_or(DistributedLockStatus::none());
     let held = ctx.keeper.view(&lref);
     let current = current_holder(held.as_ref(), status);
@@ -178,29 +191,106 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
         // status says until when (written when it was given up).
         return Ok(Action::requeue(handover::until(at)));
     }
-    let mut keep = KeepPolicy::for_ttl(settings.ttl, config.node_timeout);
-    if let Some(margin) = settings.fence_margin {
-        keep.fence_margin = margin;
-    }
     let turn = policy.turn(lock);
     let target = Target {
         lock,
         lref,
+        permit: 0,
         settings,
         engine,
         keep,
-        policy,
+        policy: &policy,
     };
+    act(&target, ctx, turn, held, status, latest_token).await
+}
+
+/// A Job semaphore (spec.permits above 1): the Jobs are planned for every permit at once (`permits::plan`), then
+/// each permit goes through the one-permit steps on its own key with its own holder, token and status entry
+/// (`permit_status`), so one permit's loss, hand-over or wait touches no other.
+async fn apply_semaphore(
+    lock: &DistributedLock,
+    ctx: &Context,
+    lref: ObjectRef<DistributedLock>,
+    settings: LockSettings,
+    engine: Arc<QuorumEngine>,
+    keep: KeepPolicy,
+) -> Result<Action, Error> {
+    let permits: Vec<PermitRef> = (0..settings.permits)
+        .map(|permit| PermitRef::new(lref.clone(), permit))
+        .collect();
+    let states: Vec<(Option<String>, i64)> = permits
+        .iter()
+        .map(|permit| {
+            let status = status_of(lock, permit.permit);
+            let held = ctx.keeper.view(permit);
+            let current = current_holder(held.as_ref(), &status);
+            (current, known_floor(&status, ctx.keeper.highest_token(permit)))
+        })
+        .collect();
+    let mut jobs = JobQueue::observe_permits(ctx, lock, states);
+    jobs.confirm().await?;
+    jobs.suspend_strays(ctx).await?;
+    jobs.recheck_pods(ctx).await?;
+    let policy = Policy::Jobs(Box::new(jobs));
+    let mut actions = Vec::with_capacity(permits.len());
+    for permit in permits {
+        if let Some(at) = handover::settle(ctx, &permit, Some(&policy)).await? {
+            actions.push(Action::requeue(handover::until(at)));
+            continue;
+        }
+        let status = status_of(lock, permit.permit);
+        let held = ctx.keeper.view(&permit);
+        let turn = policy.permit_turn(lock, permit.permit);
+        if matches!(&turn, Turn::Wait(_)) && held.is_none() && acquisition_in_status(&status).is_none() {
+            // A free permit with nothing to do writes nothing: status shows the permits held.
+            continue;
+        }
+        let latest_token = known_floor(&status, ctx.keeper.highest_token(&permit));
+        let mut permit_settings = settings.clone();
+        permit_settings.key = permit_key(&settings.key, permit.permit);
+        let target = Target {
+            lock,
+            lref: lref.clone(),
+            permit: permit.permit,
+            settings: permit_settings,
+            engine: engine.clone(),
+            keep,
+            policy: &policy,
+        };
+        actions.push(act(&target, ctx, turn, held, &status, latest_token).await?);
+    }
+    // What each permit asked for is not readable from an `Action`: a permit with something to do soon is looked
+    // at again soon (a lost permit, a due status and every Job or pod change wake the lock anyway).
+    let settled = actions
+        .iter()
+        .all(|action| *action == Action::requeue(RESYNC) || *action == Action::await_change());
+    Ok(if settled {
+        Action::requeue(RESYNC)
+    } else {
+        Action::requeue(SEMAPHORE_RETRY)
+    })
+}
+
+/// The one-permit steps for `target`'s permit: the policy's turn, then `decide` on what this replica keeps and
+/// status shows of that permit.
+async fn act(
+    target: &Target<'_>,
+    ctx: &Context,
+    turn: Turn,
+    held: Option<HeldView>,
+    status: &DistributedLockStatus,
+    latest_token: i64,
+) -> Result<Action, Error> {
     let holder = match turn {
         Turn::Hold(holder) => holder,
         Turn::ResumeFenced { job, token } => {
-            return actions::fence::resume_fenced(&target, ctx, &job, token).await;
+            return actions::fence::resume_fenced(target, ctx, &job, token).await;
         }
         Turn::ReleaseFinished(job) => {
-            return actions::release::release_finished(&target, ctx, held.as_ref(), &job).await;
+            return actions::release::release_finished(target, ctx, held.as_ref(), &job).await;
         }
-        Turn::Requeue { job, token } => return actions::fence::requeue(&target, ctx, &job, token).await,
-        Turn::Wait(waiting) => return actions::wait::wait_for_policy(&target, ctx, &waiting).await,
+        Turn::Requeue { job, token } => return actions::fence::requeue(target, ctx, &job, token).await,
+        Turn::Wait(waiting) => return actions::wait::wait_for_policy(target, ctx, &waiting).await,
     };
     let wanted = Wanted {
         holder: &holder,
@@ -211,20 +301,18 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     tracing::debug!(lock = %target.lref, ?action, "decided");
     match action {
         LockAction::Keep { write_status } => match held {
-            Some(held) if write_status => {
-                actions::acquire::refresh_status(&target, ctx, &holder, &held).await
-            }
+            Some(held) if write_status => actions::acquire::refresh_status(target, ctx, &holder, &held).await,
             _ => Ok(Action::requeue(RESYNC)),
         },
         LockAction::ReportLost { reason } => {
-            actions::fence::report_lost(&target, ctx, &holder, &reason.to_string(), None).await
+            actions::fence::report_lost(target, ctx, &holder, &reason.to_string(), None).await
         }
-        LockAction::ReleaseHeld => actions::release::release_for_change(&target, ctx, held, &holder).await,
+        LockAction::ReleaseHeld => actions::release::release_for_change(target, ctx, held, &holder).await,
         LockAction::ReleasePrevious {
             token,
             holder: previous,
-        } => actions::release::release_previous(&target, ctx, &holder, token, &previous).await,
-        LockAction::Resume { token } => actions::acquire::resume(&target, ctx, &holder, token, status).await,
-        LockAction::Acquire { floor } => actions::acquire::acquire(&target, ctx, &holder, floor).await,
+        } => actions::release::release_previous(target, ctx, &holder, token, &previous).await,
+        LockAction::Resume { token } => actions::acquire::resume(target, ctx, &holder, token, status).await,
+        LockAction::Acquire { floor } => actions::acquire::acquire(target, ctx, &holder, floor).await,
     }
 }

@@ -162,8 +162,9 @@ pub fn lock_settings(
     })
 }
 
-/// `spec.permits` as a count, where the holder policy can hand that many out: in this version, one. The schema
-/// refuses the same; this is the operator's own check of what it is given.
+/// `spec.permits` as a count, where the holder policy can hand that many out: Job fencing any, leader election
+/// (in this version) and an identity one. The schema refuses the same; this is the operator's own check of what
+/// it is given.
 fn check_permits(permits: i32, holder: &HolderKind) -> Result<u32, (&'static str, String)> {
     let count = u32::try_from(permits)
         .ok()
@@ -188,12 +189,7 @@ fn check_permits(permits: i32, holder: &HolderKind) -> Result<u32, (&'static str
                 "spec.permits is {count}: leader election with several permits is not supported yet; set permits to 1"
             ),
         )),
-        HolderKind::Jobs => Err((
-            "PermitsNotSupported",
-            format!(
-                "spec.permits is {count}: handing several permits to Jobs is not supported yet; set permits to 1"
-            ),
-        )),
+        HolderKind::Jobs => Ok(count),
     }
 }
 
@@ -294,9 +290,8 @@ mod tests {
         }))
         .unwrap_err();
         assert_eq!(leader.reason, "PermitsNotSupported");
-        let jobs = settings(serde_json::json!({"permits": 3, "holder": {"jobs": {}}})).unwrap_err();
-        assert_eq!(jobs.reason, "PermitsNotSupported");
-        assert!(jobs.message.contains("not supported yet"), "{}", jobs.message);
+        let jobs = settings(serde_json::json!({"permits": 3, "holder": {"jobs": {}}})).unwrap();
+        assert_eq!(jobs.permits, 3, "Job fencing hands out every permit");
     }
 
     #[test]

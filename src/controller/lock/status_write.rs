@@ -7,10 +7,13 @@ use kube::core::Request;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 
+use super::permit_status::{fold_permit, is_semaphore, permit_view};
 use super::status::held_count;
+use crate::api::conditions::Stamp;
 use crate::api::{DistributedLock, DistributedLockStatus};
 use crate::controller::context::Context;
 use crate::controller::error::{Error, is_conflict};
+use k8s_openapi::jiff::Timestamp;
 
 /// Replaces the status with what `edit` makes of the current one, with the resourceVersion it was read at as a
 /// precondition; on a conflict it reads the object again and asks `edit` again. `status.held` is set here. `edit` returning `None` means the
@@ -66,6 +69,27 @@ pub async fn write_status(
         }
     }
     Err(Error::Conflict)
+}
+
+/// [`write_status`] for one permit: `edit` sees and makes that permit's status as a plain lock's (see
+/// `permit_status`). A plain lock's status is its permit 0's, as it is.
+pub async fn write_permit_status(
+    ctx: &Context,
+    lock: &DistributedLock,
+    permit: u32,
+    mut edit: impl FnMut(&DistributedLockStatus) -> Option<DistributedLockStatus>,
+) -> Result<bool, Error> {
+    if !is_semaphore(lock) {
+        return write_status(ctx, lock, edit).await;
+    }
+    let stamp = Stamp {
+        generation: lock.meta().generation,
+        now: Timestamp::now(),
+    };
+    write_status(ctx, lock, |whole| {
+        edit(&permit_view(whole, permit)).map(|edited| fold_permit(whole, permit, &edited, stamp))
+    })
+    .await
 }
 
 #[derive(Serialize)]

@@ -21,8 +21,9 @@ use crate::controller::error::Error;
 use crate::controller::keeper::HeldView;
 use crate::controller::lock::RESYNC;
 use crate::controller::lock::decide::{contended_retry, resume_still_possible};
+use crate::controller::lock::permit_status::status_of;
 use crate::controller::lock::status::{self, Blocked, Showing};
-use crate::controller::lock::status_write::write_status;
+use crate::controller::lock::status_write::write_permit_status;
 use crate::controller::lock::token::{EXHAUSTED_REASON, Exhausted, Places, exhausted_message};
 use crate::controller::lock::token_floor::record_name;
 use crate::negative_controls::{self, Control};
@@ -94,7 +95,7 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
             Ok(Recorded::Written) => return hold(target, ctx, holder, &lease).await,
             Ok(Recorded::Reacquire { floor: record }) => {
                 tracing::warn!(lock = %target.lref, token, floor = record, "the masters granted a token the cluster's floor record already holds (they forgot): acquiring above it");
-                release_held(ctx, &target.lref, Some(quorum)).await;
+                release_held(ctx, target.permit_ref(), Some(quorum)).await;
                 floor = record;
                 floor_is_record = true;
             }
@@ -102,7 +103,7 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
             Err(err) => {
                 // Nothing shows the token: giving the grant back is safe even if a write landed (the next
                 // token is then above it).
-                release_held(ctx, &target.lref, Some(quorum)).await;
+                release_held(ctx, target.permit_ref(), Some(quorum)).await;
                 return Err(err);
             }
         }
@@ -211,7 +212,7 @@ async fn hold(target: &Target<'_>, ctx: &Context, holder: &str, lease: &Lease) -
         }
         Ok(false) => {
             // Another writer advanced the token first: this acquisition is not the lock's.
-            release_held(ctx, &target.lref, Some(&target.settings.quorum)).await;
+            release_held(ctx, target.permit_ref(), Some(&target.settings.quorum)).await;
             Ok(Action::requeue(Duration::from_secs(1)))
         }
         Err(err) if err.outcome_unknown() => {
@@ -221,7 +222,7 @@ async fn hold(target: &Target<'_>, ctx: &Context, holder: &str, lease: &Lease) -
             Err(err)
         }
         Err(err) => {
-            release_held(ctx, &target.lref, Some(&target.settings.quorum)).await;
+            release_held(ctx, target.permit_ref(), Some(&target.settings.quorum)).await;
             Err(err)
         }
     }
@@ -240,7 +241,7 @@ pub async fn refresh_status(
     // Status shows a newer token than ours, or ours lost: this acquisition is stale for everyone who fences on the
     // token. Give it up (its holder may have been shown it: released when that validity ends) and acquire above.
     tracing::warn!(lock = %target.lref, token = held.token, "a newer fencing token, or this one lost, is in status: re-acquiring");
-    give_up_kept(ctx, target.lock, &target.lref, Some(&target.policy)).await?;
+    give_up_kept(ctx, target.lock, target.permit_ref(), Some(target.policy)).await?;
     Ok(Action::requeue(Duration::from_millis(10)))
 }
 
@@ -289,9 +290,9 @@ async fn waiting(
         report,
     };
     let decoration = target.policy.decoration(None, target.keep.fence_margin);
-    let before = target.lock.status.as_ref().and_then(|status| status.phase);
+    let before = status_of(target.lock, target.permit).phase;
     let stamp = stamp_now(target.lock);
-    let written = write_status(ctx, target.lock, |current| {
+    let written = write_permit_status(ctx, target.lock, target.permit, |current| {
         Some(status::waiting(
             current,
             &blocked,
@@ -331,7 +332,7 @@ pub async fn resume(
             // Status (newer than the cache that showed it held) shows the token lost or a newer one: it is never
             // brought back. Its holder may have been shown the validity the takeover refreshed: released after.
             tracing::info!(lock = %target.lref, token, "not resumed: status shows this token lost or a newer one");
-            give_up_kept(ctx, target.lock, &target.lref, Some(&target.policy)).await?;
+            give_up_kept(ctx, target.lock, target.permit_ref(), Some(target.policy)).await?;
             Ok(Action::requeue(Duration::from_millis(10)))
         }
         Err(ExtendError::NoQuorum { .. } | ExtendError::Expired { .. })

@@ -17,7 +17,7 @@ use crate::controller::lock::RESYNC;
 use crate::controller::lock::decide::contended_retry;
 use crate::controller::lock::policy::{KeysAfterLoss, Policy};
 use crate::controller::lock::status::{self, Showing};
-use crate::controller::lock::status_write::write_status;
+use crate::controller::lock::status_write::write_permit_status;
 use crate::redlock::ExtendError;
 
 /// Fences the holder, then gives up the keys (released once the validity shown to the holder ended) or leaves them
@@ -34,32 +34,32 @@ pub async fn report_lost(
 ) -> Result<Action, Error> {
     // The holder of the lease this replica keeps, if any: the one to fence, even if the spec wants another now.
     // A Job is fenced by the name its turn gives.
-    let kept = ctx.keeper.view(&target.lref);
+    let kept = ctx.keeper.view(target.permit_ref());
     let token = kept.as_ref().map_or(0, |held| held.token);
-    let fenced = match (&target.policy, &kept) {
+    let fenced = match (target.policy, &kept) {
         (Policy::Jobs(_), _) | (_, None) => holder.to_owned(),
         (_, Some(held)) => held.lease.holder().to_owned(),
     };
     let mut gave_up = None;
     match target.policy.before_lost(ctx, &fenced, token, reason).await? {
         KeysAfterLoss::ReleaseAfterShownValidity => {
-            let policy = Some(&target.policy);
-            gave_up = give_up_kept(ctx, target.lock, &target.lref, policy).await?;
+            let policy = Some(target.policy);
+            gave_up = give_up_kept(ctx, target.lock, target.permit_ref(), policy).await?;
             if let (None, Some(token)) = (&gave_up, unkept) {
                 let given = rebuilt(target, ctx, holder, token)?;
-                gave_up = Some(give_up(ctx, &target.lref, policy, given).await?);
+                gave_up = Some(give_up(ctx, target.permit_ref(), policy, given).await?);
             }
         }
         KeysAfterLoss::LeaveToExpire => {
-            ctx.keeper.remove(&target.lref).await;
+            ctx.keeper.remove(target.permit_ref()).await;
             // A predecessor's identity lock: released once the validity status showed its holder has ended,
             // rather than blocking the next holder for the whole TTL a takeover refreshed. (A fenced Job's keys
             // stay: if a majority still holds them, the Job resumes with its own token.)
-            if let (Some(token), Policy::Identity(_)) = (unkept, &target.policy)
+            if let (Some(token), Policy::Identity(_)) = (unkept, target.policy)
                 && ctx.leadership.is_leader()
             {
                 let given = rebuilt(target, ctx, holder, token)?;
-                gave_up = Some(give_up(ctx, &target.lref, None, given).await?);
+                gave_up = Some(give_up(ctx, target.permit_ref(), None, given).await?);
             }
         }
     }
@@ -68,7 +68,7 @@ pub async fn report_lost(
         None => format!("lock lost: {reason}; re-acquiring"),
     };
     let stamp = stamp_now(target.lock);
-    let written = write_status(ctx, target.lock, |current| {
+    let written = write_permit_status(ctx, target.lock, target.permit, |current| {
         Some(status::lost(current, &message, stamp))
     })
     .await?;
@@ -93,13 +93,13 @@ pub async fn resume_fenced(
     token: i64,
 ) -> Result<Action, Error> {
     ctx.ensure_leader()?;
-    let Policy::Jobs(jobs) = &target.policy else {
+    let Policy::Jobs(jobs) = target.policy else {
         return Ok(Action::await_change());
     };
     match take_back(target, ctx, token, job).await? {
         Ok(lease) => {
             if !show_held(target, ctx, job, &lease, token, Showing::TakeBackFenced).await? {
-                release_held(ctx, &target.lref, Some(&target.settings.quorum)).await;
+                release_held(ctx, target.permit_ref(), Some(&target.settings.quorum)).await;
                 return Ok(Action::requeue(Duration::from_millis(10)));
             }
             jobs.resume(ctx, job, token).await?;
@@ -121,7 +121,7 @@ pub async fn resume_fenced(
 
 /// Job fencing: a fenced Job's token can no longer be used: queue it again for a new one.
 pub async fn requeue(target: &Target<'_>, ctx: &Context, job: &str, token: i64) -> Result<Action, Error> {
-    if let Policy::Jobs(jobs) = &target.policy {
+    if let Policy::Jobs(jobs) = target.policy {
         jobs.requeue_or_mark_stale(ctx, job, token).await?;
     }
     Ok(Action::requeue(Duration::from_millis(10)))

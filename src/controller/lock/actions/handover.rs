@@ -12,9 +12,10 @@ use crate::api::DistributedLock;
 use crate::controller::context::Context;
 use crate::controller::engines::QuorumLookup;
 use crate::controller::error::Error;
-use crate::controller::keeper::{LockRef, Retiring};
+use crate::controller::keeper::{PermitRef, Retiring};
 use crate::controller::lock::decide::acquisition_in_status;
 use crate::controller::lock::handover::{Release, release_note, shown_until, wait_until, when_to_release};
+use crate::controller::lock::permit_status::status_of;
 use crate::controller::lock::policy::Policy;
 use crate::controller::lock::status::wall_at;
 use crate::negative_controls::{self, Control};
@@ -47,10 +48,11 @@ impl GaveUp {
 /// tells whether the holder is known to have stopped (a leader pod gone from the API server).
 pub async fn give_up(
     ctx: &Context,
-    lref: &LockRef,
+    lref: impl Into<PermitRef>,
     policy: Option<&Policy>,
     given: GivenUp,
 ) -> Result<GaveUp, Error> {
+    let lref = lref.into();
     let stopped = holder_stopped(ctx, policy, &given.holder).await?;
     let release = if negative_controls::active(Control::ReleaseAtOnce) {
         Release::Now
@@ -62,7 +64,7 @@ pub async fn give_up(
         Release::At(release_at) => {
             tracing::info!(lock = %lref, holder = %given.holder, token = given.token, %release_at, "key given up: released when the validity shown to its holder ends");
             ctx.keeper.retire(
-                lref.clone(),
+                lref,
                 Retiring {
                     quorum: given.quorum,
                     key: given.key,
@@ -85,17 +87,18 @@ pub async fn give_up(
 pub async fn give_up_kept(
     ctx: &Context,
     lock: &DistributedLock,
-    lref: &LockRef,
+    lref: impl Into<PermitRef>,
     policy: Option<&Policy>,
 ) -> Result<Option<GaveUp>, Error> {
+    let lref = lref.into();
     if !ctx.leadership.is_leader() {
         // Left to the keeper and the successor, as `release_held` does.
         return Ok(None);
     }
-    let Some(view) = ctx.keeper.view(lref) else {
+    let Some(view) = ctx.keeper.view(&lref) else {
         return Ok(None);
     };
-    let Some(lease) = ctx.keeper.remove(lref).await else {
+    let Some(lease) = ctx.keeper.remove(&lref).await else {
         return Ok(None);
     };
     let kept_until = wall_at(lease.valid_until(), Instant::now(), Timestamp::now());
@@ -105,9 +108,9 @@ pub async fn give_up_kept(
         value: lease.value().clone(),
         holder: lease.holder().to_owned(),
         token: view.token,
-        shown_until: shown_until(status_valid_until(lock), Some(kept_until)),
+        shown_until: shown_until(status_valid_until(lock, lref.permit), Some(kept_until)),
     };
-    give_up(ctx, lref, policy, given).await.map(Some)
+    give_up(ctx, &lref, policy, given).await.map(Some)
 }
 
 /// Whether the holder is known to have stopped: a leader whose Pod object is gone.
@@ -123,10 +126,11 @@ async fn holder_stopped(ctx: &Context, policy: Option<&Policy>, holder: &str) ->
 /// still waits until then, and nobody may take the lock meanwhile.
 pub async fn settle(
     ctx: &Context,
-    lref: &LockRef,
+    lref: impl Into<PermitRef>,
     policy: Option<&Policy>,
 ) -> Result<Option<Timestamp>, Error> {
-    let Some(retiring) = ctx.keeper.retiring(lref) else {
+    let lref = lref.into();
+    let Some(retiring) = ctx.keeper.retiring(&lref) else {
         return Ok(None);
     };
     let now = Timestamp::now();
@@ -135,7 +139,7 @@ pub async fn settle(
     {
         return Ok(Some(at));
     }
-    if let Some(retiring) = ctx.keeper.take_retiring(lref) {
+    if let Some(retiring) = ctx.keeper.take_retiring(&lref) {
         tracing::info!(lock = %lref, holder = %retiring.holder, token = retiring.token, "the validity shown to the holder ended, or it stopped: key released");
         release_value(ctx, &retiring.quorum, &retiring.key, retiring.value).await;
     }
@@ -147,26 +151,37 @@ pub async fn settle(
 /// out meanwhile.
 pub fn rebuilt(target: &Target<'_>, ctx: &Context, holder: &str, token: i64) -> Result<GivenUp, Error> {
     let settings = &target.settings;
-    rebuilt_on(ctx, target.lock, &settings.quorum, &settings.key, holder, token)
+    rebuilt_on(
+        ctx,
+        target.lock,
+        target.permit,
+        &settings.quorum,
+        &settings.key,
+        holder,
+        token,
+    )
 }
 
-/// The acquisition status shows held (or lost) on `key`, rebuilt as in [`rebuilt`]: what a replica that keeps
-/// nothing of the lock gives up.
+/// The acquisition status shows held (or lost) for `permit` on `key` (that permit's key), rebuilt as in
+/// [`rebuilt`]: what a replica that keeps nothing of the lock gives up.
 pub fn shown_in_status(
     ctx: &Context,
     lock: &DistributedLock,
+    permit: u32,
     quorum: &str,
     key: &str,
 ) -> Result<Option<GivenUp>, Error> {
-    let Some((holder, token)) = lock.status.as_ref().and_then(acquisition_in_status) else {
+    let status = status_of(lock, permit);
+    let Some((holder, token)) = acquisition_in_status(&status) else {
         return Ok(None);
     };
-    rebuilt_on(ctx, lock, quorum, key, holder, token).map(Some)
+    rebuilt_on(ctx, lock, permit, quorum, key, holder, token).map(Some)
 }
 
 fn rebuilt_on(
     ctx: &Context,
     lock: &DistributedLock,
+    permit: u32,
     quorum: &str,
     key: &str,
     holder: &str,
@@ -179,7 +194,7 @@ fn rebuilt_on(
         value: ctx.secret.lock_value(key, &uid, token, holder)?,
         holder: holder.to_owned(),
         token,
-        shown_until: status_valid_until(lock),
+        shown_until: status_valid_until(lock, permit),
     })
 }
 
@@ -188,12 +203,9 @@ pub fn until(at: Timestamp) -> std::time::Duration {
     wait_until(at, Timestamp::now())
 }
 
-/// The `validUntil` status shows.
-pub fn status_valid_until(lock: &DistributedLock) -> Option<Timestamp> {
-    lock.status
-        .as_ref()
-        .and_then(|status| status.valid_until.as_ref())
-        .map(|until| until.0)
+/// The `validUntil` status shows for `permit`.
+pub fn status_valid_until(lock: &DistributedLock, permit: u32) -> Option<Timestamp> {
+    status_of(lock, permit).valid_until.as_ref().map(|until| until.0)
 }
 
 /// Deletes `value` from `key` wherever it is still the value. Only the active replica releases.

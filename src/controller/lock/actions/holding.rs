@@ -13,7 +13,7 @@ use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::keeper::Holding;
 use crate::controller::lock::status::{self, HeldFacts, Showing, wall_at};
-use crate::controller::lock::status_write::write_status;
+use crate::controller::lock::status_write::write_permit_status;
 use crate::redlock::{ExtendError, Lease};
 
 /// Takes over the acquisition with `token` for `holder` (its value rebuilt from the installation secret) and
@@ -64,17 +64,26 @@ pub async fn show_held(
         now: wall_now,
         ..stamp_now(target.lock)
     };
-    let written = write_status(ctx, target.lock, |current| {
+    let written = write_permit_status(ctx, target.lock, target.permit, |current| {
         status::held(current, &facts, &decoration, margin, stamp)
     })
     .await?;
     if written {
-        ctx.keeper.note_token(&target.lref, token);
-        ctx.keeper.status_written(&target.lref, lease.valid_until());
+        ctx.keeper.note_token(target.permit_ref(), token);
+        ctx.keeper
+            .status_written(target.permit_ref(), lease.valid_until());
         let valid_until = MicroTime(facts.valid_until);
         target
             .policy
-            .after_held(ctx, target.lock, holder, token, &valid_until, margin)
+            .after_held(
+                ctx,
+                target.lock,
+                target.permit,
+                holder,
+                token,
+                &valid_until,
+                margin,
+            )
             .await?;
     }
     Ok(written)
@@ -84,7 +93,7 @@ pub async fn show_held(
 pub fn keep(target: &Target<'_>, ctx: &Context, lease: &Lease, token: i64) {
     let settings = &target.settings;
     ctx.keeper.insert(
-        target.lref.clone(),
+        target.permit_ref(),
         lease.clone(),
         Holding {
             quorum: settings.quorum.clone(),

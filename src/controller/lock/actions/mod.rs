@@ -23,17 +23,26 @@ use super::settings::LockSettings;
 use crate::api::DistributedLock;
 use crate::api::conditions::Stamp;
 use crate::controller::engines::QuorumEngine;
-use crate::controller::keeper::LockRef;
+use crate::controller::keeper::{LockRef, PermitRef};
 use crate::redlock::KeepPolicy;
 
-/// A lock whose spec and quorum can be acted on, with its policy observed.
+/// A lock whose spec and quorum can be acted on, with its policy observed; the actions act on one permit of it
+/// (`permit`, whose key `settings.key` is: a plain lock's is its permit 0, the lock's own key).
 pub struct Target<'a> {
     pub lock: &'a DistributedLock,
     pub lref: LockRef,
+    pub permit: u32,
     pub settings: LockSettings,
     pub engine: Arc<QuorumEngine>,
     pub keep: KeepPolicy,
-    pub policy: Policy,
+    pub policy: &'a Policy,
+}
+
+impl Target<'_> {
+    /// What the keeper keeps of the permit acted on.
+    pub fn permit_ref(&self) -> PermitRef {
+        PermitRef::new(self.lref.clone(), self.permit)
+    }
 }
 
 /// The stamp of a status edit made now.

@@ -13,15 +13,20 @@ use crate::api::DistributedLock;
 use crate::controller::context::Context;
 use crate::controller::engines::QuorumLookup;
 use crate::controller::error::Error;
-use crate::controller::keeper::{HeldView, LockRef};
+use crate::controller::keeper::{HeldView, PermitRef};
 use crate::controller::lock::decide::acquisition_in_status;
+use crate::controller::lock::permit_status::status_of;
 use crate::controller::lock::status;
-use crate::controller::lock::status_write::write_status;
-use crate::redlock::OperationReport;
+use crate::controller::lock::status_write::write_permit_status;
+use crate::redlock::{OperationReport, permit_key};
 
 /// Stops keeping the lock and deletes its key where it is still ours. Only the active replica releases: one that
 /// lost its leadership leaves the lock to the keeper (which may still extend it) and to its successor.
-pub async fn release_held(ctx: &Context, lref: &LockRef, quorum: Option<&str>) -> Option<OperationReport> {
+pub async fn release_held(
+    ctx: &Context,
+    lref: impl Into<PermitRef>,
+    quorum: Option<&str>,
+) -> Option<OperationReport> {
     if !ctx.leadership.is_leader() {
         return None;
     }
@@ -45,7 +50,7 @@ pub async fn release_for_change(
         .as_ref()
         .map(|held| held.lease.holder().to_owned())
         .unwrap_or_default();
-    let gave_up = give_up_kept(ctx, target.lock, &target.lref, Some(&target.policy)).await?;
+    let gave_up = give_up_kept(ctx, target.lock, target.permit_ref(), Some(target.policy)).await?;
     let note = format!(
         "released for {previous}: the spec now wants {wanted} on `{}`{}",
         target.settings.key,
@@ -55,7 +60,7 @@ pub async fn release_for_change(
     );
     ctx.publish(target.lock, EventType::Normal, "Released", note.clone())
         .await;
-    show_released(ctx, target.lock, &note).await?;
+    show_released(ctx, target, &note).await?;
     Ok(Action::requeue(Duration::from_millis(10)))
 }
 
@@ -71,12 +76,12 @@ pub async fn release_previous(
 ) -> Result<Action, Error> {
     ctx.ensure_leader()?;
     let given = rebuilt(target, ctx, previous, token)?;
-    let gave_up = give_up(ctx, &target.lref, Some(&target.policy), given).await?;
+    let gave_up = give_up(ctx, target.permit_ref(), Some(target.policy), given).await?;
     let message = format!(
         "released for {previous}: the holder changed to {wanted}; {}",
         gave_up.note()
     );
-    show_released(ctx, target.lock, &message).await?;
+    show_released(ctx, target, &message).await?;
     ctx.publish(target.lock, EventType::Normal, "Released", message)
         .await;
     Ok(Action::requeue(Duration::from_millis(10)))
@@ -90,34 +95,43 @@ pub async fn release_finished(
     job: &str,
 ) -> Result<Action, Error> {
     let quorum = held.map(|held| held.quorum.as_str());
-    if release_held(ctx, &target.lref, quorum).await.is_none() {
-        release_from_status(target.lock, ctx).await?;
+    if release_held(ctx, target.permit_ref(), quorum).await.is_none() {
+        release_from_status(target.lock, target.permit, ctx).await?;
     }
     let note = format!("released: Job {job} finished or is gone");
     ctx.publish(target.lock, EventType::Normal, "Released", note.clone())
         .await;
-    show_released(ctx, target.lock, &note).await?;
+    show_released(ctx, target, &note).await?;
     Ok(Action::requeue(Duration::from_millis(10)))
 }
 
-/// The lock is being deleted: release its key before the finalizer goes. A leader-election or identity lock's key
-/// shown to a holder was given up before (`reconcile::hand_over_before_deletion`) and is released by now; what is
-/// left here is Job fencing's key, or a key nothing showed.
+/// The lock is being deleted: release its keys (every permit's) before the finalizer goes. A leader-election or
+/// identity lock's key shown to a holder was given up before (`reconcile::hand_over_before_deletion`) and is
+/// released by now; what is left here is Job fencing's keys, or a key nothing showed.
 pub async fn cleanup(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     ctx.ensure_leader()?;
     let lref = ObjectRef::from_obj(lock);
-    let released = match ctx.keeper.view(&lref) {
-        Some(held) => release_held(ctx, &lref, Some(&held.quorum)).await,
-        None => release_from_status(lock, ctx).await?,
-    };
-    // Nothing to say where the key was released already (after the validity shown to its holder) or expired.
-    if let Some(report) = released.filter(|report| report.votes() > 0) {
-        let note = format!(
-            "released on deletion ({} of {} masters deleted the key)",
-            report.votes(),
-            report.nodes.len()
-        );
-        ctx.publish(lock, EventType::Normal, "Released", note).await;
+    let permits = u32::try_from(lock.spec.permits).unwrap_or(1).max(1);
+    for permit in 0..permits {
+        let held = PermitRef::new(lref.clone(), permit);
+        let released = match ctx.keeper.view(&held) {
+            Some(view) => release_held(ctx, &held, Some(&view.quorum)).await,
+            None => release_from_status(lock, permit, ctx).await?,
+        };
+        // Nothing to say where the key was released already (after the validity shown to its holder) or expired.
+        if let Some(report) = released.filter(|report| report.votes() > 0) {
+            let key = if permits > 1 {
+                format!("permit {permit}'s key")
+            } else {
+                "the key".to_owned()
+            };
+            let note = format!(
+                "released on deletion ({} of {} masters deleted {key})",
+                report.votes(),
+                report.nodes.len()
+            );
+            ctx.publish(lock, EventType::Normal, "Released", note).await;
+        }
     }
     // A lock re-created under the same name starts from the key's floor record (and status), which every
     // grant updates before anything shows it: this replica's memory of the old object is not needed.
@@ -125,33 +139,37 @@ pub async fn cleanup(lock: &DistributedLock, ctx: &Context) -> Result<Action, Er
     Ok(Action::await_change())
 }
 
-/// A predecessor's acquisition named in status: rebuild its value and delete it.
+/// A predecessor's acquisition of `permit` named in status: rebuild its value and delete it from that permit's
+/// key.
 pub async fn release_from_status(
     lock: &DistributedLock,
+    permit: u32,
     ctx: &Context,
 ) -> Result<Option<OperationReport>, Error> {
     ctx.ensure_leader()?;
-    let Some((holder, token)) = lock.status.as_ref().and_then(acquisition_in_status) else {
+    let status = status_of(lock, permit);
+    let Some((holder, token)) = acquisition_in_status(&status) else {
         return Ok(None);
     };
     let QuorumLookup::Ready(engine) = ctx.engines.lookup(&lock.spec.quorum) else {
         return Ok(None);
     };
     let namespace = lock.namespace().unwrap_or_default();
-    let key = lock
+    let lock_key = lock
         .spec
         .resource_key
         .clone()
         .unwrap_or_else(|| format!("{namespace}/{}", lock.name_any()));
+    let key = permit_key(&lock_key, permit);
     let value = ctx
         .secret
         .lock_value(&key, &lock.uid().unwrap_or_default(), token, holder)?;
     Ok(Some(engine.engine.release_value(&key, value).await))
 }
 
-async fn show_released(ctx: &Context, lock: &DistributedLock, message: &str) -> Result<bool, Error> {
-    let stamp = stamp_now(lock);
-    write_status(ctx, lock, |current| {
+async fn show_released(ctx: &Context, target: &Target<'_>, message: &str) -> Result<bool, Error> {
+    let stamp = stamp_now(target.lock);
+    write_permit_status(ctx, target.lock, target.permit, |current| {
         Some(status::released(current, message, stamp))
     })
     .await

@@ -12,9 +12,10 @@ use crate::api::{DistributedLock, LockPhase};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::lock::handover::Release;
+use crate::controller::lock::permit_status::status_of;
 use crate::controller::lock::policy::Waiting;
 use crate::controller::lock::status;
-use crate::controller::lock::status_write::write_status;
+use crate::controller::lock::status_write::{write_permit_status, write_status};
 
 /// The spec or the quorum cannot be acted on: give up whatever is held (released once the validity shown to its
 /// holder has ended) and say why.
@@ -100,7 +101,7 @@ pub async fn quorum_not_ready(
 /// The policy lets nobody hold the lock now: say why. A change of the pods or Jobs wakes the lock.
 pub async fn wait_for_policy(target: &Target<'_>, ctx: &Context, waiting: &Waiting) -> Result<Action, Error> {
     let gave_up = if waiting.release_kept {
-        give_up_kept(ctx, target.lock, &target.lref, Some(&target.policy)).await?
+        give_up_kept(ctx, target.lock, target.permit_ref(), Some(target.policy)).await?
     } else {
         None
     };
@@ -113,9 +114,9 @@ pub async fn wait_for_policy(target: &Target<'_>, ctx: &Context, waiting: &Waiti
         ..waiting.clone()
     };
     let decoration = target.policy.decoration(None, target.keep.fence_margin);
-    let before = target.lock.status.as_ref().and_then(|status| status.phase);
+    let before = status_of(target.lock, target.permit).phase;
     let stamp = stamp_now(target.lock);
-    let written = write_status(ctx, target.lock, |current| {
+    let written = write_permit_status(ctx, target.lock, target.permit, |current| {
         Some(status::policy_waiting(current, waiting, &decoration, stamp))
     })
     .await?;

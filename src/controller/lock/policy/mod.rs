@@ -14,6 +14,7 @@ use kube::ResourceExt;
 
 use self::jobs::{JobQueue, JobStep, LOCK_LABEL};
 use self::leader::Election;
+use super::permit_status::is_semaphore;
 use super::settings::{HolderKind, LockSettings};
 use crate::api::DistributedLock;
 use crate::controller::context::Context;
@@ -115,7 +116,7 @@ impl Policy {
             }
             Self::Jobs(jobs) => {
                 jobs.confirm().await?;
-                jobs.suspend_strays(ctx, current).await?;
+                jobs.suspend_strays(ctx).await?;
                 jobs.recheck_pods(ctx).await
             }
         }
@@ -136,7 +137,22 @@ impl Policy {
                     retry: super::RESYNC,
                 }),
             },
-            Self::Jobs(jobs) => jobs_turn(&jobs.step, &lock.name_any()),
+            Self::Jobs(jobs) => jobs_turn(jobs.step(), &lock.name_any()),
+        }
+    }
+
+    /// Whose turn it is on `permit` of a semaphore (Job fencing plans every permit; other policies hold one).
+    pub fn permit_turn(&self, lock: &DistributedLock, permit: u32) -> Turn {
+        match self {
+            Self::Jobs(jobs) => {
+                let step = usize::try_from(permit)
+                    .ok()
+                    .and_then(|index| jobs.steps.get(index))
+                    .unwrap_or(&JobStep::Idle);
+                jobs_turn(step, &lock.name_any())
+            }
+            _ if permit == 0 => self.turn(lock),
+            _ => jobs_turn(&JobStep::Idle, &lock.name_any()),
         }
     }
 
@@ -162,11 +178,14 @@ impl Policy {
         }
     }
 
-    /// Status shows `holder` with `token`: label the leader, or grant the Job.
+    /// Status shows `holder` with `token` on `permit`: label the leader, or grant the Job (a semaphore's grant
+    /// names its permit).
+    #[allow(clippy::too_many_arguments)] // the facts of one grant, each used once
     pub async fn after_held(
         &self,
         ctx: &Context,
         lock: &DistributedLock,
+        permit: u32,
         holder: &str,
         token: i64,
         valid_until: &MicroTime,
@@ -178,7 +197,8 @@ impl Policy {
             Self::Leader(election) => election.label(ctx, holder, token, valid_until).await,
             // Granted only once status shows the token the Job is given.
             Self::Jobs(jobs) => {
-                jobs.grant(ctx, holder, token, &lock.name_any(), fence_margin)
+                let permit = is_semaphore(lock).then_some(permit);
+                jobs.grant(ctx, holder, token, &lock.name_any(), permit, fence_margin)
                     .await
             }
         }

@@ -10,9 +10,10 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 
+use super::permits::{PermitState, plan, strays};
 use super::queue::{
-    FENCED_ANNOTATION, FENCED_AT_ANNOTATION, GrantedPod, JobStep, JobView, LOCK_LABEL, REQUEUED_ANNOTATION,
-    STALE_ANNOTATION, next_step, queue, strays,
+    FENCED_ANNOTATION, FENCED_AT_ANNOTATION, GrantedPod, JobStep, JobView, LOCK_LABEL, PERMIT_ANNOTATION,
+    REQUEUED_ANNOTATION, STALE_ANNOTATION, queue,
 };
 use crate::api::DistributedLock;
 use crate::controller::context::Context;
@@ -24,18 +25,29 @@ pub struct JobQueue {
     api: Api<Job>,
     pod_api: Api<Pod>,
     lock: String,
-    current: Option<String>,
-    latest_token: i64,
+    /// Per permit (one for a plain lock): the Job holding it, and the highest token known for it.
+    permits: Vec<(Option<String>, i64)>,
     jobs: Vec<Arc<Job>>,
     views: Vec<JobView>,
     pods: Vec<GrantedPod>,
     /// Waiting Jobs in the order they get the lock, for status.
     pub queue: Vec<String>,
-    pub step: JobStep,
+    /// What each permit does next, in permit order (see [`plan`]).
+    pub steps: Vec<JobStep>,
 }
 
 impl JobQueue {
+    /// The Jobs of a plain lock (one permit): `current` holds it, `latest_token` is the highest token known.
     pub fn observe(ctx: &Context, lock: &DistributedLock, current: Option<&str>, latest_token: i64) -> Self {
+        Self::observe_permits(ctx, lock, vec![(current.map(str::to_owned), latest_token)])
+    }
+
+    /// The Jobs of a lock of `permits.len()` permits: `permits[i]` is permit i's holder and highest token known.
+    pub fn observe_permits(
+        ctx: &Context,
+        lock: &DistributedLock,
+        permits: Vec<(Option<String>, i64)>,
+    ) -> Self {
         let namespace = lock.namespace().unwrap_or_default();
         let name = lock.name_any();
         let jobs: Vec<Arc<Job>> = ctx
@@ -55,29 +67,51 @@ impl JobQueue {
             .filter_map(|pod| GrantedPod::of(pod, &name))
             .collect();
         let queue = queue(&views).iter().map(|job| job.name.clone()).collect();
-        let step = next_step(&views, &pods, current, latest_token);
-        Self {
+        let mut observed = Self {
             api: Api::namespaced(ctx.client.clone(), &namespace),
             pod_api: Api::namespaced(ctx.client.clone(), &namespace),
             lock: name,
-            current: current.map(str::to_owned),
-            latest_token,
+            permits,
             jobs,
             views,
             pods,
             queue,
-            step,
-        }
+            steps: Vec::new(),
+        };
+        observed.steps = observed.plan(&observed.pods);
+        observed
+    }
+
+    /// Permit 0's step: a plain lock's only one.
+    pub fn step(&self) -> &JobStep {
+        self.steps.first().unwrap_or(&JobStep::Idle)
+    }
+
+    fn states(&self) -> Vec<PermitState<'_>> {
+        self.permits
+            .iter()
+            .map(|(current, latest_token)| PermitState {
+                current: current.as_deref(),
+                latest_token: *latest_token,
+            })
+            .collect()
+    }
+
+    fn plan(&self, pods: &[GrantedPod]) -> Vec<JobStep> {
+        plan(&self.views, pods, &self.states())
     }
 
     /// Before a Job is let run (granted, resumed or requeued), the pods of earlier grants are counted again
     /// from the API server itself, not the watch cache, which may not show a pod created a moment ago. Grants
     /// label their pods `redlock.io/lock`; the cache still covers pods started before grants did.
     pub async fn recheck_pods(&mut self, ctx: &Context) -> Result<(), Error> {
-        if !matches!(
-            self.step,
-            JobStep::Grant(_) | JobStep::ResumeFenced { .. } | JobStep::Requeue { .. }
-        ) {
+        let lets_run = |step: &JobStep| {
+            matches!(
+                step,
+                JobStep::Grant(_) | JobStep::ResumeFenced { .. } | JobStep::Requeue { .. }
+            )
+        };
+        if !self.steps.iter().any(lets_run) {
             return Ok(());
         }
         ctx.ensure_leader()?;
@@ -96,7 +130,7 @@ impl JobQueue {
                 pods.push(pod);
             }
         }
-        self.step = next_step(&self.views, &pods, self.current.as_deref(), self.latest_token);
+        self.steps = self.plan(&pods);
         self.pods = pods;
         Ok(())
     }
@@ -105,29 +139,33 @@ impl JobQueue {
     /// gone, resume or requeue a fenced Job) is confirmed with a direct read of that Job first: the cache may lag
     /// behind, or not have received its first list.
     pub async fn confirm(&mut self) -> Result<(), Error> {
-        let named = match &self.step {
-            JobStep::ReleaseFinished(job)
-            | JobStep::ResumeFenced { job, .. }
-            | JobStep::Requeue { job, .. } => job.clone(),
-            _ => return Ok(()),
-        };
-        let fresh = self.api.get_opt(&named).await?;
-        let before = self.step.clone();
-        self.jobs
-            .retain(|job| job.metadata.name.as_deref() != Some(named.as_str()));
-        if let Some(job) = fresh.filter(|job| self.queues_here(job)) {
-            self.jobs.push(Arc::new(job));
+        let named: Vec<String> = self
+            .steps
+            .iter()
+            .filter_map(|step| match step {
+                JobStep::ReleaseFinished(job)
+                | JobStep::ResumeFenced { job, .. }
+                | JobStep::Requeue { job, .. } => Some(job.clone()),
+                _ => None,
+            })
+            .collect();
+        if named.is_empty() {
+            return Ok(());
+        }
+        let before = self.steps.clone();
+        for name in &named {
+            let fresh = self.api.get_opt(name).await?;
+            self.jobs
+                .retain(|job| job.metadata.name.as_deref() != Some(name.as_str()));
+            if let Some(job) = fresh.filter(|job| self.queues_here(job)) {
+                self.jobs.push(Arc::new(job));
+            }
         }
         self.views = self.jobs.iter().map(|job| JobView::of(job)).collect();
         self.queue = queue(&self.views).iter().map(|job| job.name.clone()).collect();
-        self.step = next_step(
-            &self.views,
-            &self.pods,
-            self.current.as_deref(),
-            self.latest_token,
-        );
-        if self.step != before {
-            tracing::info!(lock = %self.lock, job = %named, ?before, after = ?self.step, "the Job cache lagged: decided again from the API server");
+        self.steps = self.plan(&self.pods);
+        if self.steps != before {
+            tracing::info!(lock = %self.lock, jobs = ?named, ?before, after = ?self.steps, "the Job cache lagged: decided again from the API server");
         }
         Ok(())
     }
@@ -151,10 +189,10 @@ impl JobQueue {
             .collect()
     }
 
-    /// Suspends every Job that runs without holding the lock, as the API server shows it (the cache may show a Job
-    /// unsuspended that was suspended, or granted, a moment ago).
-    pub async fn suspend_strays(&self, ctx: &Context, current: Option<&str>) -> Result<(), Error> {
-        for stray in strays(&self.views, current) {
+    /// Suspends every Job that runs without holding the lock (any of its permits), as the API server shows it
+    /// (the cache may show a Job unsuspended that was suspended, or granted, a moment ago).
+    pub async fn suspend_strays(&self, ctx: &Context) -> Result<(), Error> {
+        for stray in strays(&self.views, &self.states()) {
             let Some(job) = self.api.get_opt(&stray.name).await? else {
                 continue;
             };
@@ -175,19 +213,27 @@ impl JobQueue {
         Ok(())
     }
 
-    /// Grants the lock: the token and lock name into the pod template, and unsuspend — one patch, allowed
-    /// because the Job never started. Nothing is written when it already runs with this token.
+    /// Grants the lock: the token and lock name (and, for a semaphore's `permit`, its number) into the pod
+    /// template, and unsuspend — one patch, allowed because the Job never started. Nothing is written when it
+    /// already runs with this token.
     pub async fn grant(
         &self,
         ctx: &Context,
         job: &str,
         token: i64,
         lock: &str,
+        permit: Option<u32>,
         margin: Duration,
     ) -> Result<(), Error> {
         let view = self.views.iter().find(|view| view.name == job);
-        if view.is_some_and(|view| view.granted_token == Some(token) && !view.suspended) {
+        if view.is_some_and(|view| {
+            view.granted_token == Some(token) && !view.suspended && view.permit == permit.unwrap_or(0)
+        }) {
             return Ok(());
+        }
+        let mut annotations = serde_json::json!({ TOKEN_ANNOTATION: token.to_string(), LOCK_LABEL: lock });
+        if let Some(permit) = permit {
+            annotations[PERMIT_ANNOTATION] = permit.to_string().into();
         }
         self.patch(
             ctx,
@@ -198,7 +244,7 @@ impl JobQueue {
                     "suspend": false,
                     "template": { "metadata": {
                         "labels": { LOCK_LABEL: lock },
-                        "annotations": { TOKEN_ANNOTATION: token.to_string(), LOCK_LABEL: lock },
+                        "annotations": annotations,
                     } }
                 }
             }),

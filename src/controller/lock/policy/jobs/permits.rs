@@ -3,8 +3,8 @@
 //! and token; only the waiting queue is shared, handed out in queue order to the free permits, lowest first.
 //! Pure, so every rule is tested without a cluster.
 //!
-//! Not wired into the reconciler yet: this version refuses `permits` above 1 (see `settings`), so the
-//! reconciler runs [`next_step`] for permit 0 alone. With one permit, [`plan`] is exactly [`next_step`].
+//! The reconciler runs [`plan`] for every Jobs lock: for a plain lock, its one permit, where [`plan`] is
+//! exactly [`next_step`].
 
 use super::queue::{GrantedPod, JobStep, JobView, next_step, queue};
 
@@ -68,8 +68,8 @@ pub fn plan(jobs: &[JobView], pods: &[GrantedPod], permits: &[PermitState<'_>]) 
         .collect()
 }
 
-/// Jobs that run without holding any permit: suspended at once. A Job holding one permit is no stray of
-/// another.
+/// Jobs that run (are not suspended) without holding any permit: created unsuspended, or left running by a
+/// failed suspension. They are suspended at once. A Job holding one permit is no stray of another.
 pub fn strays<'a>(jobs: &'a [JobView], permits: &[PermitState<'_>]) -> Vec<&'a JobView> {
     jobs.iter()
         .filter(|job| {
@@ -280,6 +280,18 @@ mod tests {
                 "{jobs:?}"
             );
         }
+    }
+
+    #[test]
+    fn unsuspended_jobs_without_the_lock_are_strays() {
+        let mut sneaky = waiting("sneaky", 1);
+        sneaky.suspended = false;
+        let jobs = [sneaky, running("holder", 0, 0, 1), waiting("waiting", 2)];
+        let names: Vec<&str> = strays(&jobs, &[holding("holder", 1)])
+            .iter()
+            .map(|job| job.name.as_str())
+            .collect();
+        assert_eq!(names, ["sneaky"]);
     }
 
     #[test]

@@ -213,14 +213,6 @@ pub fn queue(jobs: &[JobView]) -> Vec<&JobView> {
     waiting
 }
 
-/// Jobs that run (are not suspended) without holding the lock: created unsuspended, or left running by a
-/// failed suspension. They are suspended at once.
-pub fn strays<'a>(jobs: &'a [JobView], current: Option<&str>) -> Vec<&'a JobView> {
-    jobs.iter()
-        .filter(|job| !job.suspended && !job.finished && Some(job.name.as_str()) != current)
-        .collect()
-}
-
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum JobStep {
     /// The current holder is still running: keep its lock.
@@ -549,17 +541,7 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn unsuspended_jobs_without_the_lock_are_strays() {
-        let mut sneaky = job("sneaky", 1, 0);
-        sneaky.suspended = false;
-        let mut holder = job("holder", 0, 0);
-        holder.suspended = false;
-        let jobs = [sneaky, holder, job("waiting", 2, 0)];
-        let names: Vec<&str> = strays(&jobs, Some("holder"))
-            .iter()
-            .map(|job| job.name.as_str())
-            .collect();
-        assert_eq!(names, ["sneaky"]);
+    fn no_jobs_is_idle() {
         assert_eq!(next_step(&[], &[], None, 0), JobStep::Idle);
     }
 }
