@@ -569,3 +569,80 @@ async fn two_clusters_sharing_a_leader_semaphore_of_two_have_two_leaders_between
     }
     east.cleanup(&[&quorum_name]).await;
 }
+
+/// Sets the web lock's spec.permits.
+async fn set_permits(env: &Env, permits: i32) {
+    let patch = serde_json::json!({ "spec": { "permits": permits } });
+    env.locks()
+        .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("change spec.permits");
+}
+
+/// Issue 23: spec.permits changes on a held leader semaphore. Lowered, the leader of the permit above the new
+/// count loses its label before that permit is released (status never shows it released while its pod is
+/// still labelled), the others keep their permits and terms, and `HELD` comes back to `2/2`; raised, the new
+/// permits go to free pods, the reused permit with a token above its last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_semaphore_can_be_lowered_and_raised_under_its_leaders() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let (quorum, running, shutdown) = setup(&masters, &env, 30).await;
+    ready_pods(&env, &["web-0", "web-1", "web-2", "web-3"]).await;
+    web_semaphore(&env, &quorum, "3s", None, 3).await;
+    let first = wait_for_leaders(&env, &["web-0", "web-1", "web-2"], 3).await;
+    let (permit_2_pod, (_, permit_2_token)) = first
+        .iter()
+        .find(|(_, (permit, _))| *permit == 2)
+        .map(|(pod, shown)| (pod.clone(), *shown))
+        .expect("a pod holds permit 2");
+
+    set_permits(&env, 2).await;
+    eventually("permit 2 given up after its leader lost the label", || async {
+        // Status first, then the pod: the label comes off before the permit is released and never comes back,
+        // so a permit shown released with its pod labelled afterwards would be a release before the fence.
+        let lock = env.locks().get("web").await.expect("lock");
+        let status = lock.status.unwrap_or_default();
+        let listed = status.holders.iter().any(|held| held.permit == 2);
+        let still_labelled = labelled(&env).await.contains(&permit_2_pod);
+        assert!(
+            listed || !still_labelled,
+            "permit 2 released while {permit_2_pod} still carries the label"
+        );
+        (!listed && status.held.as_deref() == Some("2/2")).then_some(())
+    })
+    .await;
+    let kept: Vec<&str> = first
+        .keys()
+        .map(String::as_str)
+        .filter(|pod| *pod != permit_2_pod)
+        .collect();
+    let lowered = wait_for_leaders(&env, &kept, 3).await;
+    for pod in &kept {
+        assert_eq!(lowered[*pod], first[*pod], "{pod} kept its permit and term");
+    }
+
+    set_permits(&env, 4).await;
+    let raised = wait_for_leaders(&env, &["web-0", "web-1", "web-2", "web-3"], 4).await;
+    for pod in &kept {
+        assert_eq!(raised[*pod], first[*pod], "{pod} kept its permit and term");
+    }
+    let mut permits: Vec<u32> = raised.values().map(|(permit, _)| *permit).collect();
+    permits.sort_unstable();
+    assert_eq!(permits, [0, 1, 2, 3]);
+    let reused = raised
+        .values()
+        .find(|(permit, _)| *permit == 2)
+        .map(|(_, token)| *token)
+        .expect("permit 2 held again");
+    assert!(
+        reused > permit_2_token,
+        "permit 2: token {reused} after {permit_2_token}"
+    );
+    lock_where(&env, "web", "4/4 held", |lock| {
+        lock.status.as_ref().and_then(|status| status.held.as_deref()) == Some("4/4")
+    })
+    .await;
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
