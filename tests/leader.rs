@@ -646,3 +646,59 @@ async fn a_leader_semaphore_can_be_lowered_and_raised_under_its_leaders() {
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }
+
+/// Issue 23: a plain leader lock raised to a semaphore keeps its leader, with its term, as permit 0's holder
+/// and labels a second pod for permit 1; lowered back to one, the second leader loses its label before its
+/// permit is released and the status is a plain lock's again (its holder at the top, no `holders`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_leader_lock_becomes_a_semaphore_and_back_keeping_its_leader() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let (quorum, running, shutdown) = setup(&masters, &env, 31).await;
+    ready_pods(&env, &["web-0", "web-1", "web-2"]).await;
+    web_semaphore(&env, &quorum, "3s", None, 1).await;
+    let plain = lock_where(&env, "web", "held by web-0", |lock| {
+        lock.status.as_ref().and_then(|status| status.holder.as_deref()) == Some("web-0")
+    })
+    .await;
+    let token = plain
+        .status
+        .and_then(|status| status.fencing_token)
+        .expect("a token");
+    eventually("web-0 alone labelled", || async {
+        (labelled(&env).await == ["web-0"]).then_some(())
+    })
+    .await;
+
+    set_permits(&env, 2).await;
+    let raised = wait_for_leaders(&env, &["web-0", "web-1"], 2).await;
+    assert_eq!(
+        raised["web-0"],
+        (0, token),
+        "web-0 leads on, as permit 0, in the same term"
+    );
+    assert_eq!(raised["web-1"].0, 1);
+
+    set_permits(&env, 1).await;
+    eventually("a plain lock again, held by web-0", || async {
+        let lock = env.locks().get("web").await.expect("lock");
+        let status = lock.status.unwrap_or_default();
+        let listed = status.holders.iter().any(|held| held.permit == 1);
+        assert!(
+            listed || !labelled(&env).await.contains(&"web-1".to_owned()),
+            "permit 1 released while web-1 still carries the label"
+        );
+        (status.holders.is_empty()
+            && status.held.as_deref() == Some("1/1")
+            && status.holder.as_deref() == Some("web-0")
+            && status.fencing_token == Some(token))
+        .then_some(())
+    })
+    .await;
+    eventually("web-0 alone labelled again", || async {
+        (labelled(&env).await == ["web-0"]).then_some(())
+    })
+    .await;
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
