@@ -702,3 +702,86 @@ async fn a_plain_leader_lock_becomes_a_semaphore_and_back_keeping_its_leader() {
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }
+
+/// Each listed permit's holder, token and validity, by permit.
+async fn permits_listed(env: &Env) -> BTreeMap<i32, (String, i64, Option<k8s_openapi::jiff::Timestamp>)> {
+    let lock = env.locks().get("web").await.expect("lock");
+    lock.status
+        .unwrap_or_default()
+        .holders
+        .into_iter()
+        .map(|held| {
+            (
+                held.permit,
+                (held.holder, held.fencing_token, held.valid_until.map(|at| at.0)),
+            )
+        })
+        .collect()
+}
+
+/// Issue 23: the operator's promise per permit across a restart: every leader of a semaphore keeps its label,
+/// permit and term through it (no label is removed or moved, watched rather than sampled), and each permit is
+/// extended again by the new process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_operator_resumes_every_permit_of_a_leader_semaphore() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let (quorum, running, shutdown) = setup(&masters, &env, 32).await;
+    ready_pods(&env, &["web-0", "web-1", "web-2", "web-3"]).await;
+    web_semaphore(&env, &quorum, "3s", None, 3).await;
+    let before = wait_for_leaders(&env, &["web-0", "web-1", "web-2"], 3).await;
+    lock_where(&env, "web", "3/3 held", |lock| {
+        lock.status.as_ref().and_then(|status| status.held.as_deref()) == Some("3/3")
+    })
+    .await;
+    let from = pods(&env)
+        .list(&ListParams::default())
+        .await
+        .expect("pods")
+        .metadata
+        .resource_version
+        .expect("a list resourceVersion");
+    let mut changes = pods(&env)
+        .watch(&kube::api::WatchParams::default(), &from)
+        .await
+        .expect("watch pods")
+        .boxed();
+    stop(running, shutdown).await;
+    let stopped_at = permits_listed(&env).await;
+    let (running, shutdown) = operator(&env, &installation_secret(32), None).await;
+    let _ = tokio::time::timeout(Duration::from_secs(7), async {
+        while let Some(event) = changes.next().await {
+            if let Ok(kube::api::WatchEvent::Modified(pod) | kube::api::WatchEvent::Added(pod)) = event {
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                let has_label = pod.metadata.labels.unwrap_or_default().contains_key(LABEL);
+                assert_eq!(
+                    has_label,
+                    before.contains_key(&name),
+                    "a leader label moved or went during the restart ({name})"
+                );
+            }
+        }
+    })
+    .await;
+    eventually("every permit extended by the new process", || async {
+        let now = permits_listed(&env).await;
+        let extended = now.iter().all(|(permit, (holder, token, valid_until))| {
+            let (old_holder, old_token, old_until) = &stopped_at[permit];
+            assert_eq!(
+                (holder, token),
+                (old_holder, old_token),
+                "permit {permit} changed hands"
+            );
+            valid_until > old_until
+        });
+        (now.len() == 3 && extended).then_some(())
+    })
+    .await;
+    assert_eq!(
+        leaders_shown(&env).await,
+        before,
+        "every leader kept its permit and term"
+    );
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
