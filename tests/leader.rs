@@ -293,6 +293,47 @@ async fn losing_the_quorum_removes_the_label_before_valid_until_and_the_leader_c
     env.cleanup(&[&quorum]).await;
 }
 
+/// Every change of the pods from now on, watched rather than sampled: a label removed and put back a few
+/// milliseconds later is seen too.
+async fn pod_changes(
+    env: &Env,
+) -> futures::stream::BoxStream<'static, kube::Result<kube::api::WatchEvent<Pod>>> {
+    let from = pods(env)
+        .list(&ListParams::default())
+        .await
+        .expect("pods")
+        .metadata
+        .resource_version
+        .expect("a list resourceVersion");
+    pods(env)
+        .watch(&kube::api::WatchParams::default(), &from)
+        .await
+        .expect("watch pods")
+        .boxed()
+}
+
+/// Watches `changes` for seven seconds (two extensions of a 3s lock, whatever the restart's timing) and asserts
+/// that only `leaders` ever carry the label.
+async fn assert_labels_stay(
+    mut changes: futures::stream::BoxStream<'static, kube::Result<kube::api::WatchEvent<Pod>>>,
+    leaders: &[&str],
+) {
+    let _ = tokio::time::timeout(Duration::from_secs(7), async {
+        while let Some(event) = changes.next().await {
+            if let Ok(kube::api::WatchEvent::Modified(pod) | kube::api::WatchEvent::Added(pod)) = event {
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                let has_label = pod.metadata.labels.unwrap_or_default().contains_key(LABEL);
+                assert_eq!(
+                    has_label,
+                    leaders.contains(&name.as_str()),
+                    "a leader label moved or went during the restart ({name})"
+                );
+            }
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_operator_keeps_the_leader_without_a_transition() {
     let masters = RedisCluster::start(3).expect("masters");
@@ -303,38 +344,11 @@ async fn a_restarted_operator_keeps_the_leader_without_a_transition() {
     wait_for_leader(&env, "web-0").await;
     lock_where(&env, "web", "held", |lock| phase(lock) == Some(LockPhase::Held)).await;
 
-    // Every change of the pods during the restart is watched, not sampled: a label removed and put back a few
-    // milliseconds later must be seen too.
-    let from = pods(&env)
-        .list(&ListParams::default())
-        .await
-        .expect("pods")
-        .metadata
-        .resource_version
-        .expect("a list resourceVersion");
-    let mut changes = pods(&env)
-        .watch(&kube::api::WatchParams::default(), &from)
-        .await
-        .expect("watch pods")
-        .boxed();
+    let changes = pod_changes(&env).await;
     stop(running, shutdown).await;
     let (running, shutdown) = operator(&env, &installation_secret(23), None).await;
     assert_eq!(labelled(&env).await, ["web-0"]);
-    let watched = Duration::from_secs(7);
-    let _ = tokio::time::timeout(watched, async {
-        while let Some(event) = changes.next().await {
-            if let Ok(kube::api::WatchEvent::Modified(pod) | kube::api::WatchEvent::Added(pod)) = event {
-                let name = pod.metadata.name.clone().unwrap_or_default();
-                let has_label = pod.metadata.labels.unwrap_or_default().contains_key(LABEL);
-                assert_eq!(
-                    has_label,
-                    name == "web-0",
-                    "the leader label moved or went during the restart ({name})"
-                );
-            }
-        }
-    })
-    .await;
+    assert_labels_stay(changes, &["web-0"]).await;
     assert_eq!(labelled(&env).await, ["web-0"]);
     assert_first_hold_kept(&env, "web").await;
     stop(running, shutdown).await;
@@ -734,35 +748,12 @@ async fn a_restarted_operator_resumes_every_permit_of_a_leader_semaphore() {
         lock.status.as_ref().and_then(|status| status.held.as_deref()) == Some("3/3")
     })
     .await;
-    let from = pods(&env)
-        .list(&ListParams::default())
-        .await
-        .expect("pods")
-        .metadata
-        .resource_version
-        .expect("a list resourceVersion");
-    let mut changes = pods(&env)
-        .watch(&kube::api::WatchParams::default(), &from)
-        .await
-        .expect("watch pods")
-        .boxed();
+    let changes = pod_changes(&env).await;
     stop(running, shutdown).await;
     let stopped_at = permits_listed(&env).await;
     let (running, shutdown) = operator(&env, &installation_secret(32), None).await;
-    let _ = tokio::time::timeout(Duration::from_secs(7), async {
-        while let Some(event) = changes.next().await {
-            if let Ok(kube::api::WatchEvent::Modified(pod) | kube::api::WatchEvent::Added(pod)) = event {
-                let name = pod.metadata.name.clone().unwrap_or_default();
-                let has_label = pod.metadata.labels.unwrap_or_default().contains_key(LABEL);
-                assert_eq!(
-                    has_label,
-                    before.contains_key(&name),
-                    "a leader label moved or went during the restart ({name})"
-                );
-            }
-        }
-    })
-    .await;
+    let leaders: Vec<&str> = before.keys().map(String::as_str).collect();
+    assert_labels_stay(changes, &leaders).await;
     eventually("every permit extended by the new process", || async {
         let now = permits_listed(&env).await;
         let extended = now.iter().all(|(permit, (holder, token, valid_until))| {
