@@ -522,6 +522,25 @@ async fn a_leader_semaphore_labels_a_pod_per_permit_and_each_keeps_its_number() 
         .map(|(pod, (permit, token))| (pod.clone(), *permit, *token))
         .collect();
     assert_eq!(listed, expected, "status lists what the pods show");
+    // Each permit's Events name it.
+    for (permit, (holder, token)) in first.values().zip(first.keys()).map(|((p, t), h)| (*p, (h, *t))) {
+        let wanted = format!("permit {permit}: {holder} holds the lock with fencing token {token}");
+        eventually(&format!("the Event {wanted:?}"), || async {
+            let events = env.events().list(&ListParams::default()).await.ok()?;
+            events
+                .items
+                .iter()
+                .any(|event| {
+                    event.reason.as_deref() == Some("Acquired")
+                        && event
+                            .note
+                            .as_deref()
+                            .is_some_and(|note| note.starts_with(&wanted))
+                })
+                .then_some(())
+        })
+        .await;
+    }
 
     set_ready(&env, "web-1", false).await;
     let second = wait_for_leaders(&env, &["web-0", "web-2", "web-3"], 3).await;
