@@ -102,11 +102,18 @@ pub async fn run(
         "created in {:.1}s; waiting for every permit to be held …",
         creating.elapsed().as_secs_f64()
     );
-    watch.wait_for(semaphores).await?;
-    let all_held_after = creating.elapsed().as_secs_f64();
+    // Not all held in time is a result too: the steady holding of those that are is still measured, and the
+    // summary says how many.
+    let held = watch.wait_for(semaphores, super::patience()).await;
+    let all_held_after = if held == semaphores {
+        creating.elapsed().as_secs_f64()
+    } else {
+        f64::INFINITY
+    };
     let p50 = watch.create_to_held_p50_ms(&created);
     println!(
-        "all {semaphores} semaphores held {permits}/{permits} {all_held_after:.1}s after the first create; create→all held p50 {p50:.0} ms"
+        "{held} of {semaphores} semaphores held {permits}/{permits} {:.1}s after the first create; create→all held p50 {p50:.0} ms (of those held)",
+        creating.elapsed().as_secs_f64()
     );
 
     // The single-lock run waits 10 s and publishes a burst of Events (a few seconds) before it measures: the
@@ -133,7 +140,7 @@ pub async fn run(
     );
     let lost = steady.lost + dropped as u64;
     println!(
-        "SUMMARY_SEMAPHORES semaphores={semaphores} permits={permits} leader_pods={leader_pods} pods={other_pods} cpu_cores_idle={idle:.4} cpu_cores_avg={:.3} lost={lost} extend_lag_p99_ms={:.1} all_held_s={all_held_after:.1} create_to_held_p50_ms={p50:.0} extensions_per_s={:.0} pod_writes_per_s={:.1} lock_writes_per_s={:.1} rss_mib_idle={rss_idle:.1} rss_mib_pods={rss_pods:.1} rss_mib_held={rss_held:.1}",
+        "SUMMARY_SEMAPHORES semaphores={semaphores} semaphores_held={held} permits={permits} leader_pods={leader_pods} pods={other_pods} cpu_cores_idle={idle:.4} cpu_cores_avg={:.3} lost={lost} extend_lag_p99_ms={:.1} all_held_s={all_held_after:.1} create_to_held_p50_ms={p50:.0} extensions_per_s={:.0} pod_writes_per_s={:.1} lock_writes_per_s={:.1} rss_mib_idle={rss_idle:.1} rss_mib_pods={rss_pods:.1} rss_mib_held={rss_held:.1}",
         steady.cores,
         steady.lag_p99_ms,
         steady.extensions_per_s,
