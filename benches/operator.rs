@@ -542,6 +542,9 @@ async fn steady_holding(
     })
 }
 
+/// A line of the side-by-side table: its name and how to show one run's figure.
+type Row = (&'static str, fn(&Compared) -> String);
+
 /// One run's figures, for setting the single locks and the semaphores side by side.
 struct Compared {
     permits_held: usize,
@@ -578,7 +581,7 @@ async fn bench() -> Result<(), BoxError> {
     };
     println!();
     println!("{locks} single locks | {semaphores} semaphores of {permits} permits:");
-    let rows: [(&str, fn(&Compared) -> String); 10] = [
+    let rows: [Row; 10] = [
         ("permits (held: redlock_locks_held)", |run| {
             format!("{} ({:.0})", run.permits_held, run.steady.held)
         }),
