@@ -17,6 +17,7 @@ use super::handover::Release;
 use super::permit_status::{is_semaphore, permit_span, status_of};
 use super::policy::{Policy, Turn};
 use super::settings::{HolderKind, LockSettings, QuorumRules, lock_settings};
+use super::status_write::forget_written;
 use super::{FINALIZER, RESYNC};
 use crate::api::{DistributedLock, DistributedLockStatus};
 use crate::controller::context::Context;
@@ -289,6 +290,7 @@ async fn apply_semaphore(
         };
         actions.push(act(&target, ctx, turn, held, &status, latest_token).await?);
     }
+    forget_written(ctx, lock);
     // What each permit asked for is not readable from an `Action`: a permit with something to do soon is looked
     // at again soon (a lost permit, a due status and every Job or pod change wake the lock anyway).
     let settled = actions
