@@ -94,7 +94,13 @@ async fn valid_until(env: &Env, pod: &str) -> k8s_openapi::jiff::Timestamp {
 }
 
 async fn web_lock(env: &Env, quorum: &str, ttl: &str, key: Option<&str>) {
+    web_semaphore(env, quorum, ttl, key, 1).await;
+}
+
+/// The web pods' lock with `permits` leaders (1: a plain lock).
+async fn web_semaphore(env: &Env, quorum: &str, ttl: &str, key: Option<&str>, permits: i32) {
     let mut spec = serde_json::json!({
+        "permits": permits,
         "quorum": quorum, "ttl": ttl,
         "holder": { "leaderElection": { "selector": { "matchLabels": { "app": "web" } } } }
     });
@@ -429,4 +435,137 @@ async fn elect_runs_the_command_only_on_the_leader_with_its_token() {
     }
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
+}
+
+/// Each labelled pod's permit and token, as its annotations show them.
+async fn leaders_shown(env: &Env) -> BTreeMap<String, (u32, i64)> {
+    let mut shown = BTreeMap::new();
+    for pod in labelled(env).await {
+        let annotations = annotations(env, &pod).await;
+        let permit = annotations
+            .get("redlock.io/permit")
+            .and_then(|text| text.parse().ok());
+        let token = annotations
+            .get("redlock.io/fencing-token")
+            .and_then(|text| text.parse().ok());
+        if let (Some(permit), Some(token)) = (permit, token) {
+            shown.insert(pod, (permit, token));
+        }
+    }
+    shown
+}
+
+/// Waits until exactly `pods` carry the label, each with a permit and token, asserting on every look that no
+/// more than `permits` pods do and that no permit is shown on two pods.
+async fn wait_for_leaders(env: &Env, pods: &[&str], permits: usize) -> BTreeMap<String, (u32, i64)> {
+    eventually(&format!("{pods:?} to be the labelled pods"), || async {
+        let now = labelled(env).await;
+        assert!(now.len() <= permits, "more leaders than permits: {now:?}");
+        let shown = leaders_shown(env).await;
+        let mut numbers: Vec<u32> = shown.values().map(|(permit, _)| *permit).collect();
+        numbers.sort_unstable();
+        numbers.dedup();
+        assert_eq!(
+            numbers.len(),
+            shown.len(),
+            "a permit shown on two pods: {shown:?}"
+        );
+        let wanted: Vec<String> = pods.iter().map(|pod| (*pod).to_owned()).collect();
+        (shown.keys().cloned().collect::<Vec<_>>() == wanted).then_some(shown)
+    })
+    .await
+}
+
+/// Issue 23: a leader semaphore of three labels three pods, each with its own permit number and token; a leader
+/// that goes gives its permit, after its validity, to the next pod, with a higher token of that permit, and
+/// the other leaders keep theirs untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_semaphore_labels_a_pod_per_permit_and_each_keeps_its_number() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let (quorum, running, shutdown) = setup(&masters, &env, 27).await;
+    ready_pods(&env, &["web-0", "web-1", "web-2", "web-3"]).await;
+    web_semaphore(&env, &quorum, "3s", None, 3).await;
+    let first = wait_for_leaders(&env, &["web-0", "web-1", "web-2"], 3).await;
+    let lock = lock_where(&env, "web", "3/3 held", |lock| {
+        lock.status.as_ref().and_then(|status| status.held.as_deref()) == Some("3/3")
+    })
+    .await;
+    let holders = lock.status.map(|status| status.holders).unwrap_or_default();
+    let mut listed: Vec<(String, u32, i64)> = holders
+        .iter()
+        .map(|held| {
+            (
+                held.holder.clone(),
+                u32::try_from(held.permit).expect("permit"),
+                held.fencing_token,
+            )
+        })
+        .collect();
+    listed.sort();
+    let expected: Vec<(String, u32, i64)> = first
+        .iter()
+        .map(|(pod, (permit, token))| (pod.clone(), *permit, *token))
+        .collect();
+    assert_eq!(listed, expected, "status lists what the pods show");
+
+    set_ready(&env, "web-1", false).await;
+    let second = wait_for_leaders(&env, &["web-0", "web-2", "web-3"], 3).await;
+    let (moved_permit, old_token) = first["web-1"];
+    let (permit, token) = second["web-3"];
+    assert_eq!(permit, moved_permit, "web-3 took the permit web-1 gave up");
+    assert!(
+        token > old_token,
+        "permit {permit}: token {token} after {old_token}"
+    );
+    for pod in ["web-0", "web-2"] {
+        assert_eq!(second[pod], first[pod], "{pod} kept its permit and term");
+    }
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
+
+/// Issue 23: two clusters on one quorum sharing a leader semaphore of two have two leaders between them, never
+/// three, on two different permits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clusters_sharing_a_leader_semaphore_of_two_have_two_leaders_between_them() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let east = Env::new().await;
+    let west = Env::test_server().await;
+    let key = format!("leaders/{}", east.namespace);
+    let mut running = Vec::new();
+    for (env, seed) in [(&east, 28u8), (&west, 29u8)] {
+        let quorum = env.unique("q");
+        env.create_sharing_quorum(&quorum, &masters.urls(), "3s").await;
+        ready_pods(env, &["web-0", "web-1"]).await;
+        web_semaphore(env, &quorum, "3s", Some(&key), 2).await;
+        running.push((operator(env, &installation_secret(seed), None).await, quorum));
+    }
+    let permits_shown = || async {
+        let mut permits: Vec<u32> = leaders_shown(&east)
+            .await
+            .into_values()
+            .chain(leaders_shown(&west).await.into_values())
+            .map(|(permit, _)| permit)
+            .collect();
+        permits.sort_unstable();
+        permits
+    };
+    eventually("two leaders across both clusters", || async {
+        let count = labelled(&east).await.len() + labelled(&west).await.len();
+        assert!(count <= 2, "more leaders than permits across clusters");
+        (permits_shown().await == [0, 1]).then_some(())
+    })
+    .await;
+    for _ in 0..20 {
+        let count = labelled(&east).await.len() + labelled(&west).await.len();
+        assert!(count <= 2, "more leaders than permits across clusters");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(permits_shown().await, [0, 1], "each permit on one pod");
+    let quorum_name = running[0].1.clone();
+    for ((running, shutdown), _) in running {
+        stop(running, shutdown).await;
+    }
+    east.cleanup(&[&quorum_name]).await;
 }

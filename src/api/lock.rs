@@ -30,8 +30,7 @@ use serde::{Deserialize, Serialize};
 #[x_kube(validation = Rule::new("has(self.resourceKey) == has(oldSelf.resourceKey) && (!has(self.resourceKey) || self.resourceKey == oldSelf.resourceKey)").message("resourceKey is immutable: create a new DistributedLock to lock another key"))]
 #[x_kube(validation = Rule::new("!has(self.holder.leaderElection) || !has(self.holder.leaderElection.fenceMargin) || duration(self.holder.leaderElection.fenceMargin) < duration(self.ttl)").message("holder.leaderElection.fenceMargin must be shorter than ttl"))]
 #[x_kube(validation = Rule::new("!has(self.permits) || self.permits == 1 || !has(self.holder.identity)").message("permits above 1 cannot be used with holder.identity: one identity holds one permit"))]
-#[x_kube(validation = Rule::new("!has(self.permits) || self.permits == 1 || !has(self.holder.leaderElection)").message("permits above 1 are not supported yet with holder.leaderElection: this version elects one leader per DistributedLock"))]
-#[x_kube(validation = Rule::new("!has(self.holder.jobs) || !has(oldSelf.holder.jobs) || (has(self.permits) ? self.permits : 1) == (has(oldSelf.permits) ? oldSelf.permits : 1)").message("permits of a Jobs lock cannot change: its Jobs hold permits by number, and a permit taken away could still be held; create a new DistributedLock for another count"))]
+#[x_kube(validation = Rule::new("(has(self.permits) ? self.permits : 1) == (has(oldSelf.permits) ? oldSelf.permits : 1)").message("permits cannot change once created: holders hold permits by number, and a permit taken away could still be held; create a new DistributedLock for another count"))]
 #[x_kube(validation = Rule::new("!has(self.holder.jobs) || !has(self.holder.jobs.fenceMargin) || duration(self.holder.jobs.fenceMargin) < duration(self.ttl)").message("holder.jobs.fenceMargin must be shorter than ttl"))]
 #[schemars(transform = crate::api::schema::one_line_paragraphs)]
 pub struct DistributedLockSpec {
@@ -61,9 +60,10 @@ pub struct DistributedLockSpec {
     /// How many holders the lock admits at once (a counting semaphore); 1, the default, is a plain lock. Permit
     /// 0 is the lock's key; permit i is the key `permit:<i>:<key>` with its own fencing token sequence, so the
     /// masters keep one key and one counter per permit; the `lock` command's `--permits` counts against the same
-    /// permits. Above 1 it is refused with holder.identity (one identity holds one permit) and, in this version,
-    /// with holder.leaderElection; with holder.jobs, up to that many Jobs of the queue run at once, each with its
-    /// permit's token. A Jobs lock's permits cannot change once created.
+    /// permits. With holder.jobs, up to that many Jobs of the queue run at once, each with its permit's token;
+    /// with holder.leaderElection, up to that many pods carry the leader label, each with its permit number and
+    /// token. Above 1 it is refused with holder.identity (one identity holds one permit). Cannot change once
+    /// created.
     #[serde(default = "default_permits")]
     #[schemars(range(min = 1, max = 100))]
     pub permits: i32,

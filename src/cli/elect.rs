@@ -26,7 +26,7 @@ use crate::api::{DistributedLock, LockPhase};
 #[command(after_help = concat!(durations_help!(), "
 
 The command gets REDLOCK_LOCK (namespace/name), REDLOCK_LEADER (this pod), REDLOCK_FENCING_TOKEN and
-REDLOCK_VALID_UNTIL in its environment. It needs get, list and watch on distributedlocks.redlock.io in the
+REDLOCK_VALID_UNTIL in its environment, and REDLOCK_PERMIT (this pod's permit) with spec.permits above 1. It needs get, list and watch on distributedlocks.redlock.io in the
 lock's namespace (a Role bound to the pod's service account). Exit status: the command's own when it ends by
 itself; 64 bad usage; 69 no Kubernetes configuration; 0 after SIGTERM/SIGINT while not leading."))]
 pub struct ElectArgs {
@@ -50,17 +50,32 @@ pub struct ElectArgs {
 /// This pod's leadership as status shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Term {
+    /// The permit this pod holds, of a semaphore (spec.permits above 1).
+    pub permit: Option<u32>,
     pub token: i64,
     pub valid_until: Timestamp,
 }
 
-/// Whether status makes `pod` the leader, and of which term.
+/// Whether status makes `pod` a leader, and of which term: the holder of a plain lock, or of one of a
+/// semaphore's permits (`status.holders`).
 pub fn term_of(lock: &DistributedLock, pod: &str) -> Option<Term> {
     let status = lock.status.as_ref()?;
-    if status.phase != Some(LockPhase::Held) || status.holder.as_deref() != Some(pod) {
+    if status.phase != Some(LockPhase::Held) {
+        return None;
+    }
+    if !status.holders.is_empty() {
+        let held = status.holders.iter().find(|held| held.holder == pod)?;
+        return Some(Term {
+            permit: Some(u32::try_from(held.permit).ok()?),
+            token: held.fencing_token,
+            valid_until: held.valid_until.as_ref()?.0,
+        });
+    }
+    if status.holder.as_deref() != Some(pod) {
         return None;
     }
     Some(Term {
+        permit: None,
         token: status.fencing_token?,
         valid_until: status.valid_until.as_ref()?.0,
     })
@@ -130,12 +145,15 @@ pub async fn run(args: ElectArgs) -> i32 {
             "redlock-operator elect: {} leads {namespace}/{} with fencing token {}",
             args.pod, args.lock, current.token
         );
-        let env = [
+        let mut env = vec![
             ("REDLOCK_LOCK", format!("{namespace}/{}", args.lock)),
             ("REDLOCK_LEADER", args.pod.clone()),
             ("REDLOCK_FENCING_TOKEN", current.token.to_string()),
             ("REDLOCK_VALID_UNTIL", current.valid_until.to_string()),
         ];
+        if let Some(permit) = current.permit {
+            env.push(("REDLOCK_PERMIT", permit.to_string()));
+        }
         let mut child = match Child::spawn(&args.command, &env) {
             Ok(child) => child,
             Err((code, message)) => return fail(code, message),
@@ -176,7 +194,7 @@ async fn watch_term(
                 }
                 match terms.borrow_and_update().clone() {
                     // The same term, refreshed: a later fence time.
-                    Some(next) if next.token == current.token => current = next,
+                    Some(next) if next.token == current.token && next.permit == current.permit => current = next,
                     // Another term (a new token) or none: what the command was started with is stale.
                     _ => break,
                 }
@@ -255,6 +273,7 @@ mod tests {
         assert_eq!(
             term_of(&lock(LockPhase::Held, "web-0", 3, at), "web-0"),
             Some(Term {
+                permit: None,
                 token: 3,
                 valid_until: at
             })
@@ -263,11 +282,44 @@ mod tests {
         assert_eq!(term_of(&lock(LockPhase::Lost, "web-0", 3, at), "web-0"), None);
     }
 
+    #[test]
+    fn a_semaphore_makes_each_listed_pod_a_leader_of_its_own_permit() {
+        let at = Timestamp::from_second(1_000).unwrap();
+        let mut semaphore = lock(LockPhase::Held, "web-0", 3, at);
+        if let Some(status) = semaphore.status.as_mut() {
+            status.holders = [("web-0", 0, 3), ("web-2", 1, 7)]
+                .into_iter()
+                .map(|(holder, permit, token)| crate::api::lock::PermitHolder {
+                    permit,
+                    holder: holder.into(),
+                    fencing_token: token,
+                    acquired_at: None,
+                    valid_until: Some(MicroTime(at)),
+                })
+                .collect();
+        }
+        assert_eq!(
+            term_of(&semaphore, "web-2"),
+            Some(Term {
+                permit: Some(1),
+                token: 7,
+                valid_until: at
+            })
+        );
+        assert_eq!(term_of(&semaphore, "web-0").and_then(|term| term.permit), Some(0));
+        assert_eq!(
+            term_of(&semaphore, "web-1"),
+            None,
+            "a pod holding no permit does not lead"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_fence_time_is_the_validity_shown_minus_the_margin() {
         let wall = Timestamp::from_second(1_000).unwrap();
         let now = Instant::now();
         let term = Term {
+            permit: None,
             token: 1,
             valid_until: wall + SignedDuration::from_secs(5),
         };

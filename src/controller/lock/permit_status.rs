@@ -14,9 +14,17 @@ use crate::api::lock::PermitHolder;
 use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
 
 /// Whether `lock`'s status lists its permits in `holders` (a semaphore) rather than showing its one holder at
-/// the top.
+/// the top: by the spec, or by the count its holders hold permits under (`permits_changed`).
 pub fn is_semaphore(lock: &DistributedLock) -> bool {
-    lock.spec.permits > 1
+    permit_span(lock) > 1
+}
+
+/// How many permits of `lock` may be held: the spec's, or more while holders hold permits under an earlier,
+/// higher count. What is kept, released and given up goes over these.
+pub fn permit_span(lock: &DistributedLock) -> u32 {
+    let spec = u32::try_from(lock.spec.permits).unwrap_or(1).max(1);
+    let status = lock.status.as_ref().unwrap_or(DistributedLockStatus::none());
+    permits_changed(status, lock.spec.permits).map_or(spec, |counted| counted.max(spec))
 }
 
 /// What `lock`'s status shows of `permit`, as a plain lock's status (see [`permit_view`]).
@@ -120,6 +128,17 @@ fn held_condition(holders: &[PermitHolder]) -> Update {
     Update::new("Held", true, "Held", format!("held: {}", held.join(", ")))
 }
 
+/// The permit count status was last written under, where that differs from `permits` (the spec's now) while a
+/// permit is held: the holders hold permits by number under the old count, so the new one is not acted on (the
+/// schema refuses the change; this is the operator's own check, for a cluster that let it through). `held`
+/// (`k/N`) is written with every status write.
+pub fn permits_changed(status: &DistributedLockStatus, permits: i32) -> Option<u32> {
+    let (_, counted) = status.held.as_deref()?.split_once('/')?;
+    let counted: u32 = counted.parse().ok()?;
+    let now = u32::try_from(permits.max(1)).ok()?;
+    (counted != now && status.phase == Some(LockPhase::Held)).then_some(counted)
+}
+
 fn listed(status: &DistributedLockStatus, permit: u32) -> Option<&PermitHolder> {
     status
         .holders
@@ -160,6 +179,34 @@ mod tests {
             holder: None,
             ..view.clone()
         }
+    }
+
+    #[test]
+    fn a_permit_count_changed_under_held_permits_is_noticed() {
+        let mut status = held("job-a", 3, 10);
+        status.held = Some("1/3".into());
+        assert_eq!(permits_changed(&status, 3), None);
+        assert_eq!(permits_changed(&status, 2), Some(3), "shrunk under its holders");
+        assert_eq!(permits_changed(&status, 5), Some(3), "grown");
+        status.held = Some("1/1".into());
+        assert_eq!(permits_changed(&status, 1), None);
+        assert_eq!(permits_changed(&status, 0), None, "an unset count is one");
+        assert_eq!(permits_changed(&status, 4), Some(1));
+        status.phase = Some(LockPhase::Pending);
+        assert_eq!(
+            permits_changed(&status, 4),
+            None,
+            "nothing held: the new count is taken as it is"
+        );
+        status.phase = Some(LockPhase::Held);
+        status.held = None;
+        assert_eq!(
+            permits_changed(&status, 4),
+            None,
+            "a status from before held was written"
+        );
+        status.held = Some("garbage".into());
+        assert_eq!(permits_changed(&status, 4), None);
     }
 
     #[test]

@@ -14,8 +14,7 @@ use kube::{Resource, ResourceExt};
 use super::actions::{self, Target, handover};
 use super::decide::{LockAction, Wanted, acquisition_in_status, current_holder, decide, known_floor};
 use super::handover::Release;
-use super::permit_status::{is_semaphore, status_of};
-use super::policy::jobs::JobQueue;
+use super::permit_status::{is_semaphore, permit_span, permits_changed, status_of};
 use super::policy::{Policy, Turn};
 use super::settings::{HolderKind, LockSettings, QuorumRules, lock_settings};
 use super::{FINALIZER, RESYNC};
@@ -93,7 +92,16 @@ fn rules_of(engine: &QuorumEngine) -> QuorumRules<'_> {
 /// before: its Jobs are fenced through their own objects.
 async fn hand_over_before_deletion(lock: &DistributedLock, ctx: &Context) -> Result<Option<Duration>, Error> {
     let lref = ObjectRef::from_obj(lock);
-    if let Some(at) = handover::settle(ctx, &lref, None).await? {
+    let permits: Vec<PermitRef> = (0..permit_span(lock))
+        .map(|permit| PermitRef::new(lref.clone(), permit))
+        .collect();
+    let mut waits = Vec::new();
+    for permit in &permits {
+        if let Some(at) = handover::settle(ctx, permit, None).await? {
+            waits.push(at);
+        }
+    }
+    if let Some(at) = waits.into_iter().max() {
         return Ok(Some(handover::until(at)));
     }
     let QuorumLookup::Ready(engine) = ctx.engines.lookup(&lock.spec.quorum) else {
@@ -106,32 +114,39 @@ async fn hand_over_before_deletion(lock: &DistributedLock, ctx: &Context) -> Res
     if matches!(settings.holder, HolderKind::Jobs) {
         return Ok(None);
     }
-    let status = lock.status.as_ref().unwrap_or(DistributedLockStatus::none());
-    let current = current_holder(ctx.keeper.view(&lref).as_ref(), status);
-    let policy = Policy::observe(ctx, lock, &settings, current.as_deref(), 0).ok();
+    // Only whether each holder's pod is gone is asked of the policy here: who holds which permit does not matter.
+    let policy = Policy::observe(ctx, lock, &settings, None, 0).ok();
     if let Some(Policy::Leader(election)) = &policy {
-        election.unlabel_all_but(ctx, None).await?;
+        election.unlabel_all_but(ctx, &[]).await?;
     }
-    let gave_up = match handover::give_up_kept(ctx, lock, &lref, policy.as_ref()).await? {
-        Some(gave_up) => Some(gave_up),
-        None => match handover::shown_in_status(ctx, lock, 0, &settings.quorum, &settings.key)? {
-            Some(given) => Some(handover::give_up(ctx, &lref, policy.as_ref(), given).await?),
-            None => None,
-        },
-    };
-    match gave_up {
-        Some(
-            gave_up @ handover::GaveUp {
-                release: Release::At(at),
-                ..
+    let mut notes = Vec::new();
+    let mut release_at = None;
+    for permit in &permits {
+        let key = permit_key(&settings.key, permit.permit);
+        let gave_up = match handover::give_up_kept(ctx, lock, permit, policy.as_ref()).await? {
+            Some(gave_up) => Some(gave_up),
+            None => match handover::shown_in_status(ctx, lock, permit.permit, &settings.quorum, &key)? {
+                Some(given) => Some(handover::give_up(ctx, permit, policy.as_ref(), given).await?),
+                None => None,
             },
-        ) => {
-            let note = format!("deleted: {}; the finalizer stays until then", gave_up.note());
-            ctx.publish(lock, EventType::Normal, "Releasing", note).await;
-            Ok(Some(handover::until(at)))
+        };
+        if let Some(gave_up) = gave_up
+            && let Release::At(at) = gave_up.release
+        {
+            release_at = release_at.max(Some(at));
+            notes.push(if permits.len() > 1 {
+                format!("permit {}: {}", permit.permit, gave_up.note())
+            } else {
+                gave_up.note()
+            });
         }
-        _ => Ok(None),
     }
+    let Some(at) = release_at else {
+        return Ok(None);
+    };
+    let note = format!("deleted: {}; the finalizer stays until then", notes.join("; "));
+    ctx.publish(lock, EventType::Normal, "Releasing", note).await;
+    Ok(Some(handover::until(at)))
 }
 
 async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
@@ -168,6 +183,14 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
             return actions::wait::invalid_spec(lock, ctx, invalid.reason, invalid.message).await;
         }
     };
+    let status = lock.status.as_ref().unwrap_or(DistributedLockStatus::none());
+    if let Some(previous) = permits_changed(status, lock.spec.permits) {
+        let message = format!(
+            "spec.permits changed from {previous} to {} while permits are held: holders hold permits by number, and a permit taken away could still be held; set it back to {previous}, or create a new DistributedLock for another count",
+            lock.spec.permits
+        );
+        return actions::wait::invalid_spec(lock, ctx, "PermitsChanged", message).await;
+    }
     let mut keep = KeepPolicy::for_ttl(settings.ttl, config.node_timeout);
     if let Some(margin) = settings.fence_margin {
         keep.fence_margin = margin;
@@ -175,7 +198,6 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     if is_semaphore(lock) {
         return apply_semaphore(lock, ctx, lref, settings, engine, keep).await;
     }
-    let status = lock.status.as_ref().unwrap_or(DistributedLockStatus::none());
     let held = ctx.keeper.view(&lref);
     let current = current_holder(held.as_ref(), status);
     let latest_token = known_floor(status, ctx.keeper.highest_token(&lref));
@@ -185,7 +207,7 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
             return actions::wait::invalid_spec(lock, ctx, "InvalidSelector", message).await;
         }
     };
-    policy.prepare(ctx, current.as_deref()).await?;
+    policy.prepare(ctx).await?;
     if let Some(at) = handover::settle(ctx, &lref, Some(&policy)).await? {
         // A key given up waits for the validity shown to its holder to end: nobody takes the lock meanwhile, and
         // status says until when (written when it was given up).
@@ -204,9 +226,10 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     act(&target, ctx, turn, held, status, latest_token).await
 }
 
-/// A Job semaphore (spec.permits above 1): the Jobs are planned for every permit at once (`permits::plan`), then
-/// each permit goes through the one-permit steps on its own key with its own holder, token and status entry
-/// (`permit_status`), so one permit's loss, hand-over or wait touches no other.
+/// A semaphore (spec.permits above 1): the policy is observed for every permit at once (Job fencing plans the
+/// queue over the permits, leader election elects a pod per permit), then each permit goes through the one-permit
+/// steps on its own key with its own holder, token and status entry (`permit_status`), so one permit's loss,
+/// hand-over or wait touches no other.
 async fn apply_semaphore(
     lock: &DistributedLock,
     ctx: &Context,
@@ -227,11 +250,13 @@ async fn apply_semaphore(
             (current, known_floor(&status, ctx.keeper.highest_token(permit)))
         })
         .collect();
-    let mut jobs = JobQueue::observe_permits(ctx, lock, states);
-    jobs.confirm().await?;
-    jobs.suspend_strays(ctx).await?;
-    jobs.recheck_pods(ctx).await?;
-    let policy = Policy::Jobs(Box::new(jobs));
+    let mut policy = match Policy::observe_permits(ctx, lock, &settings, states) {
+        Ok(policy) => policy,
+        Err(message) => {
+            return actions::wait::invalid_spec(lock, ctx, "InvalidSelector", message).await;
+        }
+    };
+    policy.prepare(ctx).await?;
     let mut actions = Vec::with_capacity(permits.len());
     for permit in permits {
         if let Some(at) = handover::settle(ctx, &permit, Some(&policy)).await? {

@@ -162,8 +162,8 @@ pub fn lock_settings(
     })
 }
 
-/// `spec.permits` as a count, where the holder policy can hand that many out: Job fencing any, leader election
-/// (in this version) and an identity one. The schema refuses the same; this is the operator's own check of what
+/// `spec.permits` as a count, where the holder policy can hand that many out: Job fencing and leader election
+/// any, an identity one. The schema refuses the same; this is the operator's own check of what
 /// it is given.
 fn check_permits(permits: i32, holder: &HolderKind) -> Result<u32, (&'static str, String)> {
     let count = u32::try_from(permits)
@@ -183,13 +183,7 @@ fn check_permits(permits: i32, holder: &HolderKind) -> Result<u32, (&'static str
             "InvalidPermits",
             format!("spec.permits is {count}, but one holder.identity holds one permit: set permits to 1"),
         )),
-        HolderKind::LeaderElection(_) => Err((
-            "PermitsNotSupported",
-            format!(
-                "spec.permits is {count}: leader election with several permits is not supported yet; set permits to 1"
-            ),
-        )),
-        HolderKind::Jobs => Ok(count),
+        HolderKind::LeaderElection(_) | HolderKind::Jobs => Ok(count),
     }
 }
 
@@ -197,7 +191,7 @@ fn check_permits(permits: i32, holder: &HolderKind) -> Result<u32, (&'static str
 /// so that a lock cannot take, or learn the holders of, another namespace's key; shared (`<prefix><resourceKey>`)
 /// only where the quorum lets the namespace share, and then in a key space scoped keys cannot reach (see
 /// `SharedKeys::check_prefix`).
-fn redis_key(
+pub fn redis_key(
     spec: &DistributedLockSpec,
     namespace: &str,
     name: &str,
@@ -288,8 +282,8 @@ mod tests {
             "permits": 3,
             "holder": {"leaderElection": {"selector": {"matchLabels": {"app": "w"}}}},
         }))
-        .unwrap_err();
-        assert_eq!(leader.reason, "PermitsNotSupported");
+        .unwrap();
+        assert_eq!(leader.permits, 3, "leader election elects a pod per permit");
         let jobs = settings(serde_json::json!({"permits": 3, "holder": {"jobs": {}}})).unwrap();
         assert_eq!(jobs.permits, 3, "Job fencing hands out every permit");
     }

@@ -7,7 +7,7 @@ use kube::core::Request;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 
-use super::permit_status::{fold_permit, is_semaphore, permit_view};
+use super::permit_status::{fold_permit, is_semaphore, permit_view, permits_changed};
 use super::status::held_count;
 use crate::api::conditions::Stamp;
 use crate::api::{DistributedLock, DistributedLockStatus};
@@ -38,8 +38,12 @@ pub async fn write_status(
         let Some(mut next) = edit(before) else {
             return Ok(false);
         };
-        // Every write shows the `Held` column's count, whichever edit made it.
-        next.held = Some(held_count(&next, current.spec.permits));
+        // Every write shows the `Held` column's count, whichever edit made it: of the permits the holders hold
+        // while a changed count is not acted on (`permits_changed`), so that the change stays noticed.
+        let counted = permits_changed(before, current.spec.permits)
+            .and_then(|previous| i32::try_from(previous).ok())
+            .unwrap_or(current.spec.permits);
+        next.held = Some(held_count(&next, counted));
         if &next == before {
             return Ok(true);
         }

@@ -168,6 +168,7 @@ fn leading(cluster: &str, pod: &Pod, now: Instant) -> Option<Seen> {
     }
     let annotations = pod.metadata.annotations.as_ref()?;
     let term = Term {
+        permit: None,
         token: annotations.get(TOKEN_ANNOTATION)?.parse().ok()?,
         valid_until: annotations.get(VALID_UNTIL_ANNOTATION)?.parse().ok()?,
     };

@@ -15,7 +15,8 @@ use crate::controller::engines::QuorumLookup;
 use crate::controller::error::Error;
 use crate::controller::keeper::{HeldView, PermitRef};
 use crate::controller::lock::decide::acquisition_in_status;
-use crate::controller::lock::permit_status::status_of;
+use crate::controller::lock::permit_status::{permit_span, status_of};
+use crate::controller::lock::settings::redis_key;
 use crate::controller::lock::status;
 use crate::controller::lock::status_write::write_permit_status;
 use crate::redlock::{OperationReport, permit_key};
@@ -111,7 +112,7 @@ pub async fn release_finished(
 pub async fn cleanup(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     ctx.ensure_leader()?;
     let lref = ObjectRef::from_obj(lock);
-    let permits = u32::try_from(lock.spec.permits).unwrap_or(1).max(1);
+    let permits = permit_span(lock);
     for permit in 0..permits {
         let held = PermitRef::new(lref.clone(), permit);
         let released = match ctx.keeper.view(&held) {
@@ -154,12 +155,17 @@ pub async fn release_from_status(
     let QuorumLookup::Ready(engine) = ctx.engines.lookup(&lock.spec.quorum) else {
         return Ok(None);
     };
+    // The key as every acquisition makes it (scoped by the namespace, or under the quorum's shared prefix): a
+    // spec that no longer makes one was not acted on, and its key expires on its own.
     let namespace = lock.namespace().unwrap_or_default();
-    let lock_key = lock
-        .spec
-        .resource_key
-        .clone()
-        .unwrap_or_else(|| format!("{namespace}/{}", lock.name_any()));
+    let Ok(lock_key) = redis_key(
+        &lock.spec,
+        &namespace,
+        &lock.name_any(),
+        engine.shared_keys.as_ref(),
+    ) else {
+        return Ok(None);
+    };
     let key = permit_key(&lock_key, permit);
     let value = ctx
         .secret

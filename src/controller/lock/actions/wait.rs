@@ -11,8 +11,9 @@ use super::{Target, stamp_now};
 use crate::api::{DistributedLock, LockPhase};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
+use crate::controller::keeper::PermitRef;
 use crate::controller::lock::handover::Release;
-use crate::controller::lock::permit_status::status_of;
+use crate::controller::lock::permit_status::{permit_span, status_of};
 use crate::controller::lock::policy::Waiting;
 use crate::controller::lock::status;
 use crate::controller::lock::status_write::{write_permit_status, write_status};
@@ -27,8 +28,9 @@ pub async fn not_ready(
     message: String,
     retry: Option<Duration>,
 ) -> Result<Action, Error> {
-    let lref = ObjectRef::from_obj(lock);
-    give_up_kept(ctx, lock, &lref, None).await?;
+    for permit in permits_of(lock) {
+        give_up_kept(ctx, lock, permit, None).await?;
+    }
     let before = lock.status.as_ref().and_then(|status| status.phase);
     // A new reason in the same phase (a lock Pending for one reason, then for another) is news too.
     let reason_before = not_ready_reason(lock);
@@ -51,8 +53,7 @@ pub async fn invalid_spec(
     reason: &'static str,
     message: String,
 ) -> Result<Action, Error> {
-    let lref = ObjectRef::from_obj(lock);
-    if ctx.keeper.view(&lref).is_none() {
+    if !permits_of(lock).any(|permit| ctx.keeper.view(permit).is_some()) {
         return not_ready(lock, ctx, LockPhase::Invalid, reason, message, None).await;
     }
     let reason_before = not_ready_reason(lock);
@@ -67,6 +68,12 @@ pub async fn invalid_spec(
         ctx.publish(lock, EventType::Warning, reason, note).await;
     }
     Ok(Action::await_change())
+}
+
+/// Every permit of `lock` that may be held.
+fn permits_of(lock: &DistributedLock) -> impl Iterator<Item = PermitRef> {
+    let lref = ObjectRef::from_obj(lock);
+    (0..permit_span(lock)).map(move |permit| PermitRef::new(lref.clone(), permit))
 }
 
 /// Why status shows the lock not ready, if it does.

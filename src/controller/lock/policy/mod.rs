@@ -22,6 +22,9 @@ use crate::controller::error::Error;
 
 /// The annotation that carries the fencing token: on the leader pod, and in a granted Job's pod template.
 pub const TOKEN_ANNOTATION: &str = "redlock.io/fencing-token";
+/// The permit of a semaphore (spec.permits above 1) its holder was given: on each leader pod, and in a granted
+/// Job's pod template (so on its pods). Absent: permit 0, as for every holder of a lock of one permit.
+pub const PERMIT_ANNOTATION: &str = "redlock.io/permit";
 
 /// A lock's holder policy, as observed for one reconciliation.
 pub enum Policy {
@@ -95,24 +98,44 @@ impl Policy {
         Ok(match &settings.holder {
             HolderKind::Identity(holder) => Self::Identity(holder.clone()),
             HolderKind::LeaderElection(election) => {
+                let current = vec![current.map(str::to_owned)];
                 Self::Leader(Box::new(Election::observe(ctx, lock, election, current)?))
             }
             HolderKind::Jobs => Self::Jobs(Box::new(JobQueue::observe(ctx, lock, current, latest_token))),
         })
     }
 
+    /// Observes a semaphore's policy: `permits[i]` is permit i's holder and highest known token. `Err` as for
+    /// [`Policy::observe`]; an identity holds one permit (refused before this).
+    pub fn observe_permits(
+        ctx: &Context,
+        lock: &DistributedLock,
+        settings: &LockSettings,
+        permits: Vec<(Option<String>, i64)>,
+    ) -> Result<Self, String> {
+        Ok(match &settings.holder {
+            HolderKind::Identity(_) => {
+                return Err("one holder.identity holds one permit: set spec.permits to 1".to_owned());
+            }
+            HolderKind::LeaderElection(election) => {
+                let current = permits.into_iter().map(|(holder, _)| holder).collect();
+                Self::Leader(Box::new(Election::observe(ctx, lock, election, current)?))
+            }
+            HolderKind::Jobs => Self::Jobs(Box::new(JobQueue::observe_permits(ctx, lock, permits))),
+        })
+    }
+
     /// Confirms with direct reads what the caches say is gone or changed, then makes the writes that must come
-    /// before the lock moves. `current`: who holds the lock, per the lease this replica keeps or, right after a
-    /// restart or failover, per status.
-    pub async fn prepare(&mut self, ctx: &Context, current: Option<&str>) -> Result<(), Error> {
+    /// before the lock (or one of its permits) moves.
+    pub async fn prepare(&mut self, ctx: &Context) -> Result<(), Error> {
         match self {
             Self::Identity(_) => Ok(()),
-            // The label stays only on the leader that holds the lock and is still the one to lead; every other pod
-            // loses it before the lock moves. A leader a predecessor replica held for keeps it while it is resumed.
+            // The label stays only on the leaders that hold their permits and are still the ones to lead; every
+            // other pod loses it before a permit moves. A leader a predecessor replica held for keeps it while it is
+            // resumed.
             Self::Leader(election) => {
-                election.confirm_current(current).await?;
-                let keep = current.filter(|holder| election.chosen.as_deref() == Some(*holder));
-                election.unlabel_all_but(ctx, keep).await
+                election.confirm_current().await?;
+                election.unlabel_all_but_kept(ctx).await
             }
             Self::Jobs(jobs) => {
                 jobs.confirm().await?;
@@ -123,27 +146,30 @@ impl Policy {
     }
 
     pub fn turn(&self, lock: &DistributedLock) -> Turn {
+        self.permit_turn(lock, 0)
+    }
+
+    /// Whose turn it is on `permit` (of a semaphore, or permit 0 of a plain lock).
+    pub fn permit_turn(&self, lock: &DistributedLock, permit: u32) -> Turn {
         match self {
             Self::Identity(holder) => Turn::Hold(holder.clone()),
-            Self::Leader(election) => match &election.chosen {
-                Some(chosen) => Turn::Hold(chosen.clone()),
+            Self::Leader(election) => match election.chosen_for(permit) {
+                Some(chosen) => Turn::Hold(chosen.to_owned()),
                 None => Turn::Wait(Waiting {
                     reason: "NoCandidates",
-                    message: "no pod matching spec.holder.leaderElection.selector is running and ready"
-                        .to_owned(),
+                    message: if election.candidates.is_empty() {
+                        "no pod matching spec.holder.leaderElection.selector is running and ready".to_owned()
+                    } else {
+                        format!(
+                            "no pod is free to hold permit {permit}: every running and ready pod matching spec.holder.leaderElection.selector holds another"
+                        )
+                    },
                     keep_lost: false,
                     release_kept: true,
                     warn_if_was_held: true,
                     retry: super::RESYNC,
                 }),
             },
-            Self::Jobs(jobs) => jobs_turn(jobs.step(), &lock.name_any()),
-        }
-    }
-
-    /// Whose turn it is on `permit` of a semaphore (Job fencing plans every permit; other policies hold one).
-    pub fn permit_turn(&self, lock: &DistributedLock, permit: u32) -> Turn {
-        match self {
             Self::Jobs(jobs) => {
                 let step = usize::try_from(permit)
                     .ok()
@@ -151,8 +177,6 @@ impl Policy {
                     .unwrap_or(&JobStep::Idle);
                 jobs_turn(step, &lock.name_any())
             }
-            _ if permit == 0 => self.turn(lock),
-            _ => jobs_turn(&JobStep::Idle, &lock.name_any()),
         }
     }
 
@@ -194,7 +218,7 @@ impl Policy {
         match self {
             Self::Identity(_) => Ok(()),
             // Labelled only once status shows the new token, so what the pod reads agrees with status.
-            Self::Leader(election) => election.label(ctx, holder, token, valid_until).await,
+            Self::Leader(election) => election.label(ctx, holder, permit, token, valid_until).await,
             // Granted only once status shows the token the Job is given.
             Self::Jobs(jobs) => {
                 let permit = is_semaphore(lock).then_some(permit);

@@ -7,6 +7,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
+pub use crate::controller::lock::policy::PERMIT_ANNOTATION;
 use crate::controller::lock::policy::TOKEN_ANNOTATION;
 
 /// Jobs carrying `redlock.io/lock: <lock name>` queue for that lock.
@@ -20,9 +21,6 @@ pub const FENCED_AT_ANNOTATION: &str = "redlock.io/fenced-at";
 /// On a fenced Job whose token can no longer be used and whose pod template could not take a new one: it stays
 /// suspended.
 pub const STALE_ANNOTATION: &str = "redlock.io/stale";
-/// On a granted Job's pod template, and so on its pods: the permit of the lock it was granted (a semaphore's;
-/// absent: permit 0, as every grant of a lock of one permit).
-pub const PERMIT_ANNOTATION: &str = "redlock.io/permit";
 /// On a fenced Job whose token can no longer be used, once its `status.startTime` was cleared so that its pod
 /// template can take a new token: it waits in the queue again.
 pub const REQUEUED_ANNOTATION: &str = "redlock.io/requeued";

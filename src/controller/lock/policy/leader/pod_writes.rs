@@ -11,34 +11,39 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::rule::{PodView, VALID_UNTIL_ANNOTATION, candidates, choose_leader, labels_to_remove};
+use super::rule::{PodView, VALID_UNTIL_ANNOTATION, candidates, choose_leaders, labels_to_remove};
 use crate::api::DistributedLock;
 use crate::api::lock::LeaderElectionPolicy;
 use crate::controller::context::Context;
 use crate::controller::error::{Error, is_not_found};
-use crate::controller::lock::policy::TOKEN_ANNOTATION;
+use crate::controller::lock::policy::{PERMIT_ANNOTATION, TOKEN_ANNOTATION};
 
-/// One look at the pods of a leader-election lock.
+/// One look at the pods of a leader-election lock. A semaphore (spec.permits above 1) elects one leader per
+/// permit; a lock of one permit is the semaphore of one.
 pub struct Election {
     api: Api<Pod>,
     label: String,
     selector: Selector,
     preference: Vec<String>,
     pods: Vec<PodView>,
+    /// Each permit's holder now, per this replica's lease or status.
+    current: Vec<Option<String>>,
+    /// The leader pods carry their permit number (a semaphore's).
+    semaphore: bool,
     /// Candidates in election order, for status.
     pub candidates: Vec<String>,
-    /// The pod that should lead now, if any can.
-    pub chosen: Option<String>,
+    /// The pod that should hold each permit now, where any can.
+    pub chosen: Vec<Option<String>>,
 }
 
 impl Election {
-    /// Reads the pods from the cache; `Err` is a message for the `Ready` condition (a selector that cannot be
-    /// evaluated).
+    /// Reads the pods from the cache; `current[i]` is permit i's holder now (one entry for a lock of one
+    /// permit). `Err` is a message for the `Ready` condition (a selector that cannot be evaluated).
     pub fn observe(
         ctx: &Context,
         lock: &DistributedLock,
         policy: &LeaderElectionPolicy,
-        current: Option<&str>,
+        current: Vec<Option<String>>,
     ) -> Result<Self, String> {
         let namespace = lock.namespace().unwrap_or_default();
         let selector = Selector::try_from(policy.selector.clone())
@@ -50,52 +55,87 @@ impl Election {
             selector,
             preference: policy.preference.clone(),
             pods,
+            semaphore: current.len() > 1,
+            current,
             candidates: Vec::new(),
-            chosen: None,
+            chosen: Vec::new(),
         };
-        election.elect(current);
+        election.elect();
         Ok(election)
     }
 
-    fn elect(&mut self, current: Option<&str>) {
+    fn elect(&mut self) {
         self.candidates = candidates(&self.pods, &self.preference)
             .iter()
             .map(|pod| pod.name.clone())
             .collect();
-        self.chosen = choose_leader(&self.pods, current, &self.preference);
+        let current: Vec<Option<&str>> = self.current.iter().map(Option::as_deref).collect();
+        self.chosen = choose_leaders(&self.pods, &current, &self.preference);
     }
 
-    /// The cache says the current leader can no longer lead (gone, unready, relabelled). Before its label is
+    /// The pod that should hold `permit` now.
+    pub fn chosen_for(&self, permit: u32) -> Option<&str> {
+        let index = usize::try_from(permit).ok()?;
+        self.chosen.get(index)?.as_deref()
+    }
+
+    /// The holders that keep their permits: each still the one chosen for it.
+    fn kept(&self) -> Vec<&str> {
+        self.current
+            .iter()
+            .zip(&self.chosen)
+            .filter(|(current, chosen)| current.is_some() && current == chosen)
+            .filter_map(|(current, _)| current.as_deref())
+            .collect()
+    }
+
+    /// The cache says a current leader can no longer lead (gone, unready, relabelled). Before its label is
     /// removed and its lock moves, its pod is read from the API server: a cache that lags behind must not move a
     /// leader that is still a candidate.
-    pub async fn confirm_current(&mut self, current: Option<&str>) -> Result<(), Error> {
-        let Some(current) = current else {
-            return Ok(());
-        };
-        if self.chosen.as_deref() == Some(current) {
+    pub async fn confirm_current(&mut self) -> Result<(), Error> {
+        let moved: Vec<String> = self
+            .current
+            .iter()
+            .zip(&self.chosen)
+            .filter(|(current, chosen)| current.is_some() && current != chosen)
+            .filter_map(|(current, _)| current.clone())
+            .collect();
+        if moved.is_empty() {
             return Ok(());
         }
-        let fresh = self.api.get_opt(current).await?;
-        self.pods.retain(|pod| pod.name != current);
-        if let Some(pod) = fresh.filter(|pod| {
-            self.selector
-                .matches(pod.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()))
-        }) {
-            self.pods.push(PodView::of(&pod, &self.label));
+        for current in &moved {
+            let fresh = self.api.get_opt(current).await?;
+            self.pods.retain(|pod| pod.name != *current);
+            if let Some(pod) = fresh.filter(|pod| {
+                self.selector
+                    .matches(pod.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()))
+            }) {
+                self.pods.push(PodView::of(&pod, &self.label));
+            }
         }
-        self.elect(Some(current));
-        if self.chosen.as_deref() == Some(current) {
-            tracing::info!(
-                pod = current,
-                "the pod cache lagged: the leader is still a candidate"
-            );
+        self.elect();
+        for current in self.kept() {
+            if moved.iter().any(|name| name == current) {
+                tracing::info!(
+                    pod = current,
+                    "the pod cache lagged: the leader is still a candidate"
+                );
+            }
         }
         Ok(())
     }
 
+    /// Removes the leader label from every pod but the leaders that keep their permits. Done before anything
+    /// else, so that no pod carries the label of a permit another may take.
+    pub async fn unlabel_all_but_kept(&self, ctx: &Context) -> Result<(), Error> {
+        let kept: Vec<String> = self.kept().into_iter().map(str::to_owned).collect();
+        let kept: Vec<&str> = kept.iter().map(String::as_str).collect();
+        self.unlabel_all_but(ctx, &kept).await
+    }
+
     /// Removes the leader label from every pod but `keep`, the leader whose lock is held. Done before anything
     /// else, so that two pods never carry the label.
-    pub async fn unlabel_all_but(&self, ctx: &Context, keep: Option<&str>) -> Result<(), Error> {
+    pub async fn unlabel_all_but(&self, ctx: &Context, keep: &[&str]) -> Result<(), Error> {
         for pod in labels_to_remove(&self.pods, keep) {
             self.unlabel(ctx, &pod).await?;
         }
@@ -107,7 +147,7 @@ impl Election {
         let patch = serde_json::json!({
             "metadata": {
                 "labels": { self.label.clone(): null },
-                "annotations": { TOKEN_ANNOTATION: null, VALID_UNTIL_ANNOTATION: null },
+                "annotations": { TOKEN_ANNOTATION: null, VALID_UNTIL_ANNOTATION: null, PERMIT_ANNOTATION: null },
             }
         });
         match self
@@ -136,14 +176,17 @@ impl Election {
         Ok(self.api.get_opt(pod).await?.is_none())
     }
 
-    /// Labels `pod` as the leader with its fencing token and validity, unless it already shows exactly that.
+    /// Labels `pod` as the leader with its fencing token and validity (and a semaphore's permit number), unless
+    /// it already shows exactly that.
     pub async fn label(
         &self,
         ctx: &Context,
         pod: &str,
+        permit: u32,
         token: i64,
         valid_until: &MicroTime,
     ) -> Result<(), Error> {
+        let permit = self.semaphore.then(|| permit.to_string());
         let valid_until = serde_json::to_value(valid_until)?;
         let current = self.pods.iter().find(|view| view.name == pod);
         let cached = ctx.pods.get(&ObjectRef::new(pod).within(&self.api_namespace()));
@@ -153,7 +196,8 @@ impl Election {
             .unwrap_or_default();
         let up_to_date = current.is_some_and(|view| view.labelled)
             && shown.get(TOKEN_ANNOTATION) == Some(&token.to_string())
-            && valid_until.as_str() == shown.get(VALID_UNTIL_ANNOTATION).map(String::as_str);
+            && valid_until.as_str() == shown.get(VALID_UNTIL_ANNOTATION).map(String::as_str)
+            && shown.get(PERMIT_ANNOTATION) == permit.as_ref();
         if up_to_date {
             return Ok(());
         }
@@ -161,14 +205,18 @@ impl Election {
         let patch = serde_json::json!({
             "metadata": {
                 "labels": { self.label.clone(): "true" },
-                "annotations": { TOKEN_ANNOTATION: token.to_string(), VALID_UNTIL_ANNOTATION: valid_until },
+                "annotations": {
+                    TOKEN_ANNOTATION: token.to_string(),
+                    VALID_UNTIL_ANNOTATION: valid_until,
+                    PERMIT_ANNOTATION: permit,
+                },
             }
         });
         self.api
             .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
         if !current.is_some_and(|view| view.labelled) {
-            tracing::info!(pod, token, "leader labelled");
+            tracing::info!(pod, token, permit, "leader labelled");
         }
         Ok(())
     }

@@ -60,20 +60,40 @@ pub fn candidates<'a>(pods: &'a [PodView], preference: &[String]) -> Vec<&'a Pod
     candidates
 }
 
-/// The pod that should lead: the current leader while it is a candidate (a leader is never moved for
-/// preference alone), otherwise the first candidate.
-pub fn choose_leader(pods: &[PodView], current: Option<&str>, preference: &[String]) -> Option<String> {
+/// The pods that should hold each permit of a semaphore, in permit order (`current[i]`: permit i's holder now).
+/// A holder keeps its permit while it is a candidate, so a pod keeps its permit number; the free permits go,
+/// lowest first, to the first candidates in election order that hold no permit. A pod never gets two permits
+/// (a cache or status naming one pod twice leaves it the lowest).
+pub fn choose_leaders(
+    pods: &[PodView],
+    current: &[Option<&str>],
+    preference: &[String],
+) -> Vec<Option<String>> {
     let ordered = candidates(pods, preference);
-    current
-        .and_then(|current| ordered.iter().find(|pod| pod.name == current))
-        .or_else(|| ordered.first())
-        .map(|pod| pod.name.clone())
+    let is_candidate = |name: &str| ordered.iter().any(|pod| pod.name == name);
+    let mut taken: Vec<&str> = Vec::with_capacity(current.len());
+    let mut chosen: Vec<Option<String>> = current
+        .iter()
+        .map(|holder| {
+            let keep = holder.filter(|name| is_candidate(name) && !taken.contains(name))?;
+            taken.push(keep);
+            Some(keep.to_owned())
+        })
+        .collect();
+    let mut free = ordered
+        .iter()
+        .map(|pod| pod.name.as_str())
+        .filter(|name| !current.contains(&Some(*name)));
+    for slot in chosen.iter_mut().filter(|slot| slot.is_none()) {
+        *slot = free.next().map(str::to_owned);
+    }
+    chosen
 }
 
-/// Pods that carry the leader label but must not: all but `keep` (the leader whose lock is held).
-pub fn labels_to_remove(pods: &[PodView], keep: Option<&str>) -> Vec<String> {
+/// Pods that carry the leader label but must not: all but `keep` (the leaders whose permits are held).
+pub fn labels_to_remove(pods: &[PodView], keep: &[&str]) -> Vec<String> {
     pods.iter()
-        .filter(|pod| pod.labelled && Some(pod.name.as_str()) != keep)
+        .filter(|pod| pod.labelled && !keep.contains(&pod.name.as_str()))
         .map(|pod| pod.name.clone())
         .collect()
 }
@@ -81,6 +101,11 @@ pub fn labels_to_remove(pods: &[PodView], keep: Option<&str>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lock of one permit: the semaphore of one.
+    fn choose_leader(pods: &[PodView], current: Option<&str>, preference: &[String]) -> Option<String> {
+        choose_leaders(pods, &[current], preference).pop().flatten()
+    }
 
     fn pod(name: &str, created: i64, candidate: bool, labelled: bool) -> PodView {
         PodView {
@@ -142,7 +167,75 @@ mod tests {
             pod("b", 2, false, true),
             pod("c", 3, true, false),
         ];
-        assert_eq!(labels_to_remove(&pods, Some("a")), ["b"]);
-        assert_eq!(labels_to_remove(&pods, None), ["a", "b"]);
+        assert_eq!(labels_to_remove(&pods, &["a"]), ["b"]);
+        assert_eq!(labels_to_remove(&pods, &[]), ["a", "b"]);
+        assert_eq!(labels_to_remove(&pods, &["a", "b"]), Vec::<String>::new());
+    }
+
+    fn names(chosen: &[Option<String>]) -> Vec<Option<&str>> {
+        chosen.iter().map(Option::as_deref).collect()
+    }
+
+    #[test]
+    fn each_permit_goes_to_its_own_pod_in_election_order() {
+        let pods = [
+            pod("w-0", 1, true, false),
+            pod("w-1", 2, true, false),
+            pod("w-2", 3, true, false),
+            pod("w-3", 4, true, false),
+        ];
+        assert_eq!(
+            names(&choose_leaders(&pods, &[None, None, None], &[])),
+            [Some("w-0"), Some("w-1"), Some("w-2")]
+        );
+        let few = &pods[..2];
+        assert_eq!(
+            names(&choose_leaders(few, &[None, None, None], &[])),
+            [Some("w-0"), Some("w-1"), None],
+            "a permit nobody can take stays free"
+        );
+        let preference = vec!["w-3".to_owned()];
+        assert_eq!(
+            names(&choose_leaders(&pods, &[None, None], &preference)),
+            [Some("w-3"), Some("w-0")]
+        );
+    }
+
+    #[test]
+    fn holders_keep_their_permit_numbers_and_a_freed_permit_goes_to_the_next_candidate() {
+        let mut pods = vec![
+            pod("w-0", 1, true, true),
+            pod("w-1", 2, true, true),
+            pod("w-2", 3, true, true),
+            pod("w-3", 4, true, false),
+        ];
+        let current = [Some("w-2"), Some("w-0"), Some("w-1")];
+        assert_eq!(
+            names(&choose_leaders(&pods, &current, &[])),
+            current,
+            "older pods notwithstanding, every holder keeps its own permit"
+        );
+        pods[0].candidate = false;
+        assert_eq!(
+            names(&choose_leaders(&pods, &current, &[])),
+            [Some("w-2"), Some("w-3"), Some("w-1")],
+            "only permit 1, whose pod went, moves"
+        );
+        assert_eq!(
+            names(&choose_leaders(&pods, &[Some("w-1"), Some("w-1"), None], &[])),
+            [Some("w-1"), Some("w-2"), Some("w-3")],
+            "a pod named twice keeps its lowest permit only"
+        );
+    }
+
+    #[test]
+    fn a_pod_whose_permit_is_still_shown_gets_no_other() {
+        let pods = [pod("w-0", 1, true, true), pod("w-1", 2, true, false)];
+        // Permit 1 is w-0's (status still shows it while its key waits to be released): w-0 is not free for
+        // permit 0.
+        assert_eq!(
+            names(&choose_leaders(&pods, &[None, Some("w-0")], &[])),
+            [Some("w-1"), Some("w-0")]
+        );
     }
 }
