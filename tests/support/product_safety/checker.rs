@@ -10,11 +10,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::jobs::is_job_holder;
+use super::leaders::is_leader_holder;
 use super::nemesis::FORCED;
 use super::permits::{Bounds, excess_holders, most_at_once, per_key};
 use super::protected::{StaleWrite, stale_writes_accepted};
 use super::recorder::Recorder;
-use crate::support::history::{self, Overlap, Repeats, TokenRegression};
+use crate::support::history::{self, Interval, Overlap, Repeats, TokenRegression};
 
 #[derive(Debug)]
 pub struct Report {
@@ -29,6 +30,8 @@ pub struct Report {
     pub excess_holders: Vec<Overlap>,
     /// The most Jobs' beliefs of each key held at once (the semaphore at work).
     pub jobs_most_at_once: BTreeMap<String, usize>,
+    /// The most leader pods' beliefs of each key held at once.
+    pub leaders_most_at_once: BTreeMap<String, usize>,
     /// The first queue of every Job lock (the Jobs queued at the start), and how many of them completed.
     pub first_queue: usize,
     pub first_queue_completed: usize,
@@ -92,6 +95,21 @@ fn forgotten(
     forgetful > masters / 2 && !same_floor
 }
 
+/// The most beliefs of each of `keys` held at once by the holders `kind` picks, where there were any.
+fn most_at_once_per_key(
+    beliefs: &[Interval],
+    keys: &[String],
+    kind: fn(&str) -> bool,
+) -> BTreeMap<String, usize> {
+    keys.iter()
+        .map(|key| {
+            let picked = beliefs.iter().filter(|belief| kind(&belief.client));
+            (key.clone(), most_at_once(picked, key))
+        })
+        .filter(|(_, most)| *most > 0)
+        .collect()
+}
+
 /// Checks what `recorder` holds for `keys` between `from` and `to`, with at most `bounds` holders per key (one
 /// per permit), on `masters` masters that a restart quarantines for `quarantine`.
 pub fn check(
@@ -113,14 +131,8 @@ pub fn check(
         transitions: history::transitions(&beliefs),
         overlaps: history::find_overlaps(&beliefs, 1),
         excess_holders: excess_holders(&beliefs, bounds),
-        jobs_most_at_once: keys
-            .iter()
-            .map(|key| {
-                let jobs = beliefs.iter().filter(|belief| is_job_holder(&belief.client));
-                (key.clone(), most_at_once(jobs, key))
-            })
-            .filter(|(_, most)| *most > 0)
-            .collect(),
+        jobs_most_at_once: most_at_once_per_key(&beliefs, keys, is_job_holder),
+        leaders_most_at_once: most_at_once_per_key(&beliefs, keys, is_leader_holder),
         first_queue: recorder.first_queue().len(),
         first_queue_completed: recorder.first_queue_completed().len(),
         token_regressions,
@@ -170,6 +182,9 @@ impl fmt::Display for Report {
         }
         for (key, most) in &self.jobs_most_at_once {
             write!(f, "\n  {key}: at most {most} Jobs at once")?;
+        }
+        for (key, most) in &self.leaders_most_at_once {
+            write!(f, "\n  {key}: at most {most} leaders at once")?;
         }
         if self.first_queue > 0 {
             write!(

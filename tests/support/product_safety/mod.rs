@@ -84,6 +84,9 @@ pub struct Scenario {
     /// Leader-election locks per cluster, on keys `key-0`, `key-1`, … (shared by the clusters).
     pub leader_locks: usize,
     pub pods_per_lock: usize,
+    /// The leader-election locks' `spec.permits` (1: one leader; N: up to N pods lead at once, each with its
+    /// permit), and the `lock` processes' `--permits` on their keys.
+    pub leader_permits: usize,
     /// Identity locks per cluster, on the same keys as the leader locks.
     pub identity_locks: usize,
     /// Job-fencing locks per cluster, on keys `churn-0`, `churn-1`, … (shared by the clusters).
@@ -135,6 +138,7 @@ impl Default for Scenario {
             replicas: 1,
             leader_locks: 0,
             pods_per_lock: 0,
+            leader_permits: 1,
             identity_locks: 0,
             job_locks: 0,
             ttl: DEFAULT_TTL,
@@ -332,9 +336,9 @@ impl World {
                 let set = LeaderSet::create(
                     &side.cluster,
                     &side.quorum,
-                    &format!("leader-{index}"),
-                    &format!("key-{index}"),
+                    (&format!("leader-{index}"), &format!("key-{index}")),
                     scenario.pods_per_lock,
+                    scenario.leader_permits,
                 )
                 .await;
                 side.leaders.push(set);
@@ -377,8 +381,16 @@ impl World {
         } else {
             0
         };
+        // The leader locks' keys have their permits; an identity lock's key beyond them, one.
         let mut outside_keys: Vec<(String, usize)> = (0..cluster_keys)
-            .map(|index| (format!("shared:key-{index}"), 1))
+            .map(|index| {
+                let permits = if index < scenario.leader_locks {
+                    scenario.leader_permits
+                } else {
+                    1
+                };
+                (format!("shared:key-{index}"), permits)
+            })
             .collect();
         let churn_keys = scenario.churn_keys.max(scenario.job_locks);
         outside_keys.extend((0..churn_keys).map(|index| (format!("shared:churn-{index}"), scenario.permits)));
@@ -464,9 +476,12 @@ impl World {
         report
     }
 
-    /// How many holders each key admits at once: the churn keys' permits, one elsewhere.
+    /// How many holders each key admits at once: the churn keys' and the leader locks' permits, one elsewhere.
     pub fn bounds(&self) -> Bounds {
         let mut bounds = Bounds::default();
+        for index in 0..self.scenario.leader_locks {
+            bounds.set(&format!("shared:key-{index}"), self.scenario.leader_permits);
+        }
         let churn_keys = self.scenario.churn_keys.max(self.scenario.job_locks);
         for index in 0..churn_keys {
             bounds.set(&format!("shared:churn-{index}"), self.scenario.permits);

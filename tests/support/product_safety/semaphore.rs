@@ -1,6 +1,6 @@
-//! The semaphore mode's runs (issue 23): Job locks of `PERMITS` permits on keys the two clusters share, with
-//! `lock --permits` processes on the same keys, under the nemesis and two faults forced at fixed points; and its
-//! negative control, an outside client that counts permits wrongly.
+//! The semaphore mode's runs (issue 23): Job locks and leader-election locks of `PERMITS` permits on keys the two
+//! clusters share, with `lock --permits` processes on the same keys, under the nemesis and two faults forced at
+//! fixed points; and its negative control, an outside client that counts permits wrongly.
 
 use std::time::Duration;
 
@@ -29,17 +29,18 @@ pub const TTL: Duration = Duration::from_secs(6);
 pub const FENCE_MARGIN: Duration = Duration::from_secs(2);
 
 /// Two clusters of two replicas, each with a Job lock of `PERMITS` permits on one shared key and a first queue
-/// of `FIRST_QUEUE` Jobs (then a few more kept queued), and two `lock --permits` processes on the same key, under
-/// the nemesis for `duration`; one master SIGKILLed at a sixth of it and the active replica of a cluster at a
-/// third, whatever the nemesis does.
+/// of `FIRST_QUEUE` Jobs (then a few more kept queued) and a leader-election lock of `PERMITS` permits over one
+/// pod more on another, and two `lock --permits` processes on both keys, under the nemesis for `duration`; one
+/// master SIGKILLed at a sixth of it and the active replica of a cluster at a third, whatever the nemesis does.
 pub fn scenario(seed: u64, duration: Duration) -> Scenario {
     Scenario {
         seed,
         duration,
         clusters: 2,
         replicas: 2,
-        leader_locks: 0,
-        pods_per_lock: 0,
+        leader_locks: 1,
+        pods_per_lock: PERMITS + 1,
+        leader_permits: PERMITS,
         identity_locks: 0,
         job_locks: 1,
         ttl: TTL,
@@ -47,7 +48,7 @@ pub fn scenario(seed: u64, duration: Duration) -> Scenario {
         first_jobs: FIRST_QUEUE,
         queue: PERMITS + 1,
         outside_clients: 2,
-        outside_on_cluster_keys: false,
+        outside_on_cluster_keys: true,
         churn_keys: 1,
         job_seconds: 2.0..5.0,
         real_clusters: true,
