@@ -602,8 +602,12 @@ async fn an_invalid_edit_keeps_the_running_job_holding_under_the_last_valid_spec
     env.cleanup(&[&quorum]).await;
 }
 
-/// Per Job of a semaphore's queue, the grant its pod template shows: (permit, token).
-async fn semaphore_grants(env: &Env) -> Vec<(String, bool, bool, Option<(u32, i64)>)> {
+/// A Job of a semaphore's queue: its name, whether it finished, whether it may run, and the grant its pod
+/// template shows (permit, token).
+type SemaphoreJob = (String, bool, bool, Option<(u32, i64)>);
+
+/// Per Job of a semaphore's queue, what [`SemaphoreJob`] shows.
+async fn semaphore_grants(env: &Env) -> Vec<SemaphoreJob> {
     let mut grants = Vec::new();
     for job in jobs(env).list(&ListParams::default()).await.expect("jobs").items {
         let runs = !job.spec.as_ref().and_then(|spec| spec.suspend).unwrap_or(false);
@@ -741,6 +745,129 @@ async fn a_job_semaphore_runs_its_queue_at_most_permits_at_a_time_each_with_its_
         let lock = env.locks().get("batch").await.ok()?;
         let status = lock.status?;
         (status.held.as_deref() == Some("0/3") && status.holders.is_empty()).then_some(())
+    })
+    .await;
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
+
+/// Issue 23: spec.permits lowered on a held Job semaphore. The Jobs holding the permits above the new count are
+/// not stopped: they run to their end (here, until deleted), and only then are their permits released; no
+/// waiting Job starts until a permit under the new count is free, and then only on it. Every look asserts that
+/// no Job of the first three was suspended and that Jobs started after the change run one at a time on permit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_semaphore_lowered_under_its_jobs_lets_them_finish_and_then_runs_one_at_a_time() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let _runtime = job_runtime(&env);
+    let first = ["long-0", "long-1", "long-2"];
+    for name in first {
+        create_job(&env, name, Some(10), true, 0, Work::Seconds(3_600)).await;
+    }
+    for name in ["next-0", "next-1"] {
+        create_job(&env, name, None, true, 0, Work::Seconds(1)).await;
+    }
+    let quorum = env.unique("q");
+    env.create_quorum(&quorum, &masters.urls(), "6s").await;
+    let (running, shutdown) = operator(&env, &installation_secret(43), None).await;
+    quorum_available(&env, &quorum).await;
+    env.create_lock_from(serde_json::json!({
+        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+        "metadata": { "name": "batch" },
+        "spec": { "quorum": quorum, "ttl": "3s", "permits": 3, "holder": { "jobs": {} } }
+    }))
+    .await;
+    lock_where(&env, "batch", "3/3 held", |lock| {
+        lock.status.as_ref().and_then(|status| status.held.as_deref()) == Some("3/3")
+    })
+    .await;
+    let granted = semaphore_grants(&env).await;
+    let permit_of = |job: &str| {
+        granted
+            .iter()
+            .find(|(name, ..)| name == job)
+            .and_then(|(_, _, _, grant)| grant.map(|(permit, _)| permit))
+            .expect("a first Job was granted")
+    };
+    let on_permit_0 = first
+        .into_iter()
+        .find(|job| permit_of(job) == 0)
+        .expect("a first Job holds permit 0");
+
+    let patch = serde_json::json!({ "spec": { "permits": 1 } });
+    env.locks()
+        .patch("batch", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("lower spec.permits");
+    // What holds at every look from here on.
+    let look = || async {
+        let grants = semaphore_grants(&env).await;
+        for (job, done, runs, _) in &grants {
+            if first.contains(&job.as_str()) {
+                assert!(
+                    *runs || *done,
+                    "{job} was stopped: the count was lowered under it"
+                );
+            }
+        }
+        let later: Vec<&SemaphoreJob> = grants
+            .iter()
+            .filter(|(job, done, runs, _)| !first.contains(&job.as_str()) && *runs && !done)
+            .collect();
+        assert!(
+            later.len() <= 1,
+            "Jobs started after the change run side by side: {later:?}"
+        );
+        for (job, _, _, grant) in &later {
+            // A lock of one permit again grants without a permit annotation: permit 0.
+            let permit = grant.map_or(0, |(permit, _)| permit);
+            assert_eq!(permit, 0, "{job} runs on a permit above the count");
+        }
+        let running_first = grants
+            .iter()
+            .filter(|(job, done, runs, _)| first.contains(&job.as_str()) && *runs && !done)
+            .count();
+        if running_first > 0 {
+            assert!(
+                later.is_empty(),
+                "a waiting Job started while a first one holds: {grants:?}"
+            );
+        }
+        grants
+    };
+    lock_where(&env, "batch", "3/1 held: the three keep their permits", |lock| {
+        lock.status.as_ref().and_then(|status| status.held.as_deref()) == Some("3/1")
+    })
+    .await;
+    look().await;
+    for job in first.iter().filter(|job| **job != on_permit_0) {
+        jobs(&env)
+            .delete(job, &DeleteParams::background())
+            .await
+            .expect("delete a Job holding a permit above the count");
+    }
+    eventually(
+        "the permits above the count released once their Jobs are gone",
+        || async {
+            look().await;
+            let lock = env.locks().get("batch").await.expect("lock");
+            let status = lock.status.unwrap_or_default();
+            (status.held.as_deref() == Some("1/1") && status.holders.is_empty()).then_some(())
+        },
+    )
+    .await;
+    look().await;
+    jobs(&env)
+        .delete(on_permit_0, &DeleteParams::background())
+        .await
+        .expect("delete the Job on permit 0");
+    eventually("the waiting Jobs ran, one at a time", || async {
+        let grants = look().await;
+        grants
+            .iter()
+            .filter(|(job, ..)| job.starts_with("next-"))
+            .all(|(_, done, ..)| *done)
+            .then_some(())
     })
     .await;
     stop(running, shutdown).await;

@@ -293,6 +293,47 @@ async fn losing_the_quorum_removes_the_label_before_valid_until_and_the_leader_c
     env.cleanup(&[&quorum]).await;
 }
 
+/// Every change of the pods from now on, watched rather than sampled: a label removed and put back a few
+/// milliseconds later is seen too.
+async fn pod_changes(
+    env: &Env,
+) -> futures::stream::BoxStream<'static, kube::Result<kube::api::WatchEvent<Pod>>> {
+    let from = pods(env)
+        .list(&ListParams::default())
+        .await
+        .expect("pods")
+        .metadata
+        .resource_version
+        .expect("a list resourceVersion");
+    pods(env)
+        .watch(&kube::api::WatchParams::default(), &from)
+        .await
+        .expect("watch pods")
+        .boxed()
+}
+
+/// Watches `changes` for seven seconds (two extensions of a 3s lock, whatever the restart's timing) and asserts
+/// that only `leaders` ever carry the label.
+async fn assert_labels_stay(
+    mut changes: futures::stream::BoxStream<'static, kube::Result<kube::api::WatchEvent<Pod>>>,
+    leaders: &[&str],
+) {
+    let _ = tokio::time::timeout(Duration::from_secs(7), async {
+        while let Some(event) = changes.next().await {
+            if let Ok(kube::api::WatchEvent::Modified(pod) | kube::api::WatchEvent::Added(pod)) = event {
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                let has_label = pod.metadata.labels.unwrap_or_default().contains_key(LABEL);
+                assert_eq!(
+                    has_label,
+                    leaders.contains(&name.as_str()),
+                    "a leader label moved or went during the restart ({name})"
+                );
+            }
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_operator_keeps_the_leader_without_a_transition() {
     let masters = RedisCluster::start(3).expect("masters");
@@ -303,38 +344,11 @@ async fn a_restarted_operator_keeps_the_leader_without_a_transition() {
     wait_for_leader(&env, "web-0").await;
     lock_where(&env, "web", "held", |lock| phase(lock) == Some(LockPhase::Held)).await;
 
-    // Every change of the pods during the restart is watched, not sampled: a label removed and put back a few
-    // milliseconds later must be seen too.
-    let from = pods(&env)
-        .list(&ListParams::default())
-        .await
-        .expect("pods")
-        .metadata
-        .resource_version
-        .expect("a list resourceVersion");
-    let mut changes = pods(&env)
-        .watch(&kube::api::WatchParams::default(), &from)
-        .await
-        .expect("watch pods")
-        .boxed();
+    let changes = pod_changes(&env).await;
     stop(running, shutdown).await;
     let (running, shutdown) = operator(&env, &installation_secret(23), None).await;
     assert_eq!(labelled(&env).await, ["web-0"]);
-    let watched = Duration::from_secs(7);
-    let _ = tokio::time::timeout(watched, async {
-        while let Some(event) = changes.next().await {
-            if let Ok(kube::api::WatchEvent::Modified(pod) | kube::api::WatchEvent::Added(pod)) = event {
-                let name = pod.metadata.name.clone().unwrap_or_default();
-                let has_label = pod.metadata.labels.unwrap_or_default().contains_key(LABEL);
-                assert_eq!(
-                    has_label,
-                    name == "web-0",
-                    "the leader label moved or went during the restart ({name})"
-                );
-            }
-        }
-    })
-    .await;
+    assert_labels_stay(changes, &["web-0"]).await;
     assert_eq!(labelled(&env).await, ["web-0"]);
     assert_first_hold_kept(&env, "web").await;
     stop(running, shutdown).await;
@@ -508,6 +522,25 @@ async fn a_leader_semaphore_labels_a_pod_per_permit_and_each_keeps_its_number() 
         .map(|(pod, (permit, token))| (pod.clone(), *permit, *token))
         .collect();
     assert_eq!(listed, expected, "status lists what the pods show");
+    // Each permit's Events name it.
+    for (permit, (holder, token)) in first.values().zip(first.keys()).map(|((p, t), h)| (*p, (h, *t))) {
+        let wanted = format!("permit {permit}: {holder} holds the lock with fencing token {token}");
+        eventually(&format!("the Event {wanted:?}"), || async {
+            let events = env.events().list(&ListParams::default()).await.ok()?;
+            events
+                .items
+                .iter()
+                .any(|event| {
+                    event.reason.as_deref() == Some("Acquired")
+                        && event
+                            .note
+                            .as_deref()
+                            .is_some_and(|note| note.starts_with(&wanted))
+                })
+                .then_some(())
+        })
+        .await;
+    }
 
     set_ready(&env, "web-1", false).await;
     let second = wait_for_leaders(&env, &["web-0", "web-2", "web-3"], 3).await;
@@ -568,4 +601,197 @@ async fn two_clusters_sharing_a_leader_semaphore_of_two_have_two_leaders_between
         stop(running, shutdown).await;
     }
     east.cleanup(&[&quorum_name]).await;
+}
+
+/// Sets the web lock's spec.permits.
+async fn set_permits(env: &Env, permits: i32) {
+    let patch = serde_json::json!({ "spec": { "permits": permits } });
+    env.locks()
+        .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("change spec.permits");
+}
+
+/// Issue 23: spec.permits changes on a held leader semaphore. Lowered, the leader of the permit above the new
+/// count loses its label before that permit is released (status never shows it released while its pod is
+/// still labelled), the others keep their permits and terms, and `HELD` comes back to `2/2`; raised, the new
+/// permits go to free pods, the reused permit with a token above its last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_semaphore_can_be_lowered_and_raised_under_its_leaders() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let (quorum, running, shutdown) = setup(&masters, &env, 30).await;
+    ready_pods(&env, &["web-0", "web-1", "web-2", "web-3"]).await;
+    web_semaphore(&env, &quorum, "3s", None, 3).await;
+    let first = wait_for_leaders(&env, &["web-0", "web-1", "web-2"], 3).await;
+    let (permit_2_pod, (_, permit_2_token)) = first
+        .iter()
+        .find(|(_, (permit, _))| *permit == 2)
+        .map(|(pod, shown)| (pod.clone(), *shown))
+        .expect("a pod holds permit 2");
+
+    set_permits(&env, 2).await;
+    eventually("permit 2 given up after its leader lost the label", || async {
+        // Status first, then the pod: the label comes off before the permit is released and never comes back,
+        // so a permit shown released with its pod labelled afterwards would be a release before the fence.
+        let lock = env.locks().get("web").await.expect("lock");
+        let status = lock.status.unwrap_or_default();
+        let listed = status.holders.iter().any(|held| held.permit == 2);
+        let still_labelled = labelled(&env).await.contains(&permit_2_pod);
+        assert!(
+            listed || !still_labelled,
+            "permit 2 released while {permit_2_pod} still carries the label"
+        );
+        (!listed && status.held.as_deref() == Some("2/2")).then_some(())
+    })
+    .await;
+    let kept: Vec<&str> = first
+        .keys()
+        .map(String::as_str)
+        .filter(|pod| *pod != permit_2_pod)
+        .collect();
+    let lowered = wait_for_leaders(&env, &kept, 3).await;
+    for pod in &kept {
+        assert_eq!(lowered[*pod], first[*pod], "{pod} kept its permit and term");
+    }
+
+    set_permits(&env, 4).await;
+    let raised = wait_for_leaders(&env, &["web-0", "web-1", "web-2", "web-3"], 4).await;
+    for pod in &kept {
+        assert_eq!(raised[*pod], first[*pod], "{pod} kept its permit and term");
+    }
+    let mut permits: Vec<u32> = raised.values().map(|(permit, _)| *permit).collect();
+    permits.sort_unstable();
+    assert_eq!(permits, [0, 1, 2, 3]);
+    let reused = raised
+        .values()
+        .find(|(permit, _)| *permit == 2)
+        .map(|(_, token)| *token)
+        .expect("permit 2 held again");
+    assert!(
+        reused > permit_2_token,
+        "permit 2: token {reused} after {permit_2_token}"
+    );
+    lock_where(&env, "web", "4/4 held", |lock| {
+        lock.status.as_ref().and_then(|status| status.held.as_deref()) == Some("4/4")
+    })
+    .await;
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
+
+/// Issue 23: a plain leader lock raised to a semaphore keeps its leader, with its term, as permit 0's holder
+/// and labels a second pod for permit 1; lowered back to one, the second leader loses its label before its
+/// permit is released and the status is a plain lock's again (its holder at the top, no `holders`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_leader_lock_becomes_a_semaphore_and_back_keeping_its_leader() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let (quorum, running, shutdown) = setup(&masters, &env, 31).await;
+    ready_pods(&env, &["web-0", "web-1", "web-2"]).await;
+    web_semaphore(&env, &quorum, "3s", None, 1).await;
+    let plain = lock_where(&env, "web", "held by web-0", |lock| {
+        lock.status.as_ref().and_then(|status| status.holder.as_deref()) == Some("web-0")
+    })
+    .await;
+    let token = plain
+        .status
+        .and_then(|status| status.fencing_token)
+        .expect("a token");
+    eventually("web-0 alone labelled", || async {
+        (labelled(&env).await == ["web-0"]).then_some(())
+    })
+    .await;
+
+    set_permits(&env, 2).await;
+    let raised = wait_for_leaders(&env, &["web-0", "web-1"], 2).await;
+    assert_eq!(
+        raised["web-0"],
+        (0, token),
+        "web-0 leads on, as permit 0, in the same term"
+    );
+    assert_eq!(raised["web-1"].0, 1);
+
+    set_permits(&env, 1).await;
+    eventually("a plain lock again, held by web-0", || async {
+        let lock = env.locks().get("web").await.expect("lock");
+        let status = lock.status.unwrap_or_default();
+        let listed = status.holders.iter().any(|held| held.permit == 1);
+        assert!(
+            listed || !labelled(&env).await.contains(&"web-1".to_owned()),
+            "permit 1 released while web-1 still carries the label"
+        );
+        (status.holders.is_empty()
+            && status.held.as_deref() == Some("1/1")
+            && status.holder.as_deref() == Some("web-0")
+            && status.fencing_token == Some(token))
+        .then_some(())
+    })
+    .await;
+    eventually("web-0 alone labelled again", || async {
+        (labelled(&env).await == ["web-0"]).then_some(())
+    })
+    .await;
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
+
+/// Each listed permit's holder, token and validity, by permit.
+async fn permits_listed(env: &Env) -> BTreeMap<i32, (String, i64, Option<k8s_openapi::jiff::Timestamp>)> {
+    let lock = env.locks().get("web").await.expect("lock");
+    lock.status
+        .unwrap_or_default()
+        .holders
+        .into_iter()
+        .map(|held| {
+            (
+                held.permit,
+                (held.holder, held.fencing_token, held.valid_until.map(|at| at.0)),
+            )
+        })
+        .collect()
+}
+
+/// Issue 23: the operator's promise per permit across a restart: every leader of a semaphore keeps its label,
+/// permit and term through it (no label is removed or moved, watched rather than sampled), and each permit is
+/// extended again by the new process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_operator_resumes_every_permit_of_a_leader_semaphore() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let (quorum, running, shutdown) = setup(&masters, &env, 32).await;
+    ready_pods(&env, &["web-0", "web-1", "web-2", "web-3"]).await;
+    web_semaphore(&env, &quorum, "3s", None, 3).await;
+    let before = wait_for_leaders(&env, &["web-0", "web-1", "web-2"], 3).await;
+    lock_where(&env, "web", "3/3 held", |lock| {
+        lock.status.as_ref().and_then(|status| status.held.as_deref()) == Some("3/3")
+    })
+    .await;
+    let changes = pod_changes(&env).await;
+    stop(running, shutdown).await;
+    let stopped_at = permits_listed(&env).await;
+    let (running, shutdown) = operator(&env, &installation_secret(32), None).await;
+    let leaders: Vec<&str> = before.keys().map(String::as_str).collect();
+    assert_labels_stay(changes, &leaders).await;
+    eventually("every permit extended by the new process", || async {
+        let now = permits_listed(&env).await;
+        let extended = now.iter().all(|(permit, (holder, token, valid_until))| {
+            let (old_holder, old_token, old_until) = &stopped_at[permit];
+            assert_eq!(
+                (holder, token),
+                (old_holder, old_token),
+                "permit {permit} changed hands"
+            );
+            valid_until > old_until
+        });
+        (now.len() == 3 && extended).then_some(())
+    })
+    .await;
+    assert_eq!(
+        leaders_shown(&env).await,
+        before,
+        "every leader kept its permit and term"
+    );
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
 }

@@ -30,7 +30,6 @@ use serde::{Deserialize, Serialize};
 #[x_kube(validation = Rule::new("has(self.resourceKey) == has(oldSelf.resourceKey) && (!has(self.resourceKey) || self.resourceKey == oldSelf.resourceKey)").message("resourceKey is immutable: create a new DistributedLock to lock another key"))]
 #[x_kube(validation = Rule::new("!has(self.holder.leaderElection) || !has(self.holder.leaderElection.fenceMargin) || duration(self.holder.leaderElection.fenceMargin) < duration(self.ttl)").message("holder.leaderElection.fenceMargin must be shorter than ttl"))]
 #[x_kube(validation = Rule::new("!has(self.permits) || self.permits == 1 || !has(self.holder.identity)").message("permits above 1 cannot be used with holder.identity: one identity holds one permit"))]
-#[x_kube(validation = Rule::new("(has(self.permits) ? self.permits : 1) == (has(oldSelf.permits) ? oldSelf.permits : 1)").message("permits cannot change once created: holders hold permits by number, and a permit taken away could still be held; create a new DistributedLock for another count"))]
 #[x_kube(validation = Rule::new("!has(self.holder.jobs) || !has(self.holder.jobs.fenceMargin) || duration(self.holder.jobs.fenceMargin) < duration(self.ttl)").message("holder.jobs.fenceMargin must be shorter than ttl"))]
 #[schemars(transform = crate::api::schema::one_line_paragraphs)]
 pub struct DistributedLockSpec {
@@ -62,8 +61,10 @@ pub struct DistributedLockSpec {
     /// masters keep one key and one counter per permit; the `lock` command's `--permits` counts against the same
     /// permits. With holder.jobs, up to that many Jobs of the queue run at once, each with its permit's token;
     /// with holder.leaderElection, up to that many pods carry the leader label, each with its permit number and
-    /// token. Above 1 it is refused with holder.identity (one identity holds one permit). Cannot change once
-    /// created.
+    /// token. Above 1 it is refused with holder.identity (one identity holds one permit). It can change on a
+    /// held lock: raised, the new permits are handed out at once; lowered, the permits above the new count are
+    /// handed to nobody and released only once their holders are done (a Job runs to its end; a leader loses its
+    /// label and its validity runs out), never before.
     #[serde(default = "default_permits")]
     #[schemars(range(min = 1, max = 100))]
     pub permits: i32,

@@ -83,6 +83,21 @@ impl Context {
         reason: &str,
         note: String,
     ) {
+        self.publish_action(object, type_, reason, reason.to_owned(), note)
+            .await;
+    }
+
+    /// [`Context::publish`] with an action of its own: Events of one reason and action about one object form a
+    /// series (the first note stays, a count rises), so what must stay apart, one permit's story from
+    /// another's, is told under actions of its own.
+    pub async fn publish_action<K: Resource<DynamicType = ()>>(
+        &self,
+        object: &K,
+        type_: EventType,
+        reason: &str,
+        action: String,
+        note: String,
+    ) {
         if !self.leadership.is_leader() {
             return;
         }
@@ -90,7 +105,7 @@ impl Context {
             type_,
             reason: reason.to_owned(),
             note: Some(truncate(note, 1000)),
-            action: reason.to_owned(),
+            action,
             secondary: None,
         };
         if let Err(err) = self.recorder.publish(&event, &object.object_ref(&())).await {

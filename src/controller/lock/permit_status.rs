@@ -14,18 +14,37 @@ use crate::api::lock::PermitHolder;
 use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
 
 /// Whether `lock`'s status lists its permits in `holders` (a semaphore) rather than showing its one holder at
-/// the top: by the spec, or by the count its holders hold permits under (`permits_changed`).
+/// the top: by the spec, or while permits above it, left from a higher count, are still held.
 pub fn is_semaphore(lock: &DistributedLock) -> bool {
     permit_span(lock) > 1
 }
 
-/// How many permits of `lock` may be held: the spec's, or more while holders hold permits under an earlier,
-/// higher count. What is kept, released and given up goes over these.
-pub fn permit_span(lock: &DistributedLock) -> u32 {
-    let spec = u32::try_from(lock.spec.permits).unwrap_or(1).max(1);
-    let status = lock.status.as_ref().unwrap_or(DistributedLockStatus::none());
-    permits_changed(status, lock.spec.permits).map_or(spec, |counted| counted.max(spec))
+/// The permits of `lock` that may be held now: spec.permits, at least 1.
+pub fn open_permits(lock: &DistributedLock) -> u32 {
+    u32::try_from(lock.spec.permits).unwrap_or(1).max(1)
 }
+
+/// How many permits of `lock` are looked after: the spec's, or more while status still lists a holder of a
+/// permit above them (spec.permits was lowered under it). What is kept, released, given up and shown goes over
+/// these; the permits above the spec's are given up after their holders are fenced, never handed out again.
+pub fn permit_span(lock: &DistributedLock) -> u32 {
+    let status = lock.status.as_ref().unwrap_or(DistributedLockStatus::none());
+    span_of(status, open_permits(lock))
+}
+
+/// [`permit_span`] for `status` and `open` permits. Pure.
+pub fn span_of(status: &DistributedLockStatus, open: u32) -> u32 {
+    status
+        .holders
+        .iter()
+        .filter_map(|held| u32::try_from(held.permit).ok())
+        .filter(|permit| *permit < MAX_PERMITS)
+        .map(|permit| permit.saturating_add(1))
+        .fold(open, u32::max)
+}
+
+/// The schema's bound on spec.permits: no permit at or above it is looked after, whatever status lists.
+const MAX_PERMITS: u32 = 100;
 
 /// What `lock`'s status shows of `permit`, as a plain lock's status (see [`permit_view`]).
 pub fn status_of(lock: &DistributedLock, permit: u32) -> Cow<'_, DistributedLockStatus> {
@@ -43,7 +62,10 @@ pub fn status_of(lock: &DistributedLock, permit: u32) -> Cow<'_, DistributedLock
 pub fn permit_view(status: &DistributedLockStatus, permit: u32) -> DistributedLockStatus {
     let mut view = status.clone();
     view.holders = Vec::new();
-    match listed(status, permit) {
+    match listed(status, permit)
+        .cloned()
+        .or_else(|| held_as_plain(status, permit))
+    {
         Some(held) => {
             view.phase = Some(LockPhase::Held);
             view.holder = Some(held.holder.clone());
@@ -128,15 +150,19 @@ fn held_condition(holders: &[PermitHolder]) -> Update {
     Update::new("Held", true, "Held", format!("held: {}", held.join(", ")))
 }
 
-/// The permit count status was last written under, where that differs from `permits` (the spec's now) while a
-/// permit is held: the holders hold permits by number under the old count, so the new one is not acted on (the
-/// schema refuses the change; this is the operator's own check, for a cluster that let it through). `held`
-/// (`k/N`) is written with every status write.
-pub fn permits_changed(status: &DistributedLockStatus, permits: i32) -> Option<u32> {
-    let (_, counted) = status.held.as_deref()?.split_once('/')?;
-    let counted: u32 = counted.parse().ok()?;
-    let now = u32::try_from(permits.max(1)).ok()?;
-    (counted != now && status.phase == Some(LockPhase::Held)).then_some(counted)
+/// Permit 0 as a plain lock's status shows it (holder at the top, no `holders`): how a lock whose spec.permits
+/// was just raised from 1 shows the holder it already has.
+fn held_as_plain(status: &DistributedLockStatus, permit: u32) -> Option<PermitHolder> {
+    if permit != 0 || !status.holders.is_empty() || status.phase != Some(LockPhase::Held) {
+        return None;
+    }
+    Some(PermitHolder {
+        permit: 0,
+        holder: status.holder.clone()?,
+        fencing_token: status.fencing_token?,
+        acquired_at: status.acquired_at.clone(),
+        valid_until: status.valid_until.clone(),
+    })
 }
 
 fn listed(status: &DistributedLockStatus, permit: u32) -> Option<&PermitHolder> {
@@ -182,31 +208,26 @@ mod tests {
     }
 
     #[test]
-    fn a_permit_count_changed_under_held_permits_is_noticed() {
+    fn permits_above_the_count_are_looked_after_while_status_lists_them() {
         let mut status = held("job-a", 3, 10);
-        status.held = Some("1/3".into());
-        assert_eq!(permits_changed(&status, 3), None);
-        assert_eq!(permits_changed(&status, 2), Some(3), "shrunk under its holders");
-        assert_eq!(permits_changed(&status, 5), Some(3), "grown");
-        status.held = Some("1/1".into());
-        assert_eq!(permits_changed(&status, 1), None);
-        assert_eq!(permits_changed(&status, 0), None, "an unset count is one");
-        assert_eq!(permits_changed(&status, 4), Some(1));
-        status.phase = Some(LockPhase::Pending);
+        assert_eq!(span_of(&status, 3), 3);
+        status.holders = vec![PermitHolder {
+            permit: 4,
+            holder: "job-e".into(),
+            fencing_token: 2,
+            acquired_at: None,
+            valid_until: None,
+        }];
         assert_eq!(
-            permits_changed(&status, 4),
-            None,
-            "nothing held: the new count is taken as it is"
+            span_of(&status, 3),
+            5,
+            "permit 4, left from a count of five, is still held"
         );
-        status.phase = Some(LockPhase::Held);
-        status.held = None;
-        assert_eq!(
-            permits_changed(&status, 4),
-            None,
-            "a status from before held was written"
-        );
-        status.held = Some("garbage".into());
-        assert_eq!(permits_changed(&status, 4), None);
+        assert_eq!(span_of(&status, 6), 6);
+        status.holders[0].permit = -1;
+        assert_eq!(span_of(&status, 2), 2, "a permit that cannot be is ignored");
+        status.holders[0].permit = 1_000;
+        assert_eq!(span_of(&status, 2), 2, "nor one above the schema's bound");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use kube::{Resource, ResourceExt};
 use super::actions::{self, Target, handover};
 use super::decide::{LockAction, Wanted, acquisition_in_status, current_holder, decide, known_floor};
 use super::handover::Release;
-use super::permit_status::{is_semaphore, permit_span, permits_changed, status_of};
+use super::permit_status::{is_semaphore, permit_span, status_of};
 use super::policy::{Policy, Turn};
 use super::settings::{HolderKind, LockSettings, QuorumRules, lock_settings};
 use super::{FINALIZER, RESYNC};
@@ -183,14 +183,6 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
             return actions::wait::invalid_spec(lock, ctx, invalid.reason, invalid.message).await;
         }
     };
-    let status = lock.status.as_ref().unwrap_or(DistributedLockStatus::none());
-    if let Some(previous) = permits_changed(status, lock.spec.permits) {
-        let message = format!(
-            "spec.permits changed from {previous} to {} while permits are held: holders hold permits by number, and a permit taken away could still be held; set it back to {previous}, or create a new DistributedLock for another count",
-            lock.spec.permits
-        );
-        return actions::wait::invalid_spec(lock, ctx, "PermitsChanged", message).await;
-    }
     let mut keep = KeepPolicy::for_ttl(settings.ttl, config.node_timeout);
     if let Some(margin) = settings.fence_margin {
         keep.fence_margin = margin;
@@ -198,6 +190,7 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     if is_semaphore(lock) {
         return apply_semaphore(lock, ctx, lref, settings, engine, keep).await;
     }
+    let status = lock.status.as_ref().unwrap_or(DistributedLockStatus::none());
     let held = ctx.keeper.view(&lref);
     let current = current_holder(held.as_ref(), status);
     let latest_token = known_floor(status, ctx.keeper.highest_token(&lref));
@@ -238,7 +231,9 @@ async fn apply_semaphore(
     engine: Arc<QuorumEngine>,
     keep: KeepPolicy,
 ) -> Result<Action, Error> {
-    let permits: Vec<PermitRef> = (0..settings.permits)
+    // Permits above spec.permits, left from a higher count, are looked after until their holders are fenced
+    // and their keys released: the policy hands them to nobody.
+    let permits: Vec<PermitRef> = (0..permit_span(lock))
         .map(|permit| PermitRef::new(lref.clone(), permit))
         .collect();
     let states: Vec<(Option<String>, i64)> = permits

@@ -207,7 +207,9 @@ pub fn released(current: &DistributedLockStatus, message: &str, stamp: Stamp) ->
 /// `status.held`, the `Held` column: permits held of `permits`. A plain lock is held when its phase says so; a
 /// semaphore's holders are listed per permit.
 pub fn held_count(status: &DistributedLockStatus, permits: i32) -> String {
-    let held = if permits <= 1 {
+    // A semaphore lists its permits (more than spec.permits while those above a lowered count are given up); a
+    // plain lock shows its one holder at the top.
+    let held = if status.holders.is_empty() {
         usize::from(status.phase == Some(LockPhase::Held))
     } else {
         status.holders.len()
@@ -325,8 +327,13 @@ mod tests {
         status.holders = vec![holder(0), holder(2)];
         assert_eq!(held_count(&status, 3), "2/3");
         assert_eq!(
+            held_count(&status, 1),
+            "2/1",
+            "lowered to one under two held permits: both shown until permit 2 is given up"
+        );
+        assert_eq!(
             held_count(&status, 0),
-            "1/1",
+            "2/1",
             "a stored object below the schema's bound"
         );
     }

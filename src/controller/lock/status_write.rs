@@ -7,7 +7,7 @@ use kube::core::Request;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 
-use super::permit_status::{fold_permit, is_semaphore, permit_view, permits_changed};
+use super::permit_status::{fold_permit, is_semaphore, permit_view};
 use super::status::held_count;
 use crate::api::conditions::Stamp;
 use crate::api::{DistributedLock, DistributedLockStatus};
@@ -38,12 +38,12 @@ pub async fn write_status(
         let Some(mut next) = edit(before) else {
             return Ok(false);
         };
-        // Every write shows the `Held` column's count, whichever edit made it: of the permits the holders hold
-        // while a changed count is not acted on (`permits_changed`), so that the change stays noticed.
-        let counted = permits_changed(before, current.spec.permits)
-            .and_then(|previous| i32::try_from(previous).ok())
-            .unwrap_or(current.spec.permits);
-        next.held = Some(held_count(&next, counted));
+        // Every write shows the `Held` column's count, whichever edit made it. A lock that is plain again (its
+        // permits above 1 given up after spec.permits was lowered to 1) shows its holder at the top only.
+        if !is_semaphore(&current) {
+            next.holders.clear();
+        }
+        next.held = Some(held_count(&next, current.spec.permits));
         if &next == before {
             return Ok(true);
         }

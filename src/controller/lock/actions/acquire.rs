@@ -206,8 +206,7 @@ async fn hold(target: &Target<'_>, ctx: &Context, holder: &str, lease: &Lease) -
                 lease.report().nodes.len()
             );
             tracing::info!(lock = %target.lref, token, %holder, "acquired");
-            ctx.publish(target.lock, EventType::Normal, "Acquired", note)
-                .await;
+            target.publish(ctx, EventType::Normal, "Acquired", note).await;
             Ok(Action::requeue(RESYNC))
         }
         Ok(false) => {
@@ -308,7 +307,7 @@ async fn waiting(
         } else {
             EventType::Warning
         };
-        ctx.publish(target.lock, type_, reason, message).await;
+        target.publish(ctx, type_, reason, message).await;
     }
     Ok(Action::requeue(retry))
 }

@@ -74,8 +74,7 @@ pub async fn report_lost(
     .await?;
     if written {
         tracing::warn!(lock = %target.lref, %reason, "lock lost");
-        ctx.publish(target.lock, EventType::Warning, "Lost", message)
-            .await;
+        target.publish(ctx, EventType::Warning, "Lost", message).await;
     }
     Ok(Action::requeue(contended_retry(
         target.settings.ttl,

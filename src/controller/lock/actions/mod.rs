@@ -17,11 +17,14 @@ use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
+use kube::runtime::events::EventType;
 
+use super::permit_status::is_semaphore;
 use super::policy::Policy;
 use super::settings::LockSettings;
 use crate::api::DistributedLock;
 use crate::api::conditions::Stamp;
+use crate::controller::context::Context;
 use crate::controller::engines::QuorumEngine;
 use crate::controller::keeper::{LockRef, PermitRef};
 use crate::redlock::KeepPolicy;
@@ -42,6 +45,19 @@ impl Target<'_> {
     /// What the keeper keeps of the permit acted on.
     pub fn permit_ref(&self) -> PermitRef {
         PermitRef::new(self.lref.clone(), self.permit)
+    }
+
+    /// Publishes an Event on the lock about the permit acted on. A semaphore's name their permit, in the note
+    /// and the action (`Acquired.permit-2`), so that each permit's Events form series of their own and
+    /// `kubectl describe` tells one permit's story from another's.
+    pub async fn publish(&self, ctx: &Context, type_: EventType, reason: &str, note: String) {
+        if is_semaphore(self.lock) {
+            let action = format!("{reason}.permit-{}", self.permit);
+            let note = format!("permit {}: {note}", self.permit);
+            ctx.publish_action(self.lock, type_, reason, action, note).await;
+        } else {
+            ctx.publish(self.lock, type_, reason, note).await;
+        }
     }
 }
 

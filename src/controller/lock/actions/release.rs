@@ -59,7 +59,8 @@ pub async fn release_for_change(
             .map(|gave_up| format!("; {}", gave_up.note()))
             .unwrap_or_default()
     );
-    ctx.publish(target.lock, EventType::Normal, "Released", note.clone())
+    target
+        .publish(ctx, EventType::Normal, "Released", note.clone())
         .await;
     show_released(ctx, target, &note).await?;
     Ok(Action::requeue(Duration::from_millis(10)))
@@ -83,8 +84,7 @@ pub async fn release_previous(
         gave_up.note()
     );
     show_released(ctx, target, &message).await?;
-    ctx.publish(target.lock, EventType::Normal, "Released", message)
-        .await;
+    target.publish(ctx, EventType::Normal, "Released", message).await;
     Ok(Action::requeue(Duration::from_millis(10)))
 }
 
@@ -100,7 +100,8 @@ pub async fn release_finished(
         release_from_status(target.lock, target.permit, ctx).await?;
     }
     let note = format!("released: Job {job} finished or is gone");
-    ctx.publish(target.lock, EventType::Normal, "Released", note.clone())
+    target
+        .publish(ctx, EventType::Normal, "Released", note.clone())
         .await;
     show_released(ctx, target, &note).await?;
     Ok(Action::requeue(Duration::from_millis(10)))

@@ -128,13 +128,9 @@ pub async fn wait_for_policy(target: &Target<'_>, ctx: &Context, waiting: &Waiti
     })
     .await?;
     if written && waiting.warn_if_was_held && before == Some(LockPhase::Held) {
-        ctx.publish(
-            target.lock,
-            EventType::Warning,
-            waiting.reason,
-            waiting.message.clone(),
-        )
-        .await;
+        target
+            .publish(ctx, EventType::Warning, waiting.reason, waiting.message.clone())
+            .await;
     }
     // A key given up is released by the look at its release time.
     let retry = match gave_up.map(|gave_up| gave_up.release) {

@@ -155,6 +155,17 @@ impl Policy {
             Self::Identity(holder) => Turn::Hold(holder.clone()),
             Self::Leader(election) => match election.chosen_for(permit) {
                 Some(chosen) => Turn::Hold(chosen.to_owned()),
+                None if election.is_closing(permit) => Turn::Wait(Waiting {
+                    reason: "PermitsLowered",
+                    message: format!(
+                        "permit {permit} is above spec.permits ({}): its leader loses the label and the permit is released once its validity has ended",
+                        lock.spec.permits
+                    ),
+                    keep_lost: false,
+                    release_kept: true,
+                    warn_if_was_held: false,
+                    retry: super::RESYNC,
+                }),
                 None => Turn::Wait(Waiting {
                     reason: "NoCandidates",
                     message: if election.candidates.is_empty() {

@@ -18,6 +18,7 @@ use super::queue::{
 use crate::api::DistributedLock;
 use crate::controller::context::Context;
 use crate::controller::error::{Error, is_not_found};
+use crate::controller::lock::permit_status::open_permits;
 use crate::controller::lock::policy::TOKEN_ANNOTATION;
 
 /// One look at the Jobs queued for a lock.
@@ -27,6 +28,8 @@ pub struct JobQueue {
     lock: String,
     /// Per permit (one for a plain lock): the Job holding it, and the highest token known for it.
     permits: Vec<(Option<String>, i64)>,
+    /// How many permits take waiting Jobs (spec.permits); `permits` may list more, left from a higher count.
+    open: usize,
     jobs: Vec<Arc<Job>>,
     views: Vec<JobView>,
     pods: Vec<GrantedPod>,
@@ -72,6 +75,7 @@ impl JobQueue {
             pod_api: Api::namespaced(ctx.client.clone(), &namespace),
             lock: name,
             permits,
+            open: usize::try_from(open_permits(lock)).unwrap_or(1),
             jobs,
             views,
             pods,
@@ -98,7 +102,7 @@ impl JobQueue {
     }
 
     fn plan(&self, pods: &[GrantedPod]) -> Vec<JobStep> {
-        plan(&self.views, pods, &self.states())
+        plan(&self.views, pods, &self.states(), self.open)
     }
 
     /// Before a Job is let run (granted, resumed or requeued), the pods of earlier grants are counted again

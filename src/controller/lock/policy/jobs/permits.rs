@@ -31,7 +31,11 @@ fn permit_of(job: &JobView) -> Option<u32> {
 /// go, in queue order, to the permits that have nothing of their own to do (no holder, no fenced Job, no pods of
 /// an earlier grant), lowest permit first. A Job some permit holds is that permit's and never queued for, or
 /// taken as fenced by, another, even where the cache does not show its grant yet.
-pub fn plan(jobs: &[JobView], pods: &[GrantedPod], permits: &[PermitState<'_>]) -> Vec<JobStep> {
+///
+/// Only the first `open` permits (spec.permits) take waiting Jobs. A permit above, left from a higher count,
+/// lets its Job run to its end (held, extended and fenced as any other) and is then released, never handed out
+/// again; a Job fenced on it is queued again for an open permit and a new token rather than resumed on it.
+pub fn plan(jobs: &[JobView], pods: &[GrantedPod], permits: &[PermitState<'_>], open: usize) -> Vec<JobStep> {
     let holders: Vec<&str> = permits.iter().filter_map(|state| state.current).collect();
     let mut waiting = queue(jobs)
         .into_iter()
@@ -53,6 +57,13 @@ pub fn plan(jobs: &[JobView], pods: &[GrantedPod], permits: &[PermitState<'_>]) 
                 .collect();
             let own_pods: Vec<GrantedPod> = pods.iter().filter(|pod| pod.permit == permit).cloned().collect();
             let step = next_step(&own_jobs, &own_pods, state.current, state.latest_token);
+            let closing = usize::try_from(permit).map_or(true, |permit| permit >= open);
+            if closing {
+                return match step {
+                    JobStep::ResumeFenced { job, token } => JobStep::Requeue { job, token },
+                    step => step,
+                };
+            }
             if step != JobStep::Idle {
                 return step;
             }
@@ -135,11 +146,11 @@ mod tests {
     fn the_first_jobs_of_the_queue_get_the_lowest_permits() {
         let jobs = queue_of(10);
         assert_eq!(
-            plan(&jobs, &[], &free(3)),
+            plan(&jobs, &[], &free(3), 3),
             [grant("job-0"), grant("job-1"), grant("job-2")]
         );
         assert_eq!(
-            plan(&jobs[..2], &[], &free(3)),
+            plan(&jobs[..2], &[], &free(3), 3),
             [grant("job-0"), grant("job-1"), JobStep::Idle]
         );
     }
@@ -152,7 +163,7 @@ mod tests {
         jobs[2] = running("job-2", 2, 2, 1);
         let mut permits = vec![holding("job-0", 4), holding("job-1", 9), holding("job-2", 1)];
         assert_eq!(
-            plan(&jobs, &[], &permits),
+            plan(&jobs, &[], &permits, permits.len()),
             [
                 JobStep::Hold("job-0".into()),
                 JobStep::Hold("job-1".into()),
@@ -162,12 +173,12 @@ mod tests {
         // job-1 completes: its permit is released, then given to the next Job; the others hold on.
         jobs[1].finished = true;
         assert_eq!(
-            plan(&jobs, &[], &permits)[1],
+            plan(&jobs, &[], &permits, permits.len())[1],
             JobStep::ReleaseFinished("job-1".into())
         );
         permits[1].current = None;
         assert_eq!(
-            plan(&jobs, &[], &permits),
+            plan(&jobs, &[], &permits, permits.len()),
             [
                 JobStep::Hold("job-0".into()),
                 grant("job-3"),
@@ -177,12 +188,65 @@ mod tests {
     }
 
     #[test]
+    fn a_lowered_count_lets_the_jobs_above_it_finish_and_hands_their_permits_to_nobody() {
+        let mut jobs = queue_of(6);
+        jobs[0] = running("job-0", 0, 0, 4);
+        jobs[1] = running("job-1", 1, 1, 9);
+        jobs[2] = running("job-2", 2, 2, 1);
+        let mut permits = vec![holding("job-0", 4), holding("job-1", 9), holding("job-2", 1)];
+        assert_eq!(
+            plan(&jobs, &[], &permits, 1),
+            [
+                JobStep::Hold("job-0".into()),
+                JobStep::Hold("job-1".into()),
+                JobStep::Hold("job-2".into())
+            ],
+            "lowered from three to one: the running Jobs are not stopped"
+        );
+        jobs[2].finished = true;
+        assert_eq!(
+            plan(&jobs, &[], &permits, 1)[2],
+            JobStep::ReleaseFinished("job-2".into())
+        );
+        permits[2].current = None;
+        assert_eq!(
+            plan(&jobs, &[], &permits, 1)[2],
+            JobStep::Idle,
+            "released, permit 2 takes no waiting Job"
+        );
+        // job-1 is fenced on permit 1 (its key was lost): once its pods are gone it waits for permit 0 with a new
+        // token instead of resuming on the permit being given up.
+        jobs[1] = JobView {
+            suspended: true,
+            fenced_token: Some(9),
+            pods: 0,
+            ..running("job-1", 1, 1, 9)
+        };
+        permits[1].current = None;
+        assert_eq!(
+            plan(&jobs, &[], &permits, 1)[1],
+            JobStep::Requeue {
+                job: "job-1".into(),
+                token: 9
+            }
+        );
+        assert_eq!(
+            plan(&jobs, &[], &permits, 3)[1],
+            JobStep::ResumeFenced {
+                job: "job-1".into(),
+                token: 9
+            },
+            "where permit 1 is still open, it resumes there"
+        );
+    }
+
+    #[test]
     fn a_held_job_is_never_queued_for_another_permit_even_before_the_cache_shows_its_grant() {
         // Permit 0 holds job-0, whose grant the Job cache does not show yet: it still looks waiting.
         let jobs = queue_of(3);
         let permits = vec![holding("job-0", 1), PermitState::default()];
         assert_eq!(
-            plan(&jobs, &[], &permits),
+            plan(&jobs, &[], &permits, permits.len()),
             [JobStep::Hold("job-0".into()), grant("job-1")]
         );
     }
@@ -194,7 +258,7 @@ mod tests {
         jobs[0] = running("job-0", 0, 0, 2);
         let permits = vec![after(2), holding("job-0", 5)];
         assert_eq!(
-            plan(&jobs, &[], &permits),
+            plan(&jobs, &[], &permits, permits.len()),
             [grant("job-1"), JobStep::Hold("job-0".into())]
         );
     }
@@ -211,7 +275,7 @@ mod tests {
         jobs[1] = running("job-1", 1, 0, 7);
         let permits = vec![holding("job-1", 7), after(3), PermitState::default()];
         assert_eq!(
-            plan(&jobs, &[], &permits),
+            plan(&jobs, &[], &permits, permits.len()),
             [
                 JobStep::Hold("job-1".into()),
                 JobStep::WaitForFenced("job-0".into()),
@@ -221,7 +285,7 @@ mod tests {
         // Its pods gone and the Job controller showing it suspended: it resumes on its own permit with its
         // own token, not on the free permit 2.
         jobs[0].pods = 0;
-        let steps = plan(&jobs, &[], &permits);
+        let steps = plan(&jobs, &[], &permits, permits.len());
         assert_eq!(
             steps[1],
             JobStep::ResumeFenced {
@@ -236,7 +300,7 @@ mod tests {
     fn pods_of_an_earlier_grant_hold_up_only_their_permit() {
         let jobs = queue_of(4);
         let pods = vec![pod_of("old-pod", None, 2)];
-        let steps = plan(&jobs, &pods, &free(2));
+        let steps = plan(&jobs, &pods, &free(2), 2);
         assert!(
             matches!(&steps[0], JobStep::WaitForPods(pods) if pods[0].contains("old-pod")),
             "{steps:?}"
@@ -254,7 +318,7 @@ mod tests {
         };
         jobs[0].suspended = true;
         jobs[0].pods = 0;
-        assert_eq!(plan(&jobs, &[], &free(2)), [grant("job-0"), grant("job-1")]);
+        assert_eq!(plan(&jobs, &[], &free(2), 2), [grant("job-0"), grant("job-1")]);
     }
 
     #[test]
@@ -275,7 +339,7 @@ mod tests {
         ];
         for (jobs, pods, state) in cases {
             assert_eq!(
-                plan(&jobs, &pods, std::slice::from_ref(&state)),
+                plan(&jobs, &pods, std::slice::from_ref(&state), 1),
                 [next_step(&jobs, &pods, state.current, state.latest_token)],
                 "{jobs:?}"
             );

@@ -16,6 +16,7 @@ use crate::api::DistributedLock;
 use crate::api::lock::LeaderElectionPolicy;
 use crate::controller::context::Context;
 use crate::controller::error::{Error, is_not_found};
+use crate::controller::lock::permit_status::open_permits;
 use crate::controller::lock::policy::{PERMIT_ANNOTATION, TOKEN_ANNOTATION};
 
 /// One look at the pods of a leader-election lock. A semaphore (spec.permits above 1) elects one leader per
@@ -30,6 +31,9 @@ pub struct Election {
     current: Vec<Option<String>>,
     /// The leader pods carry their permit number (a semaphore's).
     semaphore: bool,
+    /// How many permits are held now (spec.permits): `current` may name holders of permits above, left from a
+    /// higher count, which are given up.
+    open: usize,
     /// Candidates in election order, for status.
     pub candidates: Vec<String>,
     /// The pod that should hold each permit now, where any can.
@@ -56,6 +60,7 @@ impl Election {
             preference: policy.preference.clone(),
             pods,
             semaphore: current.len() > 1,
+            open: usize::try_from(open_permits(lock)).unwrap_or(1),
             current,
             candidates: Vec::new(),
             chosen: Vec::new(),
@@ -70,7 +75,12 @@ impl Election {
             .map(|pod| pod.name.clone())
             .collect();
         let current: Vec<Option<&str>> = self.current.iter().map(Option::as_deref).collect();
-        self.chosen = choose_leaders(&self.pods, &current, &self.preference);
+        self.chosen = choose_leaders(&self.pods, &current, &self.preference, self.open);
+    }
+
+    /// Whether `permit` is above the count now held (spec.permits), left from a higher one.
+    pub fn is_closing(&self, permit: u32) -> bool {
+        usize::try_from(permit).map_or(true, |permit| permit >= self.open)
     }
 
     /// The pod that should hold `permit` now.

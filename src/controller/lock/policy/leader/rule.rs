@@ -63,23 +63,27 @@ pub fn candidates<'a>(pods: &'a [PodView], preference: &[String]) -> Vec<&'a Pod
 /// The pods that should hold each permit of a semaphore, in permit order (`current[i]`: permit i's holder now).
 /// A holder keeps its permit while it is a candidate, so a pod keeps its permit number; the free permits go,
 /// lowest first, to the first candidates in election order that hold no permit. A pod never gets two permits
-/// (a cache or status naming one pod twice leaves it the lowest).
+/// (a cache or status naming one pod twice leaves it the lowest). Only the first `open` permits (spec.permits)
+/// are held: the permits above, left from a higher count, are nobody's, so their leaders lose the label and
+/// the permits are released once their validity has run out.
 pub fn choose_leaders(
     pods: &[PodView],
     current: &[Option<&str>],
     preference: &[String],
+    open: usize,
 ) -> Vec<Option<String>> {
     let ordered = candidates(pods, preference);
     let is_candidate = |name: &str| ordered.iter().any(|pod| pod.name == name);
     let mut taken: Vec<&str> = Vec::with_capacity(current.len());
-    let mut chosen: Vec<Option<String>> = current
-        .iter()
-        .map(|holder| {
+    let mut chosen: Vec<Option<String>> = (0..open)
+        .map(|permit| {
+            let holder = current.get(permit).copied().flatten();
             let keep = holder.filter(|name| is_candidate(name) && !taken.contains(name))?;
             taken.push(keep);
             Some(keep.to_owned())
         })
         .collect();
+    // A pod holding a permit, even one being given up, is not free: it gets another once it has let go of it.
     let mut free = ordered
         .iter()
         .map(|pod| pod.name.as_str())
@@ -87,6 +91,7 @@ pub fn choose_leaders(
     for slot in chosen.iter_mut().filter(|slot| slot.is_none()) {
         *slot = free.next().map(str::to_owned);
     }
+    chosen.resize(current.len().max(open), None);
     chosen
 }
 
@@ -104,7 +109,7 @@ mod tests {
 
     /// A lock of one permit: the semaphore of one.
     fn choose_leader(pods: &[PodView], current: Option<&str>, preference: &[String]) -> Option<String> {
-        choose_leaders(pods, &[current], preference).pop().flatten()
+        choose_leaders(pods, &[current], preference, 1).pop().flatten()
     }
 
     fn pod(name: &str, created: i64, candidate: bool, labelled: bool) -> PodView {
@@ -185,18 +190,18 @@ mod tests {
             pod("w-3", 4, true, false),
         ];
         assert_eq!(
-            names(&choose_leaders(&pods, &[None, None, None], &[])),
+            names(&choose_leaders(&pods, &[None, None, None], &[], 3)),
             [Some("w-0"), Some("w-1"), Some("w-2")]
         );
         let few = &pods[..2];
         assert_eq!(
-            names(&choose_leaders(few, &[None, None, None], &[])),
+            names(&choose_leaders(few, &[None, None, None], &[], 3)),
             [Some("w-0"), Some("w-1"), None],
             "a permit nobody can take stays free"
         );
         let preference = vec!["w-3".to_owned()];
         assert_eq!(
-            names(&choose_leaders(&pods, &[None, None], &preference)),
+            names(&choose_leaders(&pods, &[None, None], &preference, 2)),
             [Some("w-3"), Some("w-0")]
         );
     }
@@ -211,18 +216,18 @@ mod tests {
         ];
         let current = [Some("w-2"), Some("w-0"), Some("w-1")];
         assert_eq!(
-            names(&choose_leaders(&pods, &current, &[])),
+            names(&choose_leaders(&pods, &current, &[], current.len())),
             current,
             "older pods notwithstanding, every holder keeps its own permit"
         );
         pods[0].candidate = false;
         assert_eq!(
-            names(&choose_leaders(&pods, &current, &[])),
+            names(&choose_leaders(&pods, &current, &[], current.len())),
             [Some("w-2"), Some("w-3"), Some("w-1")],
             "only permit 1, whose pod went, moves"
         );
         assert_eq!(
-            names(&choose_leaders(&pods, &[Some("w-1"), Some("w-1"), None], &[])),
+            names(&choose_leaders(&pods, &[Some("w-1"), Some("w-1"), None], &[], 3)),
             [Some("w-1"), Some("w-2"), Some("w-3")],
             "a pod named twice keeps its lowest permit only"
         );
@@ -234,8 +239,34 @@ mod tests {
         // Permit 1 is w-0's (status still shows it while its key waits to be released): w-0 is not free for
         // permit 0.
         assert_eq!(
-            names(&choose_leaders(&pods, &[None, Some("w-0")], &[])),
+            names(&choose_leaders(&pods, &[None, Some("w-0")], &[], 2)),
             [Some("w-1"), Some("w-0")]
+        );
+    }
+
+    #[test]
+    fn permits_above_the_count_lose_their_leaders_and_new_ones_go_to_free_pods() {
+        let pods = [
+            pod("w-0", 1, true, true),
+            pod("w-1", 2, true, true),
+            pod("w-2", 3, true, true),
+            pod("w-3", 4, true, false),
+        ];
+        let current = [Some("w-0"), Some("w-1"), Some("w-2")];
+        assert_eq!(
+            names(&choose_leaders(&pods, &current, &[], 2)),
+            [Some("w-0"), Some("w-1"), None],
+            "shrunk to two: permit 2 is nobody's, and w-3 does not take it"
+        );
+        assert_eq!(
+            names(&choose_leaders(&pods, &[Some("w-0"), None, Some("w-2")], &[], 2)),
+            [Some("w-0"), Some("w-1"), None],
+            "w-2 still holds permit 2 being given up: the free permit 1 goes to w-1, not to it"
+        );
+        assert_eq!(
+            names(&choose_leaders(&pods, &[Some("w-0"), Some("w-1")], &[], 4)),
+            [Some("w-0"), Some("w-1"), Some("w-2"), Some("w-3")],
+            "grown to four: the new permits go to free pods, the holders keep theirs"
         );
     }
 }
