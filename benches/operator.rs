@@ -1,15 +1,34 @@
 //! Operator scale benchmark: the real `redlock-operator run` binary holds N `DistributedLock`s (default
-//! 10,000, ttl 10s) on five local masters, against the in-process test API server. Run with
-//! `cargo bench --bench operator` (`OPERATOR_BENCH_LOCKS`, `OPERATOR_BENCH_SECONDS`, `OPERATOR_BENCH_PODS` to
-//! change the size, the measuring window and the pods of other applications in the cluster). Memory is the
-//! operator's resident set (VmRSS): idle, with the pods, and with the pods and the held locks.
+//! 10,000, ttl 10s) on five local masters, against the in-process test API server; then, in the same run, a
+//! fresh binary on fresh masters and a fresh API server holds M semaphores of P permits each (default 1,000
+//! of 10: as many permits as single locks). Run with `cargo bench --bench operator` (`OPERATOR_BENCH_LOCKS`,
+//! `OPERATOR_BENCH_SECONDS`, `OPERATOR_BENCH_PODS` to change the size, the measuring window and the pods of
+//! other applications in the cluster; `OPERATOR_BENCH_SEMAPHORES` and `OPERATOR_BENCH_PERMITS` the semaphore
+//! run's size; either count set to 0 leaves that run out; `OPERATOR_BENCH_WAIT_SECONDS`, default 600, how
+//! long a run waits for all its locks to be held). Memory is the operator's resident set (VmRSS): idle, with
+//! the pods, and with the pods and the held locks.
 //!
 //! The operator runs as a child process, so its CPU time (from /proc) is its own, not the API server's or the
-//! masters'. The baseline, measured in the same run, is the same binary idle with no lock. The last line is
-//! `SUMMARY locks=N pods=N cpu_cores_avg=X lost=N extend_lag_p99_ms=X create_to_held_p50_ms=X rss_mib_idle=X
-//! rss_mib_pods=X rss_mib_held=X events_per_s_idle=X events_per_s_after=X event_cpu_s_per_1000_idle=X
-//! event_cpu_s_per_1000_after=X recorder_{kube,ours}_per_s_{idle,after}=X
+//! masters'. The baseline, measured in the same run, is the same binary idle with no lock. The single-lock
+//! run ends with `SUMMARY locks=N pods=N cpu_cores_avg=X lost=N extend_lag_p99_ms=X create_to_held_p50_ms=X
+//! rss_mib_idle=X rss_mib_pods=X rss_mib_held=X events_per_s_idle=X events_per_s_after=X
+//! event_cpu_s_per_1000_idle=X event_cpu_s_per_1000_after=X recorder_{kube,ours}_per_s_{idle,after}=X
 //! recorder_{kube,ours}_cpu_s_per_1000_{idle,after}=X`.
+//!
+//! Semaphores (`operator/semaphores.rs`) are leader semaphores: each has `permits: P` and
+//! `holder.leaderElection` over P pods of its own, Running and Ready, so every permit is held by a pod that
+//! carries the leader label, the permit number, the token and the validity. The pods of other applications
+//! are there too, as in the single-lock run. That run ends with `SUMMARY_SEMAPHORES semaphores=M
+//! semaphores_held=M permits=P leader_pods=N pods=N cpu_cores_idle=X cpu_cores_avg=X lost=N
+//! extend_lag_p99_ms=X all_held_s=X create_to_held_p50_ms=X extensions_per_s=X pod_writes_per_s=X
+//! lock_writes_per_s=X rss_mib_idle=X rss_mib_pods=X rss_mib_held=X`: the extension lag is per permit (each
+//! permit is extended on its own), a lock counts as held when all its permits are (`status.held` `P/P`); if
+//! not all are in time, the steady holding of those that are is measured anyway, `semaphores_held` says how
+//! many and `all_held_s` is `inf`. Lost counts permits lost plus the times a lock was seen with fewer than
+//! all its permits after holding them all. The writes per second are the API server's count of creates,
+//! updates and patches of pods and of locks (status included) over the window (nothing but the operator
+//! writes then). The last lines set the two runs side by side, and `RATIO semaphores/single cpu_cores_avg=X
+//! extend_lag_p99_ms=X all_held_s=X` divides the semaphores' figures by the single locks'.
 //!
 //! Events: `OPERATOR_BENCH_EVENTS` (default 3,000: about a second of acquisitions, long enough for the steady
 //! holding's waves of extensions and status writes to average out) more locks are created once with the
@@ -18,15 +37,18 @@
 //! it prints the Events published per second (counted by the API server) and the operator's CPU-seconds per
 //! 1,000 of them (the acquisitions with their Events, less the background CPU of the idle operator or of the
 //! steady holding measured below). Before the operator starts, the two Event recorders are measured alone
-//! (see `operator/recorders.rs`). `OPERATOR_BENCH_BINARY` runs another build of the operator (an older one,
-//! to compare in the same session).
+//! (see `operator/recorders.rs`). The semaphore run measures no Events. `OPERATOR_BENCH_BINARY` runs another
+//! build of the operator (an older one, to compare in the same session).
 
 #[path = "operator/recorders.rs"]
 mod recorders;
+#[path = "operator/semaphores.rs"]
+mod semaphores;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -45,6 +67,11 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 fn main() -> Result<(), BoxError> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(bench())
+}
+
+/// How long a run waits for all its locks to be held: `OPERATOR_BENCH_WAIT_SECONDS`, ten minutes by default.
+fn patience() -> Duration {
+    Duration::from_secs(env_number("OPERATOR_BENCH_WAIT_SECONDS", 600))
 }
 
 fn env_number(name: &str, default: u64) -> u64 {
@@ -81,26 +108,36 @@ fn rss_mib(pid: u32) -> Result<f64, BoxError> {
     Ok(kib / 1024.0)
 }
 
-/// `count` pods of a realistic size (a container with an environment, a status with conditions and container
-/// statuses), in a namespace of their own: what a cluster-wide pod watch caches besides the locks' own pods.
+/// A pod of a realistic size (a container with an environment, a status with conditions and container
+/// statuses), as the API server stores it: what the operator's cluster-wide pod watch caches.
+fn realistic_pod(
+    name: &str,
+    namespace: &str,
+    labels: serde_json::Value,
+) -> Result<k8s_openapi::api::core::v1::Pod, BoxError> {
+    let env: Vec<serde_json::Value> = (0..20)
+        .map(|n| serde_json::json!({ "name": format!("SETTING_{n}"), "value": "x".repeat(64) }))
+        .collect();
+    Ok(serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name, "namespace": namespace, "labels": labels },
+        "spec": { "containers": [{ "name": "app", "image": "registry.invalid/shop:1.2.3", "env": env,
+                  "resources": { "requests": { "cpu": "100m", "memory": "128Mi" } } }] },
+        "status": { "phase": "Running", "podIP": "10.0.0.1",
+                    "conditions": [{ "type": "Ready", "status": "True" }, { "type": "Initialized", "status": "True" }],
+                    "containerStatuses": [{ "name": "app", "image": "shop:1.2.3", "imageID": "sha256:0", "ready": true, "restartCount": 0 }] }
+    }))?)
+}
+
+/// `count` realistic pods in a namespace of their own: what a cluster-wide pod watch caches besides the locks'
+/// own pods.
 async fn create_pods(client: &kube::Client, count: usize) -> Result<(), BoxError> {
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "other-apps");
     futures::stream::iter(0..count)
         .map(|index| {
             let pods = pods.clone();
             async move {
-                let env: Vec<serde_json::Value> = (0..20)
-                    .map(|n| serde_json::json!({ "name": format!("SETTING_{n}"), "value": "x".repeat(64) }))
-                    .collect();
-                let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
-                    "metadata": { "name": format!("app-{index:05}"), "namespace": "other-apps",
-                                  "labels": { "app": "shop", "tier": "web" } },
-                    "spec": { "containers": [{ "name": "app", "image": "registry.invalid/shop:1.2.3", "env": env,
-                              "resources": { "requests": { "cpu": "100m", "memory": "128Mi" } } }] },
-                    "status": { "phase": "Running", "podIP": "10.0.0.1",
-                                "conditions": [{ "type": "Ready", "status": "True" }, { "type": "Initialized", "status": "True" }],
-                                "containerStatuses": [{ "name": "app", "image": "shop:1.2.3", "imageID": "sha256:0", "ready": true, "restartCount": 0 }] }
-                }))?;
+                let labels = serde_json::json!({ "app": "shop", "tier": "web" });
+                let pod = realistic_pod(&format!("app-{index:05}"), "other-apps", labels)?;
                 pods.create(&PostParams::default(), &pod).await?;
                 Ok::<(), BoxError>(())
             }
@@ -147,7 +184,7 @@ async fn event_burst(
     let events_before = events_published(server);
     let cpu_before = cpu_seconds(pid)?;
     let started = Instant::now();
-    create_locks(&api, count, None).await?;
+    create_locks(&api, count, None, single_lock).await?;
     let deadline = Instant::now() + Duration::from_secs(600);
     let events = loop {
         let events = events_published(server) - events_before;
@@ -176,19 +213,27 @@ async fn event_burst(
     Ok(burst)
 }
 
-/// Creates locks `lock-00000` … in the API's namespace (ttl 10s), 32 at a time, noting when each was sent.
+/// A plain lock `lock-00000` … (ttl 10s) held by an identity: the single-lock run's.
+fn single_lock(index: usize) -> (String, serde_json::Value) {
+    let spec = serde_json::json!({ "ttl": "10s", "holder": { "identity": format!("holder-{index}") } });
+    (format!("lock-{index:05}"), spec)
+}
+
+/// Creates `count` locks in the API's namespace, 32 at a time, noting when each was sent; `lock(index)` gives
+/// each its name and spec.
 async fn create_locks(
     api: &Api<DistributedLock>,
     count: usize,
     created: Option<&Mutex<HashMap<String, Instant>>>,
+    lock: impl Fn(usize) -> (String, serde_json::Value),
 ) -> Result<(), BoxError> {
+    let lock = &lock;
     futures::stream::iter(0..count)
         .map(|index| async move {
-            let name = format!("lock-{index:05}");
+            let (name, spec) = lock(index);
             let lock: DistributedLock = serde_json::from_value(serde_json::json!({
                 "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
-                "metadata": { "name": name },
-                "spec": { "ttl": "10s", "holder": { "identity": format!("holder-{index}") } }
+                "metadata": { "name": name }, "spec": spec
             }))?;
             if let Some(created) = created {
                 created
@@ -253,73 +298,344 @@ fn histogram_quantile(text: &str, name: &str, quantile: f64) -> f64 {
         .map_or(0.0, |(bound, _)| *bound)
 }
 
+/// Five fresh masters and a fresh API server, with a kubeconfig and an installation secret for the operator.
+struct Cluster {
+    masters: RedisCluster,
+    server: TestApiServer,
+    client: kube::Client,
+    kubeconfig: PathBuf,
+    secret: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start() -> Result<Self, BoxError> {
+        let masters = RedisCluster::start(5)?;
+        let server = TestApiServer::start().await;
+        let client = server.client();
+        let dir = tempfile::tempdir()?;
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig)?;
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, [42u8; 48])?;
+        Ok(Self {
+            masters,
+            server,
+            client,
+            kubeconfig,
+            secret,
+            _dir: dir,
+        })
+    }
+
+    /// The CRDs and the `default` quorum of the five masters.
+    async fn install(&self) -> Result<(), BoxError> {
+        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        for crd in [RedisQuorum::crd(), DistributedLock::crd()] {
+            crds.create(&PostParams::default(), &crd).await?;
+        }
+        let quorum: RedisQuorum = serde_json::from_value(serde_json::json!({
+            "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": "default" },
+            // Fresh masters: skip the restart quarantine, it is not what is measured here.
+            "spec": { "endpoints": self.masters.urls(), "maxTtl": "10s", "assumeDurable": true }
+        }))?;
+        Api::<RedisQuorum>::all(self.client.clone())
+            .create(&PostParams::default(), &quorum)
+            .await?;
+        Ok(())
+    }
+}
+
+/// The operator binary running as a child process, with its metrics on `port`.
+struct Operator {
+    child: tokio::process::Child,
+    pid: u32,
+    port: u16,
+}
+
+impl Operator {
+    /// Starts the binary against `cluster` and waits until it sees the quorum available.
+    async fn start(cluster: &Cluster) -> Result<Self, BoxError> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let binary = std::env::var_os("OPERATOR_BENCH_BINARY")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_redlock-operator").into());
+        let child = tokio::process::Command::new(binary)
+            .args(["run", "--no-leader-election"])
+            .arg("--metrics-addr")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--installation-secret-file")
+            .arg(&cluster.secret)
+            .env("KUBECONFIG", &cluster.kubeconfig)
+            .env("RUST_LOG", "error")
+            .kill_on_drop(true)
+            .spawn()?;
+        let pid = child.id().ok_or("operator exited")?;
+        let quorums: Api<RedisQuorum> = Api::all(cluster.client.clone());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while quorums
+            .get("default")
+            .await?
+            .status
+            .and_then(|status| status.eligible)
+            != Some(5)
+        {
+            if Instant::now() > deadline {
+                return Err("the quorum never became available".into());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(Self { child, pid, port })
+    }
+
+    /// Installs the CRDs and the quorum on `cluster`, starts the binary and measures it idle with no lock (the
+    /// baseline): its cores and resident MiB.
+    async fn start_idle(cluster: &Cluster) -> Result<(Self, f64, f64), BoxError> {
+        cluster.install().await?;
+        let operator = Self::start(cluster).await?;
+        let idle = cores_over(operator.pid, Duration::from_secs(5)).await?;
+        let rss_idle = rss_mib(operator.pid)?;
+        println!("baseline: the operator idle with no lock uses {idle:.4} cores and {rss_idle:.1} MiB");
+        Ok((operator, idle, rss_idle))
+    }
+
+    /// Fails if the operator exited during the run; otherwise stops it and waits until it is gone, so that the
+    /// next run has the cores to itself.
+    async fn stop(mut self) -> Result<(), BoxError> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return Err(format!("the operator exited during the run: {status}").into());
+        }
+        self.child.start_kill()?;
+        self.child.wait().await?;
+        Ok(())
+    }
+}
+
+/// Whether `lock` holds all its `permits` (a plain lock: is `Held`).
+fn all_held(lock: &DistributedLock, permits: usize) -> bool {
+    let status = lock.status.as_ref();
+    if permits <= 1 {
+        return status.and_then(|s| s.phase) == Some(LockPhase::Held);
+    }
+    status.and_then(|s| s.held.as_deref()) == Some(format!("{permits}/{permits}").as_str())
+}
+
+/// When each lock was first seen holding all its permits, through a watch like any client's, and how many
+/// times a lock was seen with fewer after that.
+#[derive(Clone, Default)]
+struct HeldWatch {
+    held: Arc<Mutex<HashMap<String, Instant>>>,
+    dropped: Arc<Mutex<usize>>,
+}
+
+impl HeldWatch {
+    fn start(api: Api<DistributedLock>, permits: usize) -> Self {
+        let watch = Self::default();
+        let seen = watch.clone();
+        let stream = watcher(api, watcher::Config::default());
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Ok(Some(event)) = stream.try_next().await {
+                let lock = match event {
+                    watcher::Event::Apply(lock) | watcher::Event::InitApply(lock) => lock,
+                    _ => continue,
+                };
+                let name = lock.metadata.name.clone().unwrap_or_default();
+                let mut held = seen.held.lock().unwrap_or_else(|p| p.into_inner());
+                if all_held(&lock, permits) {
+                    held.entry(name).or_insert_with(Instant::now);
+                } else if held.contains_key(&name) {
+                    *seen.dropped.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+                }
+            }
+        });
+        watch
+    }
+
+    fn dropped(&self) -> usize {
+        *self.dropped.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until `count` locks have been seen holding all their permits, or `patience` has passed; returns
+    /// how many were.
+    async fn wait_for(&self, count: usize, patience: Duration) -> usize {
+        let deadline = Instant::now() + patience;
+        let mut last_report = Instant::now();
+        loop {
+            let held = self.held.lock().unwrap_or_else(|p| p.into_inner()).len();
+            if held >= count || Instant::now() > deadline {
+                return held;
+            }
+            if last_report.elapsed() > Duration::from_secs(5) {
+                println!("  {held} of {count} held");
+                last_report = Instant::now();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The median time from a lock's create request to its being seen with all its permits held, in ms.
+    fn create_to_held_p50_ms(&self, created: &Mutex<HashMap<String, Instant>>) -> f64 {
+        let created = created.lock().unwrap_or_else(|p| p.into_inner());
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut times: Vec<f64> = created
+            .iter()
+            .filter_map(|(name, at)| {
+                Some(held.get(name)?.saturating_duration_since(*at).as_secs_f64() * 1000.0)
+            })
+            .collect();
+        times.sort_by(f64::total_cmp);
+        times.get(times.len() / 2).copied().unwrap_or(0.0)
+    }
+}
+
+/// Creates, updates and patches of pods and of locks (their status included) the API server has counted.
+fn api_writes(server: &TestApiServer) -> (u64, u64) {
+    let writes = |plural: &str| {
+        ["create", "update", "patch"]
+            .iter()
+            .map(|verb| server.request_count(verb, plural))
+            .sum::<u64>()
+    };
+    (writes("pods"), writes("distributedlocks"))
+}
+
+/// What the operator did over the window of steady holding.
+struct Steady {
+    cores: f64,
+    /// Locks (or permits) lost since the operator started, and during the window.
+    lost: u64,
+    lost_in_window: f64,
+    /// Upper bound of the histogram bucket of the 99th percentile, since the operator started.
+    lag_p99_ms: f64,
+    extensions: f64,
+    extensions_per_s: f64,
+    /// `redlock_locks_held`: the permits held (a plain lock is one).
+    held: f64,
+    pod_writes_per_s: f64,
+    lock_writes_per_s: f64,
+}
+
+async fn steady_holding(
+    server: &TestApiServer,
+    operator: &Operator,
+    window: Duration,
+) -> Result<Steady, BoxError> {
+    let before = metrics_text(operator.port).await?;
+    let (pod_writes, lock_writes) = api_writes(server);
+    let started = Instant::now();
+    let cores = cores_over(operator.pid, window).await?;
+    let seconds = started.elapsed().as_secs_f64();
+    let (pod_writes_after, lock_writes_after) = api_writes(server);
+    let text = metrics_text(operator.port).await?;
+    let lost = metric(&text, "redlock_locks_lost_total");
+    let extensions = metric(&text, "redlock_extensions_total");
+    Ok(Steady {
+        cores,
+        lost: lost as u64,
+        lost_in_window: lost - metric(&before, "redlock_locks_lost_total"),
+        lag_p99_ms: histogram_quantile(&text, "redlock_extend_lag_seconds", 0.99) * 1000.0,
+        extensions,
+        extensions_per_s: (extensions - metric(&before, "redlock_extensions_total")) / seconds,
+        held: metric(&text, "redlock_locks_held"),
+        pod_writes_per_s: (pod_writes_after - pod_writes) as f64 / seconds,
+        lock_writes_per_s: (lock_writes_after - lock_writes) as f64 / seconds,
+    })
+}
+
+/// A line of the side-by-side table: its name and how to show one run's figure.
+type Row = (&'static str, fn(&Compared) -> String);
+
+/// One run's figures, for setting the single locks and the semaphores side by side.
+struct Compared {
+    permits_held: usize,
+    steady: Steady,
+    lost: u64,
+    all_held_s: f64,
+    create_to_held_p50_ms: f64,
+    rss_mib_held: f64,
+}
+
 async fn bench() -> Result<(), BoxError> {
     let locks = env_number("OPERATOR_BENCH_LOCKS", 10_000) as usize;
     let window = Duration::from_secs(env_number("OPERATOR_BENCH_SECONDS", 60));
     let pods = env_number("OPERATOR_BENCH_PODS", 10_000) as usize;
+    let semaphores = env_number("OPERATOR_BENCH_SEMAPHORES", 1_000) as usize;
+    let permits = env_number("OPERATOR_BENCH_PERMITS", 10).max(2) as usize;
+    // Either run can be left out (its count set to 0), to explore the other's sizes quickly.
+    let single = if locks > 0 {
+        println!("single locks: {locks}, ttl 10s, with {pods} pods of other applications");
+        Some(single_locks(locks, window, pods).await?)
+    } else {
+        None
+    };
+    if semaphores == 0 {
+        return Ok(());
+    }
+    println!();
+    println!(
+        "semaphores: {semaphores} of {permits} permits, ttl 10s, leader election over {permits} ready pods each, with {pods} pods of other applications"
+    );
+    let semaphore = semaphores::run(semaphores, permits, window, pods).await?;
+    let Some(single) = single else {
+        return Ok(());
+    };
+    println!();
+    println!("{locks} single locks | {semaphores} semaphores of {permits} permits:");
+    let rows: [Row; 10] = [
+        ("permits (held: redlock_locks_held)", |run| {
+            format!("{} ({:.0})", run.permits_held, run.steady.held)
+        }),
+        ("operator CPU, cores avg", |run| {
+            format!("{:.3}", run.steady.cores)
+        }),
+        ("extension lag p99 per permit, ms", |run| {
+            format!("{:.1}", run.steady.lag_p99_ms)
+        }),
+        ("time to all held, s", |run| format!("{:.1}", run.all_held_s)),
+        ("create -> all permits held p50, ms", |run| {
+            format!("{:.0}", run.create_to_held_p50_ms)
+        }),
+        ("extensions per second", |run| {
+            format!("{:.0}", run.steady.extensions_per_s)
+        }),
+        ("pod writes per second", |run| {
+            format!("{:.1}", run.steady.pod_writes_per_s)
+        }),
+        ("lock writes per second", |run| {
+            format!("{:.1}", run.steady.lock_writes_per_s)
+        }),
+        ("lost", |run| run.lost.to_string()),
+        ("memory held, MiB", |run| format!("{:.1}", run.rss_mib_held)),
+    ];
+    for (name, value) in rows {
+        println!("  {name:<36} {:>12} | {}", value(&single), value(&semaphore));
+    }
+    let ratio = |of: fn(&Compared) -> f64| of(&semaphore) / of(&single).max(1e-9);
+    println!(
+        "RATIO semaphores/single cpu_cores_avg={:.2} extend_lag_p99_ms={:.2} all_held_s={:.2}",
+        ratio(|run| run.steady.cores),
+        ratio(|run| run.steady.lag_p99_ms),
+        ratio(|run| run.all_held_s),
+    );
+    Ok(())
+}
+
+/// The single-lock run: `locks` plain locks held by identities, with the Event measurements.
+async fn single_locks(locks: usize, window: Duration, pods: usize) -> Result<Compared, BoxError> {
     let event_count = env_number("OPERATOR_BENCH_EVENTS", 3_000) as usize;
-    let masters = RedisCluster::start(5)?;
-    let server = TestApiServer::start().await;
-    let client = server.client();
-    let dir = tempfile::tempdir()?;
-    let kubeconfig = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig)?;
-    let secret = dir.path().join("secret");
-    std::fs::write(&secret, [42u8; 48])?;
+    let cluster = Cluster::start().await?;
+    let (server, client) = (&cluster.server, &cluster.client);
 
     println!(
         "the Event recorders alone (three rounds each, alternating, summed; 32 publishes at a time; CPU of the publishing thread):"
     );
-    let [kube_recorder, our_recorder] = recorders::measure(&server, event_count, locks).await?;
+    let [kube_recorder, our_recorder] = recorders::measure(server, event_count, locks).await?;
     println!("  {}", recorders::describe("kube-runtime's", &kube_recorder));
     println!("  {}", recorders::describe("the operator's", &our_recorder));
 
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in [RedisQuorum::crd(), DistributedLock::crd()] {
-        crds.create(&PostParams::default(), &crd).await?;
-    }
-    let quorum: RedisQuorum = serde_json::from_value(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": "default" },
-        // Fresh masters: skip the restart quarantine, it is not what is measured here.
-        "spec": { "endpoints": masters.urls(), "maxTtl": "10s", "assumeDurable": true }
-    }))?;
-    Api::<RedisQuorum>::all(client.clone())
-        .create(&PostParams::default(), &quorum)
-        .await?;
-
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let binary = std::env::var_os("OPERATOR_BENCH_BINARY")
-        .unwrap_or_else(|| env!("CARGO_BIN_EXE_redlock-operator").into());
-    let mut operator = tokio::process::Command::new(binary)
-        .args(["run", "--no-leader-election"])
-        .arg("--metrics-addr")
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--installation-secret-file")
-        .arg(&secret)
-        .env("KUBECONFIG", &kubeconfig)
-        .env("RUST_LOG", "error")
-        .kill_on_drop(true)
-        .spawn()?;
-    let pid = operator.id().ok_or("operator exited")?;
-
-    let quorums: Api<RedisQuorum> = Api::all(client.clone());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while quorums
-        .get("default")
-        .await?
-        .status
-        .and_then(|status| status.eligible)
-        != Some(5)
-    {
-        if Instant::now() > deadline {
-            return Err("the quorum never became available".into());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let idle = cores_over(pid, Duration::from_secs(5)).await?;
-    let rss_idle = rss_mib(pid)?;
-    println!("baseline: the operator idle with no lock uses {idle:.4} cores and {rss_idle:.1} MiB");
-    let events_idle = event_burst(&server, &client, pid, "events-idle", event_count).await?;
+    let (operator, idle, rss_idle) = Operator::start_idle(&cluster).await?;
+    let pid = operator.pid;
+    let events_idle = event_burst(server, client, pid, "events-idle", event_count).await?;
     let event_cpu_idle = events_idle.cpu_per_thousand(idle);
     println!(
         "Events with the operator idle (baseline): {} in {:.1}s, {:.0} per second, {event_cpu_idle:.3} CPU-s per 1,000",
@@ -329,82 +645,34 @@ async fn bench() -> Result<(), BoxError> {
     );
     if pods > 0 {
         println!("creating {pods} pods of other applications …");
-        create_pods(&client, pods).await?;
+        create_pods(client, pods).await?;
         // Let the pod watch take them all in.
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
     let rss_pods = rss_mib(pid)?;
     println!("with {pods} pods in the cluster: {rss_pods:.1} MiB");
 
-    // Held instants, seen through a watch like any client would.
-    let created: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let held: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let left_held = Arc::new(Mutex::new(0usize));
+    let created: Mutex<HashMap<String, Instant>> = Mutex::default();
     let lock_api: Api<DistributedLock> = Api::namespaced(client.clone(), "bench");
-    {
-        let held = held.clone();
-        let left_held = left_held.clone();
-        let stream = watcher(lock_api.clone(), watcher::Config::default());
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Ok(Some(event)) = stream.try_next().await {
-                let objects = match event {
-                    watcher::Event::Apply(lock) | watcher::Event::InitApply(lock) => vec![lock],
-                    _ => continue,
-                };
-                for lock in objects {
-                    let name = lock.metadata.name.clone().unwrap_or_default();
-                    let is_held = lock.status.as_ref().and_then(|s| s.phase) == Some(LockPhase::Held);
-                    let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
-                    if is_held {
-                        held.entry(name).or_insert_with(Instant::now);
-                    } else if held.contains_key(&name) {
-                        *left_held.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-                    }
-                }
-            }
-        });
-    }
+    let watch = HeldWatch::start(lock_api.clone(), 1);
 
     println!("creating {locks} locks (ttl 10s) …");
     let creating = Instant::now();
-    create_locks(&lock_api, locks, Some(&created)).await?;
+    create_locks(&lock_api, locks, Some(&created), single_lock).await?;
     println!(
         "created in {:.1}s; waiting for every lock to be held …",
         creating.elapsed().as_secs_f64()
     );
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let mut last_report = Instant::now();
-    loop {
-        let count = held.lock().unwrap_or_else(|p| p.into_inner()).len();
-        if count >= locks {
-            break;
-        }
-        if Instant::now() > deadline {
-            return Err(format!("only {count} of {locks} locks held after 10 minutes").into());
-        }
-        if last_report.elapsed() > Duration::from_secs(5) {
-            println!("  {count} of {locks} held");
-            last_report = Instant::now();
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let held = watch.wait_for(locks, patience()).await;
+    if held < locks {
+        return Err(format!(
+            "only {held} of {locks} locks held after {}s",
+            patience().as_secs()
+        )
+        .into());
     }
     let all_held_after = creating.elapsed();
-    let mut create_to_held: Vec<f64> = {
-        let created = created.lock().unwrap_or_else(|p| p.into_inner());
-        let held = held.lock().unwrap_or_else(|p| p.into_inner());
-        created
-            .iter()
-            .filter_map(|(name, at)| {
-                Some(held.get(name)?.saturating_duration_since(*at).as_secs_f64() * 1000.0)
-            })
-            .collect()
-    };
-    create_to_held.sort_by(f64::total_cmp);
-    let p50 = create_to_held
-        .get(create_to_held.len() / 2)
-        .copied()
-        .unwrap_or(0.0);
+    let p50 = watch.create_to_held_p50_ms(&created);
     println!(
         "all {locks} held {:.1}s after the first create; create→held p50 {p50:.0} ms",
         all_held_after.as_secs_f64()
@@ -412,22 +680,19 @@ async fn bench() -> Result<(), BoxError> {
 
     // Let the initial burst of acquisitions and Events settle, publish more, then measure steady holding.
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let events_after = event_burst(&server, &client, pid, "events-after", event_count).await?;
+    let events_after = event_burst(server, client, pid, "events-after", event_count).await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let lost_before = metric(&metrics_text(port).await?, "redlock_locks_lost_total");
     println!("measuring {}s of steady holding …", window.as_secs());
-    let cores = cores_over(pid, window).await?;
-    let text = metrics_text(port).await?;
-    let lost = metric(&text, "redlock_locks_lost_total") as u64;
-    let dropped = *left_held.lock().unwrap_or_else(|p| p.into_inner());
-    let lag_p99_ms = histogram_quantile(&text, "redlock_extend_lag_seconds", 0.99) * 1000.0;
-    let extensions = metric(&text, "redlock_extensions_total");
-    let still_held = metric(&text, "redlock_locks_held");
+    let steady = steady_holding(server, &operator, window).await?;
+    let cores = steady.cores;
+    let dropped = watch.dropped();
     let rss_held = rss_mib(pid)?;
     println!(
-        "steady state: {cores:.3} cores ({:.1}x idle), {extensions:.0} extensions in all, locks held {still_held:.0}, lost during the window {}, status left Held {dropped} times",
+        "steady state: {cores:.3} cores ({:.1}x idle), {:.0} extensions in all, locks held {:.0}, lost during the window {}, status left Held {dropped} times",
         cores / idle.max(1e-6),
-        lost as f64 - lost_before
+        steady.extensions,
+        steady.held,
+        steady.lost_in_window
     );
     let event_cpu_after = events_after.cpu_per_thousand(cores);
     println!(
@@ -438,16 +703,14 @@ async fn bench() -> Result<(), BoxError> {
         events_after.per_second() / events_idle.per_second().max(1e-9),
         event_cpu_after / event_cpu_idle.max(1e-9),
     );
-    if let Ok(Some(status)) = operator.try_wait() {
-        return Err(format!("the operator exited during the run: {status}").into());
-    }
-    operator.start_kill()?;
+    operator.stop().await?;
     println!(
         "memory: {rss_idle:.1} MiB idle, {rss_pods:.1} MiB with {pods} pods, {rss_held:.1} MiB with them and {locks} held locks"
     );
+    let lost = steady.lost + dropped as u64;
     println!(
-        "SUMMARY locks={locks} pods={pods} cpu_cores_avg={cores:.3} lost={} extend_lag_p99_ms={lag_p99_ms:.1} create_to_held_p50_ms={p50:.0} rss_mib_idle={rss_idle:.1} rss_mib_pods={rss_pods:.1} rss_mib_held={rss_held:.1} events_per_s_idle={:.0} events_per_s_after={:.0} event_cpu_s_per_1000_idle={event_cpu_idle:.3} event_cpu_s_per_1000_after={event_cpu_after:.3} recorder_kube_per_s_idle={:.0} recorder_kube_per_s_after={:.0} recorder_kube_cpu_s_per_1000_idle={:.3} recorder_kube_cpu_s_per_1000_after={:.3} recorder_ours_per_s_idle={:.0} recorder_ours_per_s_after={:.0} recorder_ours_cpu_s_per_1000_idle={:.3} recorder_ours_cpu_s_per_1000_after={:.3}",
-        lost + dropped as u64,
+        "SUMMARY locks={locks} pods={pods} cpu_cores_avg={cores:.3} lost={lost} extend_lag_p99_ms={:.1} create_to_held_p50_ms={p50:.0} rss_mib_idle={rss_idle:.1} rss_mib_pods={rss_pods:.1} rss_mib_held={rss_held:.1} events_per_s_idle={:.0} events_per_s_after={:.0} event_cpu_s_per_1000_idle={event_cpu_idle:.3} event_cpu_s_per_1000_after={event_cpu_after:.3} recorder_kube_per_s_idle={:.0} recorder_kube_per_s_after={:.0} recorder_kube_cpu_s_per_1000_idle={:.3} recorder_kube_cpu_s_per_1000_after={:.3} recorder_ours_per_s_idle={:.0} recorder_ours_per_s_after={:.0} recorder_ours_cpu_s_per_1000_idle={:.3} recorder_ours_cpu_s_per_1000_after={:.3}",
+        steady.lag_p99_ms,
         events_idle.per_second(),
         events_after.per_second(),
         kube_recorder.idle.per_second(),
@@ -459,5 +722,12 @@ async fn bench() -> Result<(), BoxError> {
         our_recorder.idle.cpu_per_thousand(),
         our_recorder.after.cpu_per_thousand(),
     );
-    Ok(())
+    Ok(Compared {
+        permits_held: locks,
+        steady,
+        lost,
+        all_held_s: all_held_after.as_secs_f64(),
+        create_to_held_p50_ms: p50,
+        rss_mib_held: rss_held,
+    })
 }

@@ -40,6 +40,9 @@ pub struct Context {
     pub jobs: Store<Job>,
     /// Consecutive failures per object, for the error backoff.
     pub(super) failures: Mutex<HashMap<String, u32>>,
+    /// A semaphore's lock as this replica's last status write left it, while one reconciliation writes several
+    /// permits' status in a row (see `status_write::write_permit_status`).
+    pub(crate) written: Mutex<HashMap<String, Arc<DistributedLock>>>,
 }
 
 impl Context {

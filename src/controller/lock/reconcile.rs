@@ -17,6 +17,7 @@ use super::handover::Release;
 use super::permit_status::{is_semaphore, permit_span, status_of};
 use super::policy::{Policy, Turn};
 use super::settings::{HolderKind, LockSettings, QuorumRules, lock_settings};
+use super::status_write::forget_written;
 use super::{FINALIZER, RESYNC};
 use crate::api::{DistributedLock, DistributedLockStatus};
 use crate::controller::context::Context;
@@ -252,6 +253,13 @@ async fn apply_semaphore(
         }
     };
     policy.prepare(ctx).await?;
+    // The keeper wakes a lock when one permit's status is due, and each permit falls due on its own schedule: a
+    // semaphore would be looked at once per permit per refresh, each look reading its whole pod or Job cache.
+    // When one is due, every held permit's status is refreshed with it (showing a validity early is always
+    // true), so their schedules line up and one look serves them all.
+    let refresh_all = permits
+        .iter()
+        .any(|permit| ctx.keeper.view(permit).is_some_and(|held| held.status_due));
     let mut actions = Vec::with_capacity(permits.len());
     for permit in permits {
         if let Some(at) = handover::settle(ctx, &permit, Some(&policy)).await? {
@@ -259,7 +267,10 @@ async fn apply_semaphore(
             continue;
         }
         let status = status_of(lock, permit.permit);
-        let held = ctx.keeper.view(&permit);
+        let held = ctx.keeper.view(&permit).map(|mut held| {
+            held.status_due |= refresh_all;
+            held
+        });
         let turn = policy.permit_turn(lock, permit.permit);
         if matches!(&turn, Turn::Wait(_)) && held.is_none() && acquisition_in_status(&status).is_none() {
             // A free permit with nothing to do writes nothing: status shows the permits held.
@@ -279,6 +290,7 @@ async fn apply_semaphore(
         };
         actions.push(act(&target, ctx, turn, held, &status, latest_token).await?);
     }
+    forget_written(ctx, lock);
     // What each permit asked for is not readable from an `Action`: a permit with something to do soon is looked
     // at again soon (a lost permit, a due status and every Job or pod change wake the lock anyway).
     let settled = actions

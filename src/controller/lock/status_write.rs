@@ -5,6 +5,9 @@ use std::borrow::Cow;
 use kube::api::{Api, PostParams};
 use kube::core::Request;
 use kube::{Resource, ResourceExt};
+use std::sync::Arc;
+
+use kube::runtime::reflector::ObjectRef;
 use serde::Serialize;
 
 use super::permit_status::{fold_permit, is_semaphore, permit_view};
@@ -26,8 +29,19 @@ use k8s_openapi::jiff::Timestamp;
 pub async fn write_status(
     ctx: &Context,
     lock: &DistributedLock,
-    mut edit: impl FnMut(&DistributedLockStatus) -> Option<DistributedLockStatus>,
+    edit: impl FnMut(&DistributedLockStatus) -> Option<DistributedLockStatus>,
 ) -> Result<bool, Error> {
+    Ok(write_status_from(ctx, lock, edit).await?.is_some())
+}
+
+/// [`write_status`], returning the lock as the write left it (`None`: the edit no longer applied), its
+/// resourceVersion read from the answer: a write that follows in the same reconciliation starts from it rather
+/// than conflict with it.
+async fn write_status_from(
+    ctx: &Context,
+    lock: &DistributedLock,
+    mut edit: impl FnMut(&DistributedLockStatus) -> Option<DistributedLockStatus>,
+) -> Result<Option<DistributedLock>, Error> {
     let name = lock.name_any();
     let namespace = lock.namespace().unwrap_or_default();
     let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -36,7 +50,7 @@ pub async fn write_status(
     for _ in 0..4 {
         let before = current.status.as_ref().unwrap_or(DistributedLockStatus::none());
         let Some(mut next) = edit(before) else {
-            return Ok(false);
+            return Ok(None);
         };
         // Every write shows the `Held` column's count, whichever edit made it. A lock that is plain again (its
         // permits above 1 given up after spec.permits was lowered to 1) shows its holder at the top only.
@@ -45,7 +59,7 @@ pub async fn write_status(
         }
         next.held = Some(held_count(&next, current.spec.permits));
         if &next == before {
-            return Ok(true);
+            return Ok(Some(current.into_owned()));
         }
         let Some(resource_version) = current.metadata.resource_version.as_deref() else {
             // Not an object the API server gave us: read it, so the write has a precondition.
@@ -67,7 +81,12 @@ pub async fn write_status(
             .replace_subresource("status", &name, &PostParams::default(), body)
             .map_err(kube::Error::BuildRequest)?;
         match ctx.client.request_text(request).await {
-            Ok(_) => return Ok(true),
+            Ok(answer) => {
+                let mut written = current.into_owned();
+                written.metadata.resource_version = resource_version_of(&answer);
+                written.status = Some(next);
+                return Ok(Some(written));
+            }
             Err(err) if is_conflict(&err) => current = Cow::Owned(api.get(&name).await?),
             Err(err) => return Err(err.into()),
         }
@@ -90,10 +109,52 @@ pub async fn write_permit_status(
         generation: lock.meta().generation,
         now: Timestamp::now(),
     };
-    write_status(ctx, lock, |whole| {
+    // Permits written one after another in one reconciliation: each starts from the lock as the one before left
+    // it, not from the reconciliation's copy, which every write after the first would conflict with.
+    let key = ObjectRef::from_obj(lock).to_string();
+    let latest = written_of(ctx).get(&key).cloned();
+    let base = latest.as_deref().unwrap_or(lock);
+    let written = write_status_from(ctx, base, |whole| {
         edit(&permit_view(whole, permit)).map(|edited| fold_permit(whole, permit, &edited, stamp))
     })
-    .await
+    .await?;
+    let applied = written.is_some();
+    if let Some(written) = written {
+        written_of(ctx).insert(key, Arc::new(written));
+    }
+    Ok(applied)
+}
+
+/// Forgets what [`write_permit_status`] kept of `lock` for the writes that follow it: called when its
+/// reconciliation ends.
+pub fn forget_written(ctx: &Context, lock: &DistributedLock) {
+    written_of(ctx).remove(&ObjectRef::from_obj(lock).to_string());
+}
+
+fn written_of(
+    ctx: &Context,
+) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Arc<DistributedLock>>> {
+    ctx.written
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The resourceVersion in a status write's answer, read without decoding the rest of the object. `None` when
+/// it cannot be read: the next write then conflicts and reads the object again.
+fn resource_version_of(answer: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        metadata: AnswerMetadata,
+    }
+    #[derive(serde::Deserialize)]
+    struct AnswerMetadata {
+        #[serde(rename = "resourceVersion")]
+        resource_version: Option<String>,
+    }
+    serde_json::from_str::<Answer>(answer)
+        .ok()?
+        .metadata
+        .resource_version
 }
 
 #[derive(Serialize)]
@@ -111,4 +172,21 @@ struct Metadata<'a> {
     name: &'a str,
     namespace: &'a str,
     resource_version: &'a str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resource_version_of;
+
+    #[test]
+    fn the_resource_version_is_read_from_the_answer_alone() {
+        let answer = r#"{"apiVersion":"redlock.io/v1alpha1","kind":"DistributedLock","metadata":{"name":"a","resourceVersion":"4711","generation":2},"spec":{"ttl":"10s"},"status":{"phase":"Held"}}"#;
+        assert_eq!(resource_version_of(answer).as_deref(), Some("4711"));
+        assert_eq!(resource_version_of(r#"{"metadata":{}}"#), None);
+        assert_eq!(
+            resource_version_of("not json"),
+            None,
+            "the next write conflicts and reads again"
+        );
+    }
 }

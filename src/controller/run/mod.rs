@@ -147,6 +147,7 @@ pub async fn start(
         pods: pod_store.clone(),
         jobs: job_store.clone(),
         failures: Default::default(),
+        written: Default::default(),
     });
 
     let lock_health = health.clone();
