@@ -2,9 +2,11 @@
 //! leader, identity and Job locks and `lock` processes on shared keys, under the seeded nemesis, for
 //! `OPERATOR_SAFETY_SECONDS` (default 840); then the negative controls, each of which the checker must catch.
 //! Run with `cargo bench --bench operator_safety`; `REDLOCK_SAFETY_SEED` repeats a run's random choices;
-//! `OPERATOR_SAFETY_CONTROLS=none` skips the controls (for more runs of the main one in the same time). The
-//! last line is `SUMMARY transitions=N overlaps=N token_regressions=N stale_writes_accepted=N nemesis_events=N
-//! longest_unavailable_ms=N negative_controls_detected=K/K`.
+//! `OPERATOR_SAFETY_CONTROLS=none` skips the controls (for more runs of the main one in the same time);
+//! `OPERATOR_SAFETY_MODE=semaphore` makes the main run the semaphore mode's (Job locks of three permits with a
+//! first queue of ten Jobs per cluster, `lock --permits 3` processes, a master and an active replica killed at
+//! fixed points). The last line is `SUMMARY transitions=N overlaps=N excess_holders=N token_regressions=N
+//! stale_writes_accepted=N nemesis_events=N longest_unavailable_ms=N negative_controls_detected=K/K`.
 
 #[path = "../tests/e2e/mod.rs"]
 mod e2e;
@@ -16,7 +18,7 @@ mod support;
 use std::time::Duration;
 
 use product_safety::Scenario;
-use product_safety::controls;
+use product_safety::{controls, semaphore};
 
 fn main() {
     let seconds: u64 = std::env::var("OPERATOR_SAFETY_SECONDS")
@@ -34,10 +36,19 @@ fn main() {
             std::process::exit(1);
         }
     };
+    let semaphore_mode = std::env::var("OPERATOR_SAFETY_MODE").is_ok_and(|mode| mode == "semaphore");
     runtime.block_on(async move {
-        let scenario = Scenario {
-            seed: Scenario::seed_from_env(),
-            duration: Duration::from_secs(seconds),
+        let seed = Scenario::seed_from_env();
+        let duration = Duration::from_secs(seconds);
+        let scenario = if semaphore_mode {
+            Scenario {
+                progress: Some(Duration::from_secs(60)),
+                ..semaphore::scenario(seed, duration)
+            }
+        } else {
+            Scenario {
+            seed,
+            duration,
             clusters: 2,
             replicas: 2,
             leader_locks: 2,
@@ -50,11 +61,13 @@ fn main() {
             job_seconds: 0.3..1.5,
             real_clusters: true,
             nemesis: true,
-            holders_per_key: 1,
             controls: String::new(),
             progress: Some(Duration::from_secs(60)),
+            ..Scenario::default()
+            }
         };
-        println!("the operator under the nemesis for {seconds}s…");
+        let mode = if semaphore_mode { "semaphore mode, " } else { "" };
+        println!("the operator under the nemesis for {seconds}s ({mode}seed {seed})…");
         let main = product_safety::run(scenario).await;
         println!("nemesis run: {main}");
 
@@ -67,10 +80,17 @@ fn main() {
             detected += usize::from(outcome.caught());
             println!("{outcome}");
         }
+        if with_controls {
+            total += 1;
+            let outcome = semaphore::miscounting_client(Scenario::seed_from_env()).await;
+            detected += usize::from(outcome.caught());
+            println!("{outcome}");
+        }
         println!(
-            "SUMMARY transitions={} overlaps={} token_regressions={} stale_writes_accepted={} nemesis_events={} longest_unavailable_ms={} negative_controls_detected={detected}/{total}",
+            "SUMMARY transitions={} overlaps={} excess_holders={} token_regressions={} stale_writes_accepted={} nemesis_events={} longest_unavailable_ms={} negative_controls_detected={detected}/{total}",
             main.transitions_total(),
             main.overlaps.len(),
+            main.excess_holders.len(),
             main.token_regressions.len(),
             main.stale_writes_accepted.len(),
             main.nemesis_events,

@@ -11,7 +11,10 @@ mod support;
 use std::time::Duration;
 
 use product_safety::Scenario;
+use product_safety::controls::Outcome;
+use product_safety::permits::Bounds;
 use product_safety::protected::{ProtectedResource, stale_writes_accepted};
+use product_safety::{DEFAULT_TTL, quarantine};
 use support::history::{Interval, Repeats, find_overlaps, find_token_regressions, transitions};
 use tokio::time::Instant;
 
@@ -42,6 +45,46 @@ fn overlaps_are_counted_against_the_bound_per_key() {
     assert_eq!(with_two.len(), 1);
     assert_eq!(with_two[0].second.client, "z");
     assert!(find_overlaps(&beliefs, 3).is_empty());
+}
+
+#[test]
+fn a_semaphore_is_checked_per_permit_and_per_key() {
+    use product_safety::permits::{excess_holders, key_of, most_at_once, permit_resource};
+    assert_eq!(permit_resource("shared:a", 0), "shared:a");
+    assert_eq!(key_of(&permit_resource("shared:a", 2)), "shared:a");
+    assert_eq!(key_of("shared:a"), "shared:a");
+    assert_eq!(key_of("permit:x:a"), "permit:x:a", "not a permit's key");
+    let mut bounds = Bounds::default();
+    bounds.set("a", 3);
+    let on = |permit: u32| permit_resource("a", permit);
+    // Three holders of three permits at once: within the bound.
+    let three = [
+        belief(&on(0), "x", 0, 100, 4),
+        belief(&on(1), "y", 10, 100, 2),
+        belief(&on(2), "z", 20, 100, 7),
+    ];
+    assert!(excess_holders(&three, &bounds).is_empty());
+    assert!(find_overlaps(&three, 1).is_empty());
+    assert_eq!(most_at_once(&three, "a"), 3);
+    // A fourth, on a fourth permit: an excess holder of the key, though no permit has two.
+    let mut four = three.to_vec();
+    four.push(belief(&on(3), "w", 30, 40, 1));
+    let excess = excess_holders(&four, &bounds);
+    assert_eq!(excess.len(), 1);
+    assert_eq!(excess[0].second.client, "w");
+    assert!(find_overlaps(&four, 1).is_empty());
+    // The same holder believing it has permit 0 (its permit modulo 3): two holders of permit 0 too.
+    four[3] = belief(&on(0), "w", 30, 40, 1);
+    assert_eq!(find_overlaps(&four, 1).len(), 1);
+    assert_eq!(excess_holders(&four, &bounds).len(), 1);
+    // A plain key is the per-permit check's alone; a permit above 0 on it is an excess holder.
+    let plain = [belief("b", "x", 0, 100, 1), belief("b", "y", 10, 20, 2)];
+    assert!(excess_holders(&plain, &bounds).is_empty());
+    let beside = [
+        belief("b", "x", 0, 100, 1),
+        belief(&permit_resource("b", 1), "y", 10, 20, 1),
+    ];
+    assert_eq!(excess_holders(&beside, &bounds).len(), 1);
 }
 
 #[test]
@@ -101,9 +144,9 @@ async fn the_operator_under_a_nemesis_never_lets_two_holders_act() {
         job_seconds: 0.5..2.0,
         real_clusters: true,
         nemesis: true,
-        holders_per_key: 1,
         controls: String::new(),
         progress: Some(Duration::from_secs(30)),
+        ..Scenario::default()
     };
     let seed = scenario.seed;
     let report = product_safety::run(scenario).await;
@@ -111,6 +154,54 @@ async fn the_operator_under_a_nemesis_never_lets_two_holders_act() {
     assert!(report.is_safe(), "seed {seed}: {report}");
     assert!(report.transitions_total() >= 2, "nothing was ever held: {report}");
     assert!(report.nemesis_events >= 5, "{report}");
+}
+
+/// The semaphore mode, issue 23's done-when run: about two minutes, two clusters of two operator replicas, each
+/// with a Job lock of three permits on one shared key and a first queue of ten Jobs, and a leader-election lock
+/// of three permits over four pods on another, two `lock --permits 3` processes on both keys, the nemesis, and
+/// one master SIGKILLed and the active replica of a cluster killed at fixed points. Asserts that no key had more
+/// holders than permits, no permit two at once, tokens rose per permit, no stale write was accepted, three Jobs
+/// and three leaders each held their key at once at some point, and every Job of both first queues ran to
+/// completion (waited for after the nemesis, healed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphores_of_three_under_a_nemesis_never_have_a_fourth_holder() {
+    use product_safety::semaphore::{FIRST_QUEUE, PERMITS, scenario};
+    let seed = Scenario::seed_from_env();
+    let report = product_safety::run(scenario(seed, Duration::from_secs(90))).await;
+    println!("seed {seed}: {report}");
+    assert!(report.is_safe(), "seed {seed}: {report}");
+    let forced = report.forced.join("; ");
+    assert!(
+        report.forced.len() == 2 && forced.contains("master") && forced.contains("(active)"),
+        "seed {seed}: a master and the active replica were killed: {report}"
+    );
+    for (kind, most) in [
+        ("Jobs", report.jobs_most_at_once.get("shared:churn-0")),
+        ("leaders", report.leaders_most_at_once.get("shared:key-0")),
+    ] {
+        assert!(
+            most.is_some_and(|most| *most >= PERMITS),
+            "seed {seed}: {PERMITS} {kind} held their key side by side: {report}"
+        );
+    }
+    assert_eq!(report.first_queue, 2 * FIRST_QUEUE, "seed {seed}: {report}");
+    assert_eq!(
+        report.first_queue_completed, report.first_queue,
+        "seed {seed}: every Job of the first queues ran: {report}"
+    );
+}
+
+/// The semaphore mode's negative control: a `lock` client counting against one permit too many, believing it
+/// holds its permit modulo three, must be caught; its clean twin (`--permits 3`) must pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checker_catches_a_client_that_counts_permits_wrongly() {
+    let (seed, outcome) = caught(product_safety::semaphore::miscounting_client).await;
+    let clean = outcome.clean.as_ref().expect("the clean twin ran");
+    assert!(clean.is_safe(), "seed {seed}: {outcome}");
+    assert!(
+        clean.transitions_total() >= 2,
+        "seed {seed}: the clean twin's holders held: {outcome}"
+    );
 }
 
 /// What the checker found, as a run built to show it (it fails without the fix).
@@ -122,33 +213,39 @@ async fn deleting_a_leader_lock_stops_its_leader_before_another_cluster_leads() 
     assert!(report.is_safe(), "seed {seed}: {report}");
 }
 
-/// Each negative control breaks one safeguard of the operator in a run built to need it: the checker must
-/// catch it. (Their clean twins run in `cargo bench --bench operator_safety`.)
-async fn caught(control: redlock_operator::negative_controls::Control) {
+/// Each negative control breaks one safeguard of the operator (or of a holder) in a run built to need it: the
+/// checker must catch it. (The operator controls' clean twins run in `cargo bench --bench operator_safety`.)
+async fn caught<F: Future<Output = Outcome>>(run: impl FnOnce(u64) -> F) -> (u64, Outcome) {
     let seed = Scenario::seed_from_env();
-    let outcome = product_safety::controls::run_broken(control, seed).await;
+    let outcome = run(seed).await;
     println!("seed {seed}: {outcome}");
     assert!(outcome.caught(), "seed {seed}: {outcome}");
+    (seed, outcome)
+}
+
+/// An operator control with its switch on.
+async fn operator_control(control: redlock_operator::negative_controls::Control) {
+    caught(|seed| product_safety::controls::run_broken(control, seed)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checker_catches_a_quorum_without_restart_quarantine() {
-    caught(redlock_operator::negative_controls::Control::NoQuarantine).await;
+    operator_control(redlock_operator::negative_controls::Control::NoQuarantine).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checker_catches_tokens_without_the_floor_record() {
-    caught(redlock_operator::negative_controls::Control::NoFloorRecord).await;
+    operator_control(redlock_operator::negative_controls::Control::NoFloorRecord).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checker_catches_fencing_after_the_validity() {
-    caught(redlock_operator::negative_controls::Control::FenceAfterValidity).await;
+    operator_control(redlock_operator::negative_controls::Control::FenceAfterValidity).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checker_catches_a_key_released_before_the_validity_shown_to_its_holder_ended() {
-    caught(redlock_operator::negative_controls::Control::ReleaseAtOnce).await;
+    operator_control(redlock_operator::negative_controls::Control::ReleaseAtOnce).await;
 }
 
 #[test]
@@ -179,7 +276,17 @@ fn token_regressions_after_a_majority_of_masters_forgot_are_reported_apart_unles
     // Three masters still remember: not excused.
     recorder.belief(belief("west/pod", 30_000, 8));
     let keys = ["k".to_owned()];
-    let report = product_safety::checker::check(&recorder, &keys, (at(-200), at(80_000)), 1, 5);
+    let check = || {
+        let window = (at(-200), at(80_000));
+        product_safety::checker::check(
+            &recorder,
+            &keys,
+            window,
+            &Bounds::default(),
+            (5, quarantine(DEFAULT_TTL)),
+        )
+    };
+    let report = check();
     assert_eq!(report.token_regressions.len(), 1);
     recorder.master_restarted(2);
     // Now a majority forgot before west's and later holdings started: another cluster (or the `lock`
@@ -187,7 +294,7 @@ fn token_regressions_after_a_majority_of_masters_forgot_are_reported_apart_unles
     // restarts are stamped with the clock, however slow this machine is.)
     recorder.belief(belief("outside/b", 60_000, 2));
     recorder.belief(belief("east/pod2", 70_000, 3));
-    let report = product_safety::checker::check(&recorder, &keys, (at(-200), at(80_000)), 1, 5);
+    let report = check();
     let failed: Vec<&str> = report
         .token_regressions
         .iter()
@@ -224,7 +331,13 @@ fn a_master_quarantined_at_the_earlier_grant_counts_as_not_knowing_its_token() {
     let far = Duration::from_secs(60);
     recorder.belief(belief("outside/b", far, 2));
     let report = |recorder: &product_safety::recorder::Recorder| {
-        product_safety::checker::check(recorder, &keys, (now, now + far + far), 1, 5)
+        product_safety::checker::check(
+            recorder,
+            &keys,
+            (now, now + far + far),
+            &Bounds::default(),
+            (5, quarantine(DEFAULT_TTL)),
+        )
     };
     // Only master 0 does not know token 7: a real regression. Then masters 1 and 2 restart too (also within a
     // quarantine of the grant, as the clock runs): a majority does not know it.

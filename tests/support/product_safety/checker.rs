@@ -1,6 +1,7 @@
-//! The check of a run's history: safety (overlapping beliefs, tokens that do not rise, stale writes the
-//! protected resource accepted) fails a run; liveness (transitions, the longest time a key had no holder while
-//! nothing excused it) is reported.
+//! The check of a run's history: safety (overlapping beliefs of one permit, more beliefs of a key at once than
+//! its permits, tokens that do not rise per permit, stale writes the protected resource accepted) fails a run;
+//! liveness (transitions, the longest time a key had no holder while nothing excused it) is reported. A plain
+//! lock is a key of one permit, permit 0, whose resource is the key itself (see `permits.rs`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -8,16 +9,32 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::jobs::is_job_holder;
+use super::leaders::is_leader_holder;
+use super::nemesis::FORCED;
+use super::permits::{Bounds, excess_holders, most_at_once, per_key};
 use super::protected::{StaleWrite, stale_writes_accepted};
 use super::recorder::Recorder;
-use crate::support::history::{self, Overlap, Repeats, TokenRegression};
+use crate::support::history::{self, Interval, Overlap, Repeats, TokenRegression};
 
 #[derive(Debug)]
 pub struct Report {
     pub beliefs: usize,
-    /// Holdings per key: a change of holder or token counts once, repeated beliefs of one holding do not.
+    /// Holdings per permit's resource (the key itself for a plain lock): a change of holder or token counts
+    /// once, repeated beliefs of one holding do not.
     pub transitions: BTreeMap<String, usize>,
+    /// Two beliefs of one permit at once (of one key, for a plain lock).
     pub overlaps: Vec<Overlap>,
+    /// A belief that started while its key's permits were all believed held (semaphores, and any key where a
+    /// holder believed it held a permit above 0): more holders than permits, whatever numbers they believed.
+    pub excess_holders: Vec<Overlap>,
+    /// The most Jobs' beliefs of each key held at once (the semaphore at work).
+    pub jobs_most_at_once: BTreeMap<String, usize>,
+    /// The most leader pods' beliefs of each key held at once.
+    pub leaders_most_at_once: BTreeMap<String, usize>,
+    /// The first queue of every Job lock (the Jobs queued at the start), and how many of them completed.
+    pub first_queue: usize,
+    pub first_queue_completed: usize,
     pub token_regressions: Vec<TokenRegression>,
     /// Regressions the README's guarantees leave open: a majority of masters forgot the earlier token (restarted
     /// empty after it was granted) and the later holder keeps no floor record that saw it (another cluster, or
@@ -28,12 +45,17 @@ pub struct Report {
     /// Writes the protected resource refused (a token below one it had accepted): fencing at work.
     pub writes_refused: usize,
     pub nemesis_events: usize,
+    /// The faults the scenario forced at fixed points, as the nemesis recorded them.
+    pub forced: Vec<String>,
     pub longest_unavailable: Duration,
 }
 
 impl Report {
     pub fn is_safe(&self) -> bool {
-        self.overlaps.is_empty() && self.token_regressions.is_empty() && self.stale_writes_accepted.is_empty()
+        self.overlaps.is_empty()
+            && self.excess_holders.is_empty()
+            && self.token_regressions.is_empty()
+            && self.stale_writes_accepted.is_empty()
     }
 
     pub fn transitions_total(&self) -> usize {
@@ -54,14 +76,15 @@ fn floor_of(holder: &str) -> Option<&str> {
 /// record never saw the earlier token. (A master quarantined at the grant may have learned the token later from
 /// an extension's repair: counting it as forgetful can excuse a regression the guarantees would not, never the
 /// other way.)
-fn forgotten(regression: &TokenRegression, restarts: &[(usize, Instant)], masters: usize) -> bool {
+fn forgotten(
+    regression: &TokenRegression,
+    restarts: &[(usize, Instant)],
+    (masters, quarantine): (usize, Duration),
+) -> bool {
     let (earlier, later) = (&regression.earlier, &regression.later);
     let same_floor =
         floor_of(&later.client).is_some() && floor_of(&later.client) == floor_of(&earlier.client);
-    let since = earlier
-        .start
-        .checked_sub(super::QUARANTINE)
-        .unwrap_or(earlier.start);
+    let since = earlier.start.checked_sub(quarantine).unwrap_or(earlier.start);
     let forgetful = (0..masters)
         .filter(|&master| {
             restarts
@@ -72,14 +95,29 @@ fn forgotten(regression: &TokenRegression, restarts: &[(usize, Instant)], master
     forgetful > masters / 2 && !same_floor
 }
 
-/// Checks what `recorder` holds for `keys` between `from` and `to`, with at most `bound` holders per key, on
-/// `masters` masters.
+/// The most beliefs of each of `keys` held at once by the holders `kind` picks, where there were any.
+fn most_at_once_per_key(
+    beliefs: &[Interval],
+    keys: &[String],
+    kind: fn(&str) -> bool,
+) -> BTreeMap<String, usize> {
+    keys.iter()
+        .map(|key| {
+            let picked = beliefs.iter().filter(|belief| kind(&belief.client));
+            (key.clone(), most_at_once(picked, key))
+        })
+        .filter(|(_, most)| *most > 0)
+        .collect()
+}
+
+/// Checks what `recorder` holds for `keys` between `from` and `to`, with at most `bounds` holders per key (one
+/// per permit), on `masters` masters that a restart quarantines for `quarantine`.
 pub fn check(
     recorder: &Recorder,
     keys: &[String],
     (from, to): (Instant, Instant),
-    bound: usize,
-    masters: usize,
+    bounds: &Bounds,
+    masters: (usize, Duration),
 ) -> Report {
     let beliefs = recorder.beliefs();
     let writes = recorder.resource.writes();
@@ -91,15 +129,26 @@ pub fn check(
     Report {
         beliefs: beliefs.len(),
         transitions: history::transitions(&beliefs),
-        overlaps: history::find_overlaps(&beliefs, bound),
+        overlaps: history::find_overlaps(&beliefs, 1),
+        excess_holders: excess_holders(&beliefs, bounds),
+        jobs_most_at_once: most_at_once_per_key(&beliefs, keys, is_job_holder),
+        leaders_most_at_once: most_at_once_per_key(&beliefs, keys, is_leader_holder),
+        first_queue: recorder.first_queue().len(),
+        first_queue_completed: recorder.first_queue_completed().len(),
         token_regressions,
         forgotten_token_regressions: forgotten,
         stale_writes_accepted: stale_writes_accepted(&writes),
         writes: writes.len(),
         writes_refused: writes.iter().filter(|write| !write.accepted).count(),
         nemesis_events: recorder.nemesis_events().len(),
+        forced: recorder
+            .nemesis_events()
+            .into_iter()
+            .filter_map(|event| event.what.strip_prefix(FORCED).map(str::to_owned))
+            .collect(),
+        // A key is available while any of its permits is held.
         longest_unavailable: history::longest_unavailable_outside(
-            &beliefs,
+            &per_key(&beliefs),
             keys,
             from,
             to,
@@ -112,9 +161,10 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "transitions={} overlaps={} token_regressions={} stale_writes_accepted={} nemesis_events={} longest_unavailable_ms={} beliefs={} writes={} writes_refused={} token_regressions_after_masters_forgot={}",
+            "transitions={} overlaps={} excess_holders={} token_regressions={} stale_writes_accepted={} nemesis_events={} longest_unavailable_ms={} beliefs={} writes={} writes_refused={} token_regressions_after_masters_forgot={}",
             self.transitions_total(),
             self.overlaps.len(),
+            self.excess_holders.len(),
             self.token_regressions.len(),
             self.stale_writes_accepted.len(),
             self.nemesis_events,
@@ -127,8 +177,27 @@ impl fmt::Display for Report {
         for (key, count) in &self.transitions {
             write!(f, "\n  {key}: {count} transitions")?;
         }
+        for forced in &self.forced {
+            write!(f, "\n  forced fault: {forced}")?;
+        }
+        for (key, most) in &self.jobs_most_at_once {
+            write!(f, "\n  {key}: at most {most} Jobs at once")?;
+        }
+        for (key, most) in &self.leaders_most_at_once {
+            write!(f, "\n  {key}: at most {most} leaders at once")?;
+        }
+        if self.first_queue > 0 {
+            write!(
+                f,
+                "\n  first queues: {} of {} Jobs completed",
+                self.first_queue_completed, self.first_queue
+            )?;
+        }
         for overlap in self.overlaps.iter().take(5) {
             write!(f, "\n  overlap: {overlap}")?;
+        }
+        for excess in self.excess_holders.iter().take(5) {
+            write!(f, "\n  excess holder: {excess}")?;
         }
         for regression in self.token_regressions.iter().take(5) {
             write!(f, "\n  token regression: {regression}")?;

@@ -11,22 +11,7 @@ use super::{Scenario, World};
 fn base(seed: u64) -> Scenario {
     Scenario {
         seed,
-        duration: Duration::ZERO,
-        clusters: 1,
-        replicas: 1,
-        leader_locks: 0,
-        pods_per_lock: 0,
-        identity_locks: 0,
-        job_locks: 0,
-        outside_clients: 0,
-        outside_on_cluster_keys: false,
-        churn_keys: 0,
-        job_seconds: 1.0..2.0,
-        real_clusters: false,
-        nemesis: false,
-        holders_per_key: 1,
-        controls: String::new(),
-        progress: None,
+        ..Scenario::default()
     }
 }
 

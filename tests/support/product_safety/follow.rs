@@ -131,9 +131,15 @@ fn see_snapshot(
     }
 }
 
-/// Whether what the holder sees now is the grant it believes in, still in time.
+/// Whether what the holder sees now is the grant it believes in, still in time: the same permit (its resource;
+/// tokens of different permits are different sequences), token and holder.
 fn continues(belief: &Belief, seen: Option<&Seen>, now: Instant) -> bool {
-    seen.is_some_and(|seen| seen.fence_at > now && seen.token == belief.token && seen.holder == belief.holder)
+    seen.is_some_and(|seen| {
+        seen.fence_at > now
+            && seen.token == belief.token
+            && seen.holder == belief.holder
+            && seen.key == belief.key
+    })
 }
 
 /// One object as its holder sees it now: a belief starts, goes on (a later fence time), or ends.

@@ -1,11 +1,12 @@
-//! Job-fencing locks with a queue of Jobs. A feeder keeps a couple of Jobs queued on each lock (created
-//! suspended, as the README asks; now and then one that fails at once), and removes finished ones. The Job
-//! controller and kubelet are the simulated ones next to the test server (`job_controller.rs`), or the real ones.
+//! Job-fencing locks with a queue of Jobs. A feeder queues a first batch of Jobs on each lock (when the scenario
+//! asks for one), then keeps a few Jobs queued (created suspended, as the README asks; now and then one that
+//! fails at once), and removes finished ones. The Job controller and kubelet are the simulated ones next to the
+//! test server (`job_controller.rs`), or the real ones.
 //!
-//! A Job's pod believes it holds the key while it runs (see [`follow_pods`] for how that is timed). A Job's pod
-//! has no fence time of its own: the operator must suspend its Job (and the kubelet stop it) before the lock's
-//! validity ends. Its kubelet, not its view of the API server, ends it: the pods are followed through the
-//! harness's own client, which the nemesis never cuts.
+//! A Job's pod believes it holds the permit its grant names (`redlock.io/permit`; permit 0 of a plain lock) while
+//! it runs (see [`follow_pods`] for how that is timed). A Job's pod has no fence time of its own: the operator must
+//! suspend its Job (and the kubelet stop it) before its permit's validity ends. Its kubelet, not its view of the
+//! API server, ends it: the pods are followed through the harness's own client, which the nemesis never cuts.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -23,17 +24,35 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::cluster::Cluster;
+use super::permits::permit_resource;
 use super::recorder::{ACT_INTERVAL, Belief, Recorder};
 
 const ROLE_LABEL: &str = "safety.redlock.io/role";
 const KEY_ANNOTATION: &str = "safety.redlock.io/key";
 const TOKEN_ANNOTATION: &str = "redlock.io/fencing-token";
-/// Jobs waiting or running per lock, at most.
-const QUEUE: usize = 2;
+/// The permit a semaphore's grant names (none for a plain lock's: permit 0).
+const PERMIT_ANNOTATION: &str = "redlock.io/permit";
+
+/// Whether `holder` (as the checker names holders: `cluster/name`) is a Job of this harness: every Job lock is
+/// named `jobs-…`, and its Jobs after it.
+pub fn is_job_holder(holder: &str) -> bool {
+    holder
+        .split_once('/')
+        .is_some_and(|(_, name)| name.starts_with("jobs-"))
+}
 
 /// The image of the Jobs' pods on a real cluster: it needs `sleep` and `false`.
 fn job_image() -> String {
     std::env::var("REDLOCK_E2E_JOB_IMAGE").unwrap_or_else(|_| "busybox:1.36".to_owned())
+}
+
+/// What a Job lock is, besides its name and key.
+pub struct JobSpec {
+    /// 1: a plain lock.
+    pub permits: usize,
+    pub ttl: Duration,
+    /// The operator's default (a fifth of the TTL) when `None`.
+    pub fence_margin: Option<Duration>,
 }
 
 pub struct JobLock {
@@ -43,11 +62,23 @@ pub struct JobLock {
 }
 
 impl JobLock {
-    pub async fn create(cluster: &Cluster, quorum: &str, lock: &str, resource_key: &str) -> Self {
+    /// A Job lock as `spec` says on the quorum's shared key `resource_key`.
+    pub async fn create(
+        cluster: &Cluster,
+        quorum: &str,
+        lock: &str,
+        resource_key: &str,
+        spec: &JobSpec,
+    ) -> Self {
+        let mut jobs = serde_json::json!({});
+        if let Some(margin) = spec.fence_margin {
+            jobs["fenceMargin"] = super::duration_text(margin).into();
+        }
         let object = serde_json::json!({
             "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
             "metadata": { "name": lock },
-            "spec": { "quorum": quorum, "ttl": super::TTL, "resourceKey": resource_key, "holder": { "jobs": {} } }
+            "spec": { "quorum": quorum, "ttl": super::duration_text(spec.ttl), "resourceKey": resource_key,
+                      "permits": spec.permits, "holder": { "jobs": jobs } }
         });
         cluster
             .locks()
@@ -84,28 +115,74 @@ impl JobLock {
     }
 }
 
-/// Keeps the queue of `lock` (on `key`) filled until `stop`: Jobs that work for `seconds`, and now and then one
-/// that fails at once.
-pub async fn feed(
-    client: Client,
-    namespace: String,
-    (lock, key): (String, String),
-    seconds: std::ops::Range<f64>,
-    seed: u64,
-    stop: CancellationToken,
-) {
+/// What a lock's feeder does.
+pub struct Feed {
+    pub client: Client,
+    pub namespace: String,
+    /// The cluster's name, to name the first queue's Jobs as the checker names holders.
+    pub cluster: String,
+    pub lock: String,
+    pub key: String,
+    /// How long each Job works, in seconds.
+    pub seconds: std::ops::Range<f64>,
+    pub seed: u64,
+    /// Jobs queued at the start, all at once, none failing: `<lock>-first-NN`.
+    pub first: usize,
+    /// Jobs kept waiting or running afterwards, at least.
+    pub queue: usize,
+    pub recorder: Arc<Recorder>,
+}
+
+/// Queues the first batch of `feed.lock` (on `feed.key`), then keeps its queue filled until `stop`: Jobs that
+/// work for `feed.seconds`, and now and then one that fails at once. Records which of the first queue complete.
+pub async fn feed(feed: Feed, stop: CancellationToken) {
+    let Feed {
+        client,
+        namespace,
+        cluster,
+        lock,
+        key,
+        seconds,
+        seed,
+        first,
+        queue,
+        recorder,
+    } = feed;
     let jobs: Api<Job> = Api::namespaced(client, &namespace);
     let mut rng = StdRng::seed_from_u64(seed);
+    // Created until the API server took each (a realistic test server refuses some requests).
+    let mut first_queue: Vec<String> = (0..first)
+        .map(|index| format!("{lock}-first-{index:02}"))
+        .collect();
+    for name in &first_queue {
+        recorder.queued_first(format!("{cluster}/{name}"));
+    }
     let mut created = 0usize;
     while !stop.is_cancelled() {
+        let mut unqueued = Vec::new();
+        for name in first_queue.drain(..) {
+            let seconds = rng.random_range(seconds.clone());
+            match jobs
+                .create(&PostParams::default(), &job(&name, &lock, &key, false, seconds))
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 409 => {}
+                Err(_) => unqueued.push(name),
+            }
+        }
+        first_queue = unqueued;
         let selector = format!("redlock.io/lock={lock}");
         if let Ok(list) = jobs.list(&ListParams::default().labels(&selector)).await {
             let (finished, waiting): (Vec<&Job>, Vec<&Job>) =
                 list.items.iter().partition(|job| finished(job));
             for job in finished {
+                if completed(job) {
+                    recorder.job_completed(&format!("{cluster}/{}", job.name_any()));
+                }
                 let _ = jobs.delete(&job.name_any(), &DeleteParams::background()).await;
             }
-            for _ in waiting.len()..QUEUE {
+            for _ in waiting.len()..queue {
                 let fails = rng.random_bool(0.15);
                 let seconds = rng.random_range(seconds.clone());
                 let name = format!("{lock}-{created}");
@@ -147,32 +224,46 @@ fn job(name: &str, lock: &str, key: &str, fails: bool, seconds: f64) -> Job {
     .expect("job")
 }
 
-fn finished(job: &Job) -> bool {
+fn has_condition(job: &Job, types: &[&str]) -> bool {
     job.status
         .as_ref()
         .and_then(|status| status.conditions.as_ref())
         .is_some_and(|conditions| {
             conditions
                 .iter()
-                .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+                .any(|c| types.contains(&c.type_.as_str()) && c.status == "True")
         })
 }
 
-/// What a Job's pod holds while it runs: its key, with its grant's token. The holder is its Job: a Job resumed
-/// with its own token (a new pod, the same grant) holds again what it held.
+fn finished(job: &Job) -> bool {
+    has_condition(job, &["Complete", "Failed"])
+}
+
+fn completed(job: &Job) -> bool {
+    has_condition(job, &["Complete"])
+}
+
+/// What a Job's pod holds while it runs: its grant's permit of its key (that permit's resource), with the
+/// permit's token. The holder is its Job: a Job resumed with its own token (a new pod, the same grant) holds
+/// again what it held.
 fn running(cluster: &str, pod: &Pod) -> Option<(String, String, i64)> {
     if pod.status.as_ref()?.phase.as_deref() != Some("Running") {
         return None;
     }
     let annotations = pod.metadata.annotations.as_ref()?;
     let token = annotations.get(TOKEN_ANNOTATION)?.parse().ok()?;
+    // A grant of a plain lock names no permit: permit 0. A number the pod cannot read holds nothing it knows.
+    let permit = match annotations.get(PERMIT_ANNOTATION) {
+        None => 0,
+        Some(permit) => permit.parse().ok()?,
+    };
     let job = &pod
         .owner_references()
         .iter()
         .find(|owner| owner.kind == "Job")?
         .name;
     Some((
-        annotations.get(KEY_ANNOTATION)?.clone(),
+        permit_resource(annotations.get(KEY_ANNOTATION)?, permit),
         format!("{cluster}/{job}"),
         token,
     ))
@@ -234,7 +325,7 @@ pub async fn follow_pods(
                     .ok()
                     .flatten()
                     .and_then(|pod| running(&cluster, &pod));
-                if still.is_none_or(|(_, _, seen)| seen != token) {
+                if still.is_none_or(|(resource, _, seen)| seen != token || resource != belief.key) {
                     break;
                 }
                 last_running = asked;

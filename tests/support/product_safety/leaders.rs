@@ -2,8 +2,9 @@
 //! serves, status set through the status subresource, as `tests/leader.rs` does) and each pod's process.
 //!
 //! A pod's process believes it leads as the `elect` helper would, from what it sees of its own pod: from the
-//! moment it sees the leader label on its pod with a fencing token and a `valid-until` annotation, until it sees
-//! the label gone (or another token), or until `valid-until` minus its fence margin, whichever comes first —
+//! moment it sees the leader label on its pod with a fencing token and a `valid-until` annotation (and, of a
+//! semaphore, the permit it holds: `redlock.io/permit`), until it sees the label gone (or another token or
+//! permit), or until `valid-until` minus its fence margin, whichever comes first —
 //! whether or not its watch delivers anything. The pods of one cluster are followed through one watch (one
 //! stream, delivered in the API server's order), through a proxy the nemesis cuts with the cluster's outages.
 
@@ -22,14 +23,25 @@ use tokio_util::sync::CancellationToken;
 
 use super::cluster::Cluster;
 use super::follow::{Seen, follow};
+use super::permits::permit_resource;
 use super::recorder::Recorder;
 
 pub const LEADER_LABEL: &str = "redlock.io/leader";
 const TOKEN_ANNOTATION: &str = "redlock.io/fencing-token";
 const VALID_UNTIL_ANNOTATION: &str = "redlock.io/valid-until";
+/// The permit a leader of a semaphore holds (none on a plain lock's leader: permit 0).
+const PERMIT_ANNOTATION: &str = "redlock.io/permit";
 /// Which key a pod's lock takes (the harness's own annotation, so that a pod's process knows what it protects).
 const KEY_ANNOTATION: &str = "safety.redlock.io/key";
 const ROLE_LABEL: &str = "safety.redlock.io/role";
+
+/// Whether `holder` (as the checker names holders: `cluster/name`) is a leader pod of this harness: every
+/// leader-election lock is named `leader-…`, and its pods after it.
+pub fn is_leader_holder(holder: &str) -> bool {
+    holder
+        .split_once('/')
+        .is_some_and(|(_, name)| name.starts_with("leader-"))
+}
 
 /// How long before the `valid-until` shown a pod's process stops acting (the `elect` helper's `--fence-margin`).
 pub const POD_FENCE_MARGIN: Duration = Duration::from_millis(500);
@@ -40,24 +52,27 @@ pub struct LeaderSet {
     pub key: String,
     resource_key: String,
     quorum: String,
+    /// The lock's `spec.permits`: up to this many pods lead at once, each holding a permit.
+    permits: usize,
     pods: Vec<String>,
     created: usize,
 }
 
 impl LeaderSet {
-    /// Creates the lock (on the quorum's shared key `resource_key`) and `pods` ready pods.
+    /// Creates the lock of `permits` permits (on the quorum's shared key `resource_key`) and `pods` ready pods.
     pub async fn create(
         cluster: &Cluster,
         quorum: &str,
-        lock: &str,
-        resource_key: &str,
+        (lock, resource_key): (&str, &str),
         pods: usize,
+        permits: usize,
     ) -> Self {
         let mut set = Self {
             lock: lock.to_owned(),
             key: format!("shared:{resource_key}"),
             resource_key: resource_key.to_owned(),
             quorum: quorum.to_owned(),
+            permits,
             pods: Vec::new(),
             created: 0,
         };
@@ -73,7 +88,7 @@ impl LeaderSet {
             "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
             "metadata": { "name": self.lock },
             "spec": { "quorum": self.quorum, "ttl": super::TTL, "resourceKey": self.resource_key,
-                      "holder": { "leaderElection": { "selector": { "matchLabels": { "app": self.lock } } } } }
+                      "permits": self.permits, "holder": { "leaderElection": { "selector": { "matchLabels": { "app": self.lock } } } } }
         });
         let lock: DistributedLock = serde_json::from_value(object).expect("lock");
         let _ = cluster.locks().create(&PostParams::default(), &lock).await;
@@ -158,7 +173,8 @@ pub async fn set_ready(cluster: &Cluster, pod: &str, ready: bool) {
         .await;
 }
 
-/// What a pod's process sees of its own pod: leading with a token until a fence time, or not leading.
+/// What a pod's process sees of its own pod: leading (holding its permit of the key: that permit's resource)
+/// with a token until a fence time, or not leading.
 fn leading(cluster: &str, pod: &Pod, now: Instant) -> Option<Seen> {
     let labels = pod.metadata.labels.as_ref()?;
     if labels.get(LEADER_LABEL).map(String::as_str) != Some("true")
@@ -167,19 +183,26 @@ fn leading(cluster: &str, pod: &Pod, now: Instant) -> Option<Seen> {
         return None;
     }
     let annotations = pod.metadata.annotations.as_ref()?;
+    // A plain lock's leader is shown no permit: permit 0. One it cannot read, it does not lead with.
+    let permit = match annotations.get(PERMIT_ANNOTATION) {
+        None => None,
+        Some(permit) => Some(permit.parse().ok()?),
+    };
     let term = Term {
-        permit: None,
+        permit,
         token: annotations.get(TOKEN_ANNOTATION)?.parse().ok()?,
         valid_until: annotations.get(VALID_UNTIL_ANNOTATION)?.parse().ok()?,
     };
     Some(Seen {
-        key: annotations.get(KEY_ANNOTATION)?.clone(),
+        key: permit_resource(annotations.get(KEY_ANNOTATION)?, permit.unwrap_or(0)),
         holder: format!("{cluster}/{}", pod.name_any()),
         token: term.token,
         fence_at: fence_instant(&term, POD_FENCE_MARGIN, now, Timestamp::now()),
         evidence: format!(
-            "leader pod saw token {} valid until {}",
-            term.token, term.valid_until
+            "leader pod saw permit {} token {} valid until {}",
+            permit.unwrap_or(0),
+            term.token,
+            term.valid_until
         ),
     })
 }

@@ -1,8 +1,9 @@
 //! The product-level safety checker (issue 22): the real operator (replicas as processes of the real binary),
 //! one or two clusters sharing one quorum of five real `redis-server` masters behind fault proxies, holders
 //! that act on a fencing-aware protected resource while they believe they hold a key, a seeded nemesis on every
-//! part, and a check of the history: no two beliefs of one key overlap (at most `holders_per_key`), tokens rise
-//! per key, and the protected resource never accepted an older token after a newer one.
+//! part, and a check of the history: no two beliefs of one permit overlap, no key has more beliefs at once than
+//! its permits (1 for a plain lock; N for the semaphore mode's Job locks and `lock --permits N`), tokens rise per
+//! permit, and the protected resource (one per permit) never accepted an older token after a newer one.
 //!
 //! Not part of `tests/support/mod.rs` (every test binary compiles that): the binaries that use it include it with
 //! `#[path]`, next to `tests/e2e/mod.rs`.
@@ -18,9 +19,11 @@ pub mod jobs;
 pub mod leaders;
 pub mod nemesis;
 pub mod outside;
+pub mod permits;
 pub mod protected;
 pub mod recorder;
 pub mod replica;
+pub mod semaphore;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -40,19 +43,31 @@ use self::cluster::Cluster;
 use self::identity::IdentityLock;
 use self::jobs::JobLock;
 use self::leaders::LeaderSet;
+use self::nemesis::Forced;
+use self::permits::Bounds;
 use self::recorder::Recorder;
 use self::replica::Replica;
 use crate::support::fault_proxy::FaultProxy;
 use crate::support::job_controller::FakeJobRuntime;
 use crate::support::redis_server::RedisCluster;
 
-/// The masters' longest TTL (the quorum's `maxTtl`): a restarted master does not vote for this long.
-pub const MAX_TTL: &str = "3s";
-/// How long a restarted master stays quarantined: `MAX_TTL` × (1 + the default drift factor, 0.01) + 2 ms,
-/// rounded up. A master in quarantine neither votes for a grant nor is written by it.
-pub const QUARANTINE: Duration = Duration::from_millis(3_100);
-/// Every lock's TTL.
+/// The leader and identity locks' TTL, and the default of the others' (`Scenario::ttl`).
 pub const TTL: &str = "3s";
+pub const DEFAULT_TTL: Duration = Duration::from_secs(3);
+
+/// How long a master restarted with `max_ttl` as the quorum's `maxTtl` stays quarantined: `max_ttl` × (1 + the
+/// default drift factor, 0.01) + 2 ms, rounded up to a tenth of a second (3.1 s for 3 s). A master in quarantine
+/// neither votes for a grant nor is written by it.
+pub fn quarantine(max_ttl: Duration) -> Duration {
+    let millis = max_ttl.as_millis() * 101 / 100 + 2;
+    Duration::from_millis(u64::try_from(millis.div_ceil(100) * 100).unwrap_or(u64::MAX))
+}
+
+/// A duration as the API and the `lock` command take it.
+pub fn duration_text(duration: Duration) -> String {
+    redlock_operator::duration::format(duration)
+}
+
 const MASTERS: usize = 5;
 
 /// What a run does.
@@ -69,10 +84,23 @@ pub struct Scenario {
     /// Leader-election locks per cluster, on keys `key-0`, `key-1`, … (shared by the clusters).
     pub leader_locks: usize,
     pub pods_per_lock: usize,
+    /// The leader-election locks' `spec.permits` (1: one leader; N: up to N pods lead at once, each with its
+    /// permit), and the `lock` processes' `--permits` on their keys.
+    pub leader_permits: usize,
     /// Identity locks per cluster, on the same keys as the leader locks.
     pub identity_locks: usize,
     /// Job-fencing locks per cluster, on keys `churn-0`, `churn-1`, … (shared by the clusters).
     pub job_locks: usize,
+    /// The Job locks' and `lock` processes' TTL, and the quorum's `maxTtl` (so at least `TTL`, the leader and
+    /// identity locks'): a failover must fit in it for a lock to be resumed without a lapse.
+    pub ttl: Duration,
+    /// The Job locks' `fenceMargin` (the operator's default, a fifth of the TTL, when `None`).
+    pub job_fence_margin: Option<Duration>,
+    /// Jobs queued on each Job lock at the start, all at once (`<lock>-first-NN`, none failing): the report
+    /// counts how many completed.
+    pub first_jobs: usize,
+    /// Jobs the feeder keeps waiting or running on each Job lock afterwards.
+    pub queue: usize,
     /// `lock` processes outside Kubernetes, on the churn keys (and on the clusters' leader and identity keys).
     pub outside_clients: usize,
     /// Whether the `lock` processes also take the leader and identity locks' keys, where they race the open
@@ -85,12 +113,51 @@ pub struct Scenario {
     /// Whether the clusters are the real ones of `REDLOCK_E2E_KUBECONFIG` (and `…_B`) when set.
     pub real_clusters: bool,
     pub nemesis: bool,
-    /// How many holders a key may have at once (1 for a lock; N for a semaphore of N permits, once they exist).
-    pub holders_per_key: usize,
+    /// Faults at fixed points of the run (from its start), whatever the random nemesis does.
+    pub forced: Vec<(Duration, Forced)>,
+    /// The churn keys' permits: the Job locks' `spec.permits` and the outside clients' `--permits` on them (1: plain
+    /// locks; N: the semaphore mode, at most N holders of a key at once, one per permit).
+    pub permits: usize,
+    /// Whether the outside clients miscount permits (the semaphore mode's negative control): `--permits N+1`,
+    /// believing they hold their permit modulo N.
+    pub miscounting_outside: bool,
     /// Negative controls the operator replicas run with (comma-separated names; empty: none).
     pub controls: String,
     /// Print a line of progress this often.
     pub progress: Option<Duration>,
+}
+
+/// One cluster, one replica, no workload, no nemesis: plain locks (one permit) of the default TTL, the Job locks'
+/// queue kept at two Jobs, nothing forced. Scenarios name what they add.
+impl Default for Scenario {
+    fn default() -> Self {
+        Self {
+            seed: 0,
+            duration: Duration::ZERO,
+            clusters: 1,
+            replicas: 1,
+            leader_locks: 0,
+            pods_per_lock: 0,
+            leader_permits: 1,
+            identity_locks: 0,
+            job_locks: 0,
+            ttl: DEFAULT_TTL,
+            job_fence_margin: None,
+            first_jobs: 0,
+            queue: 2,
+            outside_clients: 0,
+            outside_on_cluster_keys: false,
+            churn_keys: 0,
+            job_seconds: 1.0..2.0,
+            real_clusters: false,
+            nemesis: false,
+            forced: Vec::new(),
+            permits: 1,
+            miscounting_outside: false,
+            controls: String::new(),
+            progress: None,
+        }
+    }
 }
 
 impl Scenario {
@@ -160,7 +227,20 @@ pub async fn run(scenario: Scenario) -> Report {
     } else {
         nemesis::watch_only(&world, until).await;
     }
+    if world.scenario.first_jobs > 0 {
+        first_queues_done(&world).await;
+    }
     world.finish(from).await
+}
+
+/// Waits, healed, until every Job of the first queues completed (at most 5 minutes: the report says how many
+/// did), so that a run shows the whole first queue through.
+async fn first_queues_done(world: &World) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let recorder = &world.recorder;
+    while recorder.first_queue_completed().len() < recorder.first_queue().len() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 impl World {
@@ -187,7 +267,7 @@ impl World {
             let urls: Vec<String> = links.iter().map(FaultProxy::url).collect();
             let object = serde_json::json!({
                 "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
-                "spec": { "endpoints": urls, "maxTtl": MAX_TTL, "nodeTimeout": "100ms",
+                "spec": { "endpoints": urls, "maxTtl": duration_text(scenario.ttl), "nodeTimeout": "100ms",
                           "sharedKeys": { "namespaces": [cluster.namespace] } }
             });
             let quorum_object: RedisQuorum = serde_json::from_value(object).expect("quorum");
@@ -256,9 +336,9 @@ impl World {
                 let set = LeaderSet::create(
                     &side.cluster,
                     &side.quorum,
-                    &format!("leader-{index}"),
-                    &format!("key-{index}"),
+                    (&format!("leader-{index}"), &format!("key-{index}")),
                     scenario.pods_per_lock,
+                    scenario.leader_permits,
                 )
                 .await;
                 side.leaders.push(set);
@@ -273,16 +353,26 @@ impl World {
         for (side_index, side) in sides.iter_mut().enumerate() {
             for index in 0..scenario.job_locks {
                 let lock = format!("jobs-{index}");
-                let job_lock =
-                    JobLock::create(&side.cluster, &side.quorum, &lock, &format!("churn-{index}")).await;
-                holder_tasks.push(tokio::spawn(jobs::feed(
-                    side.cluster.client.clone(),
-                    side.cluster.namespace.clone(),
-                    (lock, job_lock.key.clone()),
-                    scenario.job_seconds.clone(),
-                    scenario.seed.wrapping_add(200 + (side_index * 10 + index) as u64),
-                    holders_stop.clone(),
-                )));
+                let key = format!("churn-{index}");
+                let spec = jobs::JobSpec {
+                    permits: scenario.permits,
+                    ttl: scenario.ttl,
+                    fence_margin: scenario.job_fence_margin,
+                };
+                let job_lock = JobLock::create(&side.cluster, &side.quorum, &lock, &key, &spec).await;
+                let feed = jobs::Feed {
+                    client: side.cluster.client.clone(),
+                    namespace: side.cluster.namespace.clone(),
+                    cluster: side.cluster.name.clone(),
+                    lock,
+                    key: job_lock.key.clone(),
+                    seconds: scenario.job_seconds.clone(),
+                    seed: scenario.seed.wrapping_add(200 + (side_index * 10 + index) as u64),
+                    first: scenario.first_jobs,
+                    queue: scenario.queue,
+                    recorder: recorder.clone(),
+                };
+                holder_tasks.push(tokio::spawn(jobs::feed(feed, holders_stop.clone())));
                 side.jobs.push(job_lock);
             }
         }
@@ -291,11 +381,19 @@ impl World {
         } else {
             0
         };
-        let mut outside_keys: Vec<String> = (0..cluster_keys)
-            .map(|index| format!("shared:key-{index}"))
+        // The leader locks' keys have their permits; an identity lock's key beyond them, one.
+        let mut outside_keys: Vec<(String, usize)> = (0..cluster_keys)
+            .map(|index| {
+                let permits = if index < scenario.leader_locks {
+                    scenario.leader_permits
+                } else {
+                    1
+                };
+                (format!("shared:key-{index}"), permits)
+            })
             .collect();
         let churn_keys = scenario.churn_keys.max(scenario.job_locks);
-        outside_keys.extend((0..churn_keys).map(|index| format!("shared:churn-{index}")));
+        outside_keys.extend((0..churn_keys).map(|index| (format!("shared:churn-{index}"), scenario.permits)));
         // The FIFO's reader outlives the clients: a child that writes its last line to a FIFO nobody reads
         // would wait forever, and its `lock` process with it.
         let outside_stop = CancellationToken::new();
@@ -305,10 +403,14 @@ impl World {
             outside_follower = Some(follower);
             for index in 0..scenario.outside_clients {
                 holder_tasks.push(outside.client(
-                    index,
-                    masters.urls(),
-                    outside_keys.clone(),
-                    scenario.seed.wrapping_add(100 + index as u64),
+                    outside::Client {
+                        index,
+                        masters: masters.urls(),
+                        keys: outside_keys.clone(),
+                        seed: scenario.seed.wrapping_add(100 + index as u64),
+                        miscounting: scenario.miscounting_outside,
+                        ttl: scenario.ttl,
+                    },
                     holders_stop.clone(),
                 ));
             }
@@ -347,8 +449,8 @@ impl World {
             &self.recorder,
             &self.keys(),
             (from, to),
-            self.scenario.holders_per_key,
-            self.masters.len(),
+            &self.bounds(),
+            (self.masters.len(), quarantine(self.scenario.ttl)),
         );
         let verbose = std::env::var_os("REDLOCK_SAFETY_LOG").is_some();
         if !report.is_safe() || verbose {
@@ -372,6 +474,19 @@ impl World {
             side.cluster.cleanup(&side.quorum).await;
         }
         report
+    }
+
+    /// How many holders each key admits at once: the churn keys' and the leader locks' permits, one elsewhere.
+    pub fn bounds(&self) -> Bounds {
+        let mut bounds = Bounds::default();
+        for index in 0..self.scenario.leader_locks {
+            bounds.set(&format!("shared:key-{index}"), self.scenario.leader_permits);
+        }
+        let churn_keys = self.scenario.churn_keys.max(self.scenario.job_locks);
+        for index in 0..churn_keys {
+            bounds.set(&format!("shared:churn-{index}"), self.scenario.permits);
+        }
+        bounds
     }
 
     /// Every key the workloads use.

@@ -8,18 +8,20 @@ use rand::Rng;
 use rand::seq::SliceRandom;
 use tokio::time::Instant;
 
+use super::World;
 use super::leaders::set_ready;
+use super::permits::excess_holders;
 use super::replica::takeover_allowance;
-use super::{MAX_TTL, World};
 use crate::support::fault_proxy::Direction;
 
-/// A lock's TTL and the masters' quarantine, as durations.
-fn ttl() -> Duration {
-    redlock_operator::duration::parse(super::TTL).expect("TTL")
+/// The longest TTL of the run's locks (the quorum's `maxTtl`), which the recovery from a fault may need.
+fn ttl(world: &World) -> Duration {
+    world.scenario.ttl
 }
 
-fn quarantine() -> Duration {
-    redlock_operator::duration::parse(MAX_TTL).expect("maxTtl")
+/// How long a restarted master does not vote.
+fn quarantine(world: &World) -> Duration {
+    super::quarantine(world.scenario.ttl)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,16 +71,40 @@ impl Fault {
     }
 }
 
-/// Faults until `until`, then heals everything.
+/// A fault a scenario forces at a fixed point of its run (the random nemesis may also choose it, any time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forced {
+    /// One master, chosen by the seed, SIGKILLed; it stays down for a while and comes back empty.
+    KillMaster,
+    /// The active operator replica of a cluster chosen by the seed SIGKILLed; restarted a moment later.
+    KillActiveReplica,
+}
+
+/// What a forced fault's nemesis event starts with: the report lists these.
+pub const FORCED: &str = "forced: ";
+
+/// Faults until `until`, then heals everything. The scenario's forced faults come at their points (as soon as
+/// the fault in progress, if any, is over).
 pub async fn run(world: &mut World, until: Instant) {
     let started = Instant::now();
     let mut next_progress = world.scenario.progress.map(|every| started + every);
+    let mut forced = world.scenario.forced.clone();
+    forced.sort_by_key(|(at, _)| *at);
+    forced.reverse();
     while Instant::now() < until {
         if let (Some(due), Some(every)) = (next_progress, world.scenario.progress)
             && Instant::now() >= due
         {
             progress(world, started);
             next_progress = Some(due + every);
+        }
+        if forced
+            .last()
+            .is_some_and(|(at, _)| started + *at <= Instant::now())
+            && let Some((_, fault)) = forced.pop()
+        {
+            force(world, fault).await;
+            continue;
         }
         let possible: Vec<Fault> = Fault::ALL
             .into_iter()
@@ -108,7 +134,8 @@ pub async fn watch_only(world: &World, until: Instant) {
 fn progress(world: &World, started: Instant) {
     let beliefs = world.recorder.beliefs();
     let transitions: usize = crate::support::history::transitions(&beliefs).values().sum();
-    let overlaps = crate::support::history::find_overlaps(&beliefs, world.scenario.holders_per_key);
+    let mut overlaps = crate::support::history::find_overlaps(&beliefs, 1);
+    overlaps.extend(excess_holders(&beliefs, &world.bounds()));
     println!(
         "  … {:.0}s: {} transitions, {} overlaps so far, {} nemesis events",
         started.elapsed().as_secs_f64(),
@@ -183,7 +210,7 @@ async fn inject(world: &mut World, fault: Fault, side: usize) {
                 tokio::time::sleep(hold).await;
                 replica.cont();
             }
-            takeover_allowance() + ttl()
+            takeover_allowance() + ttl(world)
         }
         Fault::ApiOutage | Fault::EndWatches => {
             let outage = fault == Fault::ApiOutage;
@@ -212,7 +239,7 @@ async fn inject(world: &mut World, fault: Fault, side: usize) {
             for proxy in proxies {
                 proxy.refuse(false);
             }
-            ttl() + takeover_allowance()
+            ttl(world) + takeover_allowance()
         }
         Fault::RestartMasters => {
             let count = how_many_masters(world);
@@ -226,7 +253,7 @@ async fn inject(world: &mut World, fault: Fault, side: usize) {
                     recorder.master_restarted(index);
                 }
             });
-            quarantine() + ttl() * 2
+            quarantine(world) + ttl(world) * 2
         }
         Fault::StopMasters => {
             let count = how_many_masters(world);
@@ -241,7 +268,7 @@ async fn inject(world: &mut World, fault: Fault, side: usize) {
             for &index in &targets {
                 world.masters[index].cont();
             }
-            ttl() * 2
+            ttl(world) * 2
         }
         Fault::CutFromMajority => {
             let count = world.masters.len() / 2 + 1;
@@ -256,7 +283,7 @@ async fn inject(world: &mut World, fault: Fault, side: usize) {
             for &index in &targets {
                 world.sides[side].links[index].hold(Direction::Both, false);
             }
-            ttl() * 2
+            ttl(world) * 2
         }
         Fault::Latency => {
             let count = how_many_masters(world);
@@ -276,7 +303,7 @@ async fn inject(world: &mut World, fault: Fault, side: usize) {
                     side.links[index].set_latency(Direction::Both, Duration::ZERO);
                 }
             }
-            ttl()
+            ttl(world)
         }
         Fault::LeaderUnready | Fault::LeaderDeleted => {
             let lock = world.rng.random_range(0..world.sides[side].leaders.len());
@@ -332,6 +359,57 @@ async fn inject(world: &mut World, fault: Fault, side: usize) {
                 lock.recreate(&side.cluster).await;
             }
             return;
+        }
+    };
+    world.recorder.excuse(started, Instant::now() + recovery);
+}
+
+/// A forced fault, now.
+async fn force(world: &mut World, fault: Forced) {
+    let started = Instant::now();
+    let recovery = match fault {
+        Forced::KillMaster => {
+            let index = world.rng.random_range(0..world.masters.len());
+            let down = millis(world, 1_000..3_000);
+            world.recorder.nemesis(format!(
+                "{FORCED}master {index} SIGKILLed, restarted empty after {down:?}"
+            ));
+            world.masters[index].kill();
+            tokio::time::sleep(down).await;
+            let (masters, recorder) = (&mut world.masters, &world.recorder);
+            tokio::task::block_in_place(|| {
+                masters[index].restart().expect("restart a master");
+                recorder.master_restarted(index);
+            });
+            quarantine(world) + ttl(world) * 2
+        }
+        Forced::KillActiveReplica => {
+            let side = world.rng.random_range(0..world.sides.len());
+            // The Lease names the active replica once one renewed it: a replica killed just before may leave
+            // none named for a moment.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let mut active = world.sides[side].active().await;
+            while active.is_none() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                active = world.sides[side].active().await;
+            }
+            let Some(active) = active else {
+                let cluster = &world.sides[side].cluster.name;
+                world
+                    .recorder
+                    .nemesis(format!("{cluster}: no active replica to kill"));
+                return;
+            };
+            let hold = millis(world, 300..2_000);
+            let replica = &mut world.sides[side].replicas[active];
+            world.recorder.nemesis(format!(
+                "{FORCED}SIGKILL {} (active), restarted after {hold:?}",
+                replica.identity
+            ));
+            replica.kill();
+            tokio::time::sleep(hold).await;
+            replica.restart();
+            takeover_allowance() + ttl(world)
         }
     };
     world.recorder.excuse(started, Instant::now() + recovery);

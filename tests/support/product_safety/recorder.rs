@@ -1,6 +1,7 @@
 //! The run's history: every holder's belief intervals (as the holder saw them), every nemesis event, and the
 //! periods when faults (and recovery from them) excuse a key having no holder. One monotonic clock.
 
+use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -24,6 +25,8 @@ pub struct Recorder {
     events: Mutex<Vec<NemesisEvent>>,
     excused: Mutex<Vec<(Instant, Instant)>>,
     restarts: Mutex<Vec<(usize, Instant)>>,
+    /// The Jobs of the Job locks' first queues (`cluster/job`), and those of them that completed.
+    first_queue: Mutex<(BTreeSet<String>, BTreeSet<String>)>,
     pub resource: ProtectedResource,
 }
 
@@ -84,6 +87,39 @@ impl Recorder {
 
     pub fn master_restarts(&self) -> Vec<(usize, Instant)> {
         self.restarts.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Job `job` (`cluster/name`) is one of a first queue.
+    pub fn queued_first(&self, job: String) {
+        self.first_queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .insert(job);
+    }
+
+    /// Job `job` completed (it ran to its end: a Job completes only by running).
+    pub fn job_completed(&self, job: &str) {
+        let mut queue = self.first_queue.lock().unwrap_or_else(|e| e.into_inner());
+        if queue.0.contains(job) {
+            queue.1.insert(job.to_owned());
+        }
+    }
+
+    pub fn first_queue(&self) -> BTreeSet<String> {
+        self.first_queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .clone()
+    }
+
+    pub fn first_queue_completed(&self) -> BTreeSet<String> {
+        self.first_queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
+            .clone()
     }
 
     pub fn excused(&self) -> Vec<(Instant, Instant)> {
