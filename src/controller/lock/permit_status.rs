@@ -10,8 +10,11 @@
 use std::borrow::Cow;
 
 use crate::api::conditions::{self, Stamp, Update};
+use kube::runtime::reflector::ObjectRef;
+
 use crate::api::lock::PermitHolder;
 use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
+use crate::controller::keeper::PermitRef;
 
 /// Whether `lock`'s status lists its permits in `holders` (a semaphore) rather than showing its one holder at
 /// the top: by the spec, or while permits above it, left from a higher count, are still held.
@@ -30,6 +33,17 @@ pub fn open_permits(lock: &DistributedLock) -> u32 {
 pub fn permit_span(lock: &DistributedLock) -> u32 {
     let status = lock.status.as_ref().unwrap_or(DistributedLockStatus::none());
     span_of(status, open_permits(lock))
+}
+
+/// Every permit of `lock` that may be held ([`permit_span`]), as the keeper names them.
+pub fn permits_of(lock: &DistributedLock) -> impl Iterator<Item = PermitRef> + use<> {
+    let lref = ObjectRef::from_obj(lock);
+    (0..permit_span(lock)).map(move |permit| PermitRef::new(lref.clone(), permit))
+}
+
+/// Whether `permit` is at or above `open` (spec.permits): left from a higher count, handed to nobody.
+pub fn is_closing(permit: u32, open: usize) -> bool {
+    usize::try_from(permit).map_or(true, |permit| permit >= open)
 }
 
 /// [`permit_span`] for `status` and `open` permits. Pure.

@@ -14,7 +14,7 @@ use kube::{Resource, ResourceExt};
 use super::actions::{self, Target, handover};
 use super::decide::{LockAction, Wanted, acquisition_in_status, current_holder, decide, known_floor};
 use super::handover::Release;
-use super::permit_status::{is_semaphore, permit_span, status_of};
+use super::permit_status::{is_semaphore, permits_of, status_of};
 use super::policy::{Policy, Turn};
 use super::settings::{HolderKind, LockSettings, QuorumRules, lock_settings};
 use super::status_write::forget_written;
@@ -92,10 +92,7 @@ fn rules_of(engine: &QuorumEngine) -> QuorumRules<'_> {
 /// product safety checker). `Some(wait)`: the finalizer stays that much longer. Job fencing releases at once, as
 /// before: its Jobs are fenced through their own objects.
 async fn hand_over_before_deletion(lock: &DistributedLock, ctx: &Context) -> Result<Option<Duration>, Error> {
-    let lref = ObjectRef::from_obj(lock);
-    let permits: Vec<PermitRef> = (0..permit_span(lock))
-        .map(|permit| PermitRef::new(lref.clone(), permit))
-        .collect();
+    let permits: Vec<PermitRef> = permits_of(lock).collect();
     let mut waits = Vec::new();
     for permit in &permits {
         if let Some(at) = handover::settle(ctx, permit, None).await? {
@@ -234,9 +231,7 @@ async fn apply_semaphore(
 ) -> Result<Action, Error> {
     // Permits above spec.permits, left from a higher count, are looked after until their holders are fenced
     // and their keys released: the policy hands them to nobody.
-    let permits: Vec<PermitRef> = (0..permit_span(lock))
-        .map(|permit| PermitRef::new(lref.clone(), permit))
-        .collect();
+    let permits: Vec<PermitRef> = permits_of(lock).collect();
     let states: Vec<(Option<String>, i64)> = permits
         .iter()
         .map(|permit| {

@@ -4,16 +4,14 @@ use std::time::Duration;
 
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
 
 use super::handover::{give_up_kept, until};
 use super::{Target, stamp_now};
 use crate::api::{DistributedLock, LockPhase};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
-use crate::controller::keeper::PermitRef;
 use crate::controller::lock::handover::Release;
-use crate::controller::lock::permit_status::{permit_span, status_of};
+use crate::controller::lock::permit_status::{permits_of, status_of};
 use crate::controller::lock::policy::Waiting;
 use crate::controller::lock::status;
 use crate::controller::lock::status_write::{write_permit_status, write_status};
@@ -68,12 +66,6 @@ pub async fn invalid_spec(
         ctx.publish(lock, EventType::Warning, reason, note).await;
     }
     Ok(Action::await_change())
-}
-
-/// Every permit of `lock` that may be held.
-fn permits_of(lock: &DistributedLock) -> impl Iterator<Item = PermitRef> {
-    let lref = ObjectRef::from_obj(lock);
-    (0..permit_span(lock)).map(move |permit| PermitRef::new(lref.clone(), permit))
 }
 
 /// Why status shows the lock not ready, if it does.

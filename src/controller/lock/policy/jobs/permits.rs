@@ -7,6 +7,7 @@
 //! exactly [`next_step`].
 
 use super::queue::{GrantedPod, JobStep, JobView, next_step, queue};
+use crate::controller::lock::permit_status::is_closing;
 
 /// What one permit is, as far as the Jobs are concerned.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -57,8 +58,7 @@ pub fn plan(jobs: &[JobView], pods: &[GrantedPod], permits: &[PermitState<'_>], 
                 .collect();
             let own_pods: Vec<GrantedPod> = pods.iter().filter(|pod| pod.permit == permit).cloned().collect();
             let step = next_step(&own_jobs, &own_pods, state.current, state.latest_token);
-            let closing = usize::try_from(permit).map_or(true, |permit| permit >= open);
-            if closing {
+            if is_closing(permit, open) {
                 return match step {
                     JobStep::ResumeFenced { job, token } => JobStep::Requeue { job, token },
                     step => step,

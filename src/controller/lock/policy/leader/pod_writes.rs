@@ -16,7 +16,7 @@ use crate::api::DistributedLock;
 use crate::api::lock::LeaderElectionPolicy;
 use crate::controller::context::Context;
 use crate::controller::error::{Error, is_not_found};
-use crate::controller::lock::permit_status::open_permits;
+use crate::controller::lock::permit_status::{is_closing, open_permits};
 use crate::controller::lock::policy::{PERMIT_ANNOTATION, TOKEN_ANNOTATION};
 
 /// One look at the pods of a leader-election lock. A semaphore (spec.permits above 1) elects one leader per
@@ -80,7 +80,7 @@ impl Election {
 
     /// Whether `permit` is above the count now held (spec.permits), left from a higher one.
     pub fn is_closing(&self, permit: u32) -> bool {
-        usize::try_from(permit).map_or(true, |permit| permit >= self.open)
+        is_closing(permit, self.open)
     }
 
     /// The pod that should hold `permit` now.
@@ -94,7 +94,7 @@ impl Election {
         self.current
             .iter()
             .zip(&self.chosen)
-            .filter(|(current, chosen)| current.is_some() && current == chosen)
+            .filter(|(current, chosen)| current == chosen)
             .filter_map(|(current, _)| current.as_deref())
             .collect()
     }
@@ -138,9 +138,7 @@ impl Election {
     /// Removes the leader label from every pod but the leaders that keep their permits. Done before anything
     /// else, so that no pod carries the label of a permit another may take.
     pub async fn unlabel_all_but_kept(&self, ctx: &Context) -> Result<(), Error> {
-        let kept: Vec<String> = self.kept().into_iter().map(str::to_owned).collect();
-        let kept: Vec<&str> = kept.iter().map(String::as_str).collect();
-        self.unlabel_all_but(ctx, &kept).await
+        self.unlabel_all_but(ctx, &self.kept()).await
     }
 
     /// Removes the leader label from every pod but `keep`, the leader whose lock is held. Done before anything
