@@ -16,6 +16,7 @@ use super::error::Error;
 use super::installation_secret::InstallationSecret;
 use super::keeper::Keeper;
 use super::replica_lease::Leadership;
+use super::run::pod_index::PodIndex;
 use crate::api::{DistributedLock, RedisQuorum};
 use crate::telemetry::events::{Event, EventType, Recorder};
 use crate::telemetry::metrics::Metrics;
@@ -34,8 +35,10 @@ pub struct Context {
     pub health_interval: Duration,
     pub locks: Store<DistributedLock>,
     pub quorums: Store<RedisQuorum>,
-    /// Pods, for leader election.
+    /// Pods, for leader election and Job fencing.
     pub pods: Store<Pod>,
+    /// `pods` by namespace and label.
+    pub pod_index: Arc<PodIndex>,
     /// Jobs labelled `redlock.io/lock`, for Job fencing.
     pub jobs: Store<Job>,
     /// Consecutive failures per object, for the error backoff.

@@ -2,6 +2,7 @@
 //! of held locks and the two controllers, stopped together by one token. Tests run exactly this in-process.
 
 pub mod pod_cache;
+pub mod pod_index;
 pub mod routing;
 pub mod watch_filter;
 
@@ -21,6 +22,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use self::pod_cache::trim_pod;
+use self::pod_index::PodIndex;
 use self::routing::{lock_of_job, lock_trigger, locks_of_pod, pod_trigger};
 use self::watch_filter::{changed_or_deleted, watch_backoff, without_errors};
 use super::context::Context;
@@ -124,6 +126,7 @@ pub async fn start(
     let (quorum_store, quorum_writer) = reflector::store::<RedisQuorum>();
     let (pod_store, pod_writer) = reflector::store::<Pod>();
     let (job_store, job_writer) = reflector::store::<Job>();
+    let pod_index = Arc::new(PodIndex::default());
 
     let recorder = Recorder::new(
         client.clone(),
@@ -145,6 +148,7 @@ pub async fn start(
         locks: lock_store.clone(),
         quorums: quorum_store.clone(),
         pods: pod_store.clone(),
+        pod_index: pod_index.clone(),
         jobs: job_store.clone(),
         failures: Default::default(),
         written: Default::default(),
@@ -188,7 +192,12 @@ pub async fn start(
             .backoff(watch_backoff())
             .modify(trim_pod)
             .reflect(pod_writer)
-            .inspect(move |event| record_watch(&pod_health, "pods", event)),
+            .inspect(move |event| {
+                if let Ok(event) = event {
+                    pod_index.apply(event);
+                }
+                record_watch(&pod_health, "pods", event);
+            }),
         pod_trigger,
     ));
     let pod_locks = lock_store.clone();

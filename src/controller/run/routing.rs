@@ -1,12 +1,14 @@
 //! Which locks a watch event wakes, and which changes of an object count at all. Pure, so the routing is tested
 //! without a cluster.
 
+use std::collections::BTreeMap;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::reflector::ObjectRef;
@@ -41,28 +43,53 @@ pub fn pod_trigger(pod: &Pod) -> u64 {
 }
 
 /// The locks a pod event concerns: in the pod's namespace, the leader-election locks whose selector matches it
-/// or whose status names it as the holder, and the Job locks whose grant started it.
+/// or whose status names it as a holder, and the Job locks whose grant started it.
+///
+/// Called for every pod change that matters, with every lock: nothing is allocated per lock that does not match.
 pub fn locks_of_pod(locks: &[Arc<DistributedLock>], pod: &Pod) -> Vec<LockRef> {
-    let namespace = pod.namespace();
-    let name = pod.name_any();
-    let labels = pod.metadata.labels.clone().unwrap_or_default();
-    let granted_by = pod.annotations().get(LOCK_LABEL);
+    let namespace = pod.metadata.namespace.as_deref();
+    let name = pod.metadata.name.as_deref();
+    let empty = BTreeMap::new();
+    let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+    let granted_by = pod.annotations().get(LOCK_LABEL).map(String::as_str);
     locks
         .iter()
-        .filter(|lock| lock.namespace() == namespace)
+        .filter(|lock| lock.metadata.namespace.as_deref() == namespace)
         .filter(|lock| {
             if lock.spec.holder.jobs.is_some() {
-                return granted_by == Some(&lock.name_any());
+                return granted_by.is_some() && granted_by == lock.metadata.name.as_deref();
             }
             let Some(policy) = &lock.spec.holder.leader_election else {
                 return false;
             };
-            let holder = lock.status.as_ref().and_then(|status| status.holder.as_deref());
-            holder == Some(name.as_str())
-                || Selector::try_from(policy.selector.clone()).is_ok_and(|selector| selector.matches(&labels))
+            // A semaphore's leaders are its permits' holders, each of which hears that it left the selector.
+            let holds = lock.status.as_ref().is_some_and(|status| {
+                status
+                    .holder
+                    .as_deref()
+                    .is_some_and(|holder| Some(holder) == name)
+                    || status
+                        .holders
+                        .iter()
+                        .any(|held| Some(held.holder.as_str()) == name)
+            });
+            holds || selects(&policy.selector, labels)
         })
         .map(|lock| ObjectRef::from_obj(&**lock))
         .collect()
+}
+
+/// Whether `selector` selects `labels`: its `matchLabels` are compared in place, and only a selector with
+/// expressions is converted to match them (an invalid one selects nothing).
+fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let required = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(key, value)| labels.get(key) == Some(value));
+    required
+        && (selector.match_expressions.as_ref().is_none_or(Vec::is_empty)
+            || Selector::try_from(selector.clone()).is_ok_and(|selector| selector.matches(labels)))
 }
 
 /// The lock a Job queues for, from its label.
@@ -151,6 +178,54 @@ mod tests {
             serde_json::json!({}),
         );
         assert!(locks_of_pod(&locks, &elsewhere).is_empty());
+    }
+
+    #[test]
+    fn a_semaphore_leader_that_leaves_the_selector_wakes_its_lock_and_expressions_still_select() {
+        let semaphore: Arc<DistributedLock> = Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "redlock.io/v1alpha1",
+                "kind": "DistributedLock",
+                "metadata": { "name": "shards", "namespace": "a", "generation": 1 },
+                "spec": { "permits": 3, "holder": { "leaderElection": { "selector": { "matchLabels": { "app": "worker" } } } } },
+                "status": { "holder": "worker-0", "holders": [
+                    { "permit": 0, "holder": "worker-0", "fencingToken": 4 },
+                    { "permit": 2, "holder": "worker-5", "fencingToken": 9 },
+                ] },
+            }))
+            .expect("lock"),
+        );
+        let by_expression = lock(
+            "a",
+            "tiered",
+            serde_json::json!({ "leaderElection": { "selector": {
+                "matchLabels": { "app": "worker" },
+                "matchExpressions": [{ "key": "tier", "operator": "In", "values": ["batch"] }],
+            } } }),
+            None,
+        );
+        let locks = [semaphore, by_expression];
+        let relabelled = pod(
+            "a",
+            "worker-5",
+            serde_json::json!({ "app": "retired" }),
+            serde_json::json!({}),
+        );
+        assert_eq!(names(locks_of_pod(&locks, &relabelled)), ["shards"]);
+        let batch = pod(
+            "a",
+            "worker-7",
+            serde_json::json!({ "app": "worker", "tier": "batch" }),
+            serde_json::json!({}),
+        );
+        assert_eq!(names(locks_of_pod(&locks, &batch)), ["shards", "tiered"]);
+        let front = pod(
+            "a",
+            "worker-8",
+            serde_json::json!({ "app": "worker", "tier": "front" }),
+            serde_json::json!({}),
+        );
+        assert_eq!(names(locks_of_pod(&locks, &front)), ["shards"]);
     }
 
     #[test]

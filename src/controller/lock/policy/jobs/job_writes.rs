@@ -20,6 +20,7 @@ use crate::controller::context::Context;
 use crate::controller::error::{Error, is_not_found};
 use crate::controller::lock::permit_status::open_permits;
 use crate::controller::lock::policy::TOKEN_ANNOTATION;
+use crate::controller::run::pod_index::pods_in;
 
 /// One look at the Jobs queued for a lock.
 pub struct JobQueue {
@@ -62,11 +63,8 @@ impl JobQueue {
             .filter(|job| job.metadata.deletion_timestamp.is_none())
             .collect();
         let views: Vec<JobView> = jobs.iter().map(|job| JobView::of(job)).collect();
-        let pods: Vec<GrantedPod> = ctx
-            .pods
-            .state()
+        let pods: Vec<GrantedPod> = pods_in(&ctx.pods, &ctx.pod_index, &namespace)
             .iter()
-            .filter(|pod| pod.namespace().as_deref() == Some(namespace.as_str()))
             .filter_map(|pod| GrantedPod::of(pod, &name))
             .collect();
         let queue = queue(&views).iter().map(|job| job.name.clone()).collect();

@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::{Selector, SelectorExt};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 
 use super::rule::{PodView, VALID_UNTIL_ANNOTATION, candidates, choose_leaders, labels_to_remove};
 use crate::api::DistributedLock;
@@ -18,6 +18,7 @@ use crate::controller::context::Context;
 use crate::controller::error::{Error, is_not_found};
 use crate::controller::lock::permit_status::{is_closing, open_permits};
 use crate::controller::lock::policy::{PERMIT_ANNOTATION, TOKEN_ANNOTATION};
+use crate::controller::run::pod_index::pods_selected;
 
 /// One look at the pods of a leader-election lock. A semaphore (spec.permits above 1) elects one leader per
 /// permit; a lock of one permit is the semaphore of one.
@@ -52,7 +53,11 @@ impl Election {
         let namespace = lock.namespace().unwrap_or_default();
         let selector = Selector::try_from(policy.selector.clone())
             .map_err(|err| format!("spec.holder.leaderElection.selector: {err}"))?;
-        let pods = pods_matching(&ctx.pods, &namespace, &selector, &policy.leader_label);
+        let required = policy.selector.match_labels.clone().unwrap_or_default();
+        let pods = pods_selected(&ctx.pods, &ctx.pod_index, &namespace, &required, &selector)
+            .iter()
+            .map(|pod| PodView::of(pod, &policy.leader_label))
+            .collect();
         let mut election = Self {
             api: Api::namespaced(ctx.client.clone(), &namespace),
             label: policy.leader_label.clone(),
@@ -232,13 +237,4 @@ impl Election {
     fn api_namespace(&self) -> String {
         self.api.namespace().unwrap_or_default().to_owned()
     }
-}
-
-fn pods_matching(pods: &Store<Pod>, namespace: &str, selector: &Selector, label: &str) -> Vec<PodView> {
-    pods.state()
-        .iter()
-        .filter(|pod| pod.namespace().as_deref() == Some(namespace))
-        .filter(|pod| selector.matches(pod.metadata.labels.as_ref().unwrap_or(&BTreeMap::new())))
-        .map(|pod| PodView::of(pod, label))
-        .collect()
 }
