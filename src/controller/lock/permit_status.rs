@@ -147,6 +147,26 @@ pub fn fold_permit(
     next
 }
 
+/// `status` with each of `permits` as `edit(permit, view)` makes it, folded in one after another (see
+/// [`fold_permit`]); a permit whose edit returns `None` (it no longer applies) is left as it is. Returns the new
+/// status and the permits edited, in order.
+pub fn fold_permits(
+    status: &DistributedLockStatus,
+    permits: &[u32],
+    stamp: Stamp,
+    mut edit: impl FnMut(u32, &DistributedLockStatus) -> Option<DistributedLockStatus>,
+) -> (DistributedLockStatus, Vec<u32>) {
+    let mut next = status.clone();
+    let mut edited = Vec::with_capacity(permits.len());
+    for &permit in permits {
+        if let Some(view) = edit(permit, &permit_view(&next, permit)) {
+            next = fold_permit(&next, permit, &view, stamp);
+            edited.push(permit);
+        }
+    }
+    (next, edited)
+}
+
 /// A semaphore's `Held` condition: which permits are held, by whom and with which token.
 fn held_condition(holders: &[PermitHolder]) -> Update {
     if holders.is_empty() {
@@ -219,6 +239,46 @@ mod tests {
             holder: None,
             ..view.clone()
         }
+    }
+
+    #[test]
+    fn permits_refreshed_together_each_show_their_own_validity_and_a_refused_one_is_left_alone() {
+        let mut status = DistributedLockStatus::default();
+        for (permit, holder, token) in [(0, "web-0", 4), (1, "web-1", 7), (2, "web-2", 9)] {
+            status = fold_permit(&status, permit, &held(holder, token, 10), STAMP);
+        }
+        let (next, edited) = fold_permits(&status, &[0, 1, 2], STAMP, |permit, view| {
+            // Permit 1's status shows a newer token than the one refreshing: refused.
+            (permit != 1).then(|| DistributedLockStatus {
+                valid_until: until(20 + i64::from(permit)),
+                ..view.clone()
+            })
+        });
+        assert_eq!(edited, [0, 2]);
+        let shown: Vec<_> = next
+            .holders
+            .iter()
+            .map(|held| {
+                (
+                    held.permit,
+                    held.holder.as_str(),
+                    held.fencing_token,
+                    held.valid_until.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                (0, "web-0", 4, until(20)),
+                (1, "web-1", 7, until(10)),
+                (2, "web-2", 9, until(22)),
+            ]
+        );
+        assert_eq!(next.valid_until, until(20), "permit 0 also at the top");
+        let (unchanged, none) = fold_permits(&status, &[0, 1, 2], STAMP, |_, _| None);
+        assert!(none.is_empty());
+        assert_eq!(unchanged, status);
     }
 
     #[test]

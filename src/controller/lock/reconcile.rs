@@ -11,6 +11,7 @@ use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
+use super::actions::holding::{DueRefresh, refresh_permits};
 use super::actions::{self, Target, handover};
 use super::decide::{LockAction, Wanted, acquisition_in_status, current_holder, decide, known_floor};
 use super::handover::Release;
@@ -256,6 +257,7 @@ async fn apply_semaphore(
         .iter()
         .any(|permit| ctx.keeper.view(permit).is_some_and(|held| held.status_due));
     let mut actions = Vec::with_capacity(permits.len());
+    let mut due = Vec::new();
     for permit in permits {
         if let Some(at) = handover::settle(ctx, &permit, Some(&policy)).await? {
             actions.push(Action::requeue(handover::until(at)));
@@ -283,7 +285,28 @@ async fn apply_semaphore(
             keep,
             policy: &policy,
         };
+        if let (Turn::Hold(holder), Some(held)) = (&turn, &held)
+            && refresh_due(&target, holder, held, &status, latest_token)
+        {
+            due.push(DueRefresh {
+                target,
+                holder: holder.clone(),
+                held: held.clone(),
+            });
+            continue;
+        }
         actions.push(act(&target, ctx, turn, held, &status, latest_token).await?);
+    }
+    // The held permits' refreshes go in one status write; a permit whose status no longer allows it goes through
+    // the one-permit steps (it is given up and acquired again).
+    if !due.is_empty() {
+        actions.extend(due.iter().map(|_| Action::requeue(RESYNC)));
+        for refused in refresh_permits(ctx, lock, due).await? {
+            let action =
+                actions::acquire::refresh_status(&refused.target, ctx, &refused.holder, &refused.held)
+                    .await?;
+            actions.push(action);
+        }
     }
     forget_written(ctx, lock);
     // What each permit asked for is not readable from an `Action`: a permit with something to do soon is looked
@@ -296,6 +319,25 @@ async fn apply_semaphore(
     } else {
         Action::requeue(SEMAPHORE_RETRY)
     })
+}
+
+/// Whether the one-permit steps would do nothing for `target`'s permit but refresh its status: those are batched.
+fn refresh_due(
+    target: &Target<'_>,
+    holder: &str,
+    held: &HeldView,
+    status: &DistributedLockStatus,
+    latest_token: i64,
+) -> bool {
+    let wanted = Wanted {
+        holder,
+        key: &target.settings.key,
+        quorum: &target.settings.quorum,
+    };
+    matches!(
+        decide(wanted, Some(held), status, latest_token),
+        LockAction::Keep { write_status: true }
+    )
 }
 
 /// The one-permit steps for `target`'s permit: the policy's turn, then `decide` on what this replica keeps and

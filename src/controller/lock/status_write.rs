@@ -10,7 +10,7 @@ use std::sync::Arc;
 use kube::runtime::reflector::ObjectRef;
 use serde::Serialize;
 
-use super::permit_status::{fold_permit, is_semaphore, permit_view};
+use super::permit_status::{fold_permits, is_semaphore};
 use super::status::held_count;
 use crate::api::conditions::Stamp;
 use crate::api::{DistributedLock, DistributedLockStatus};
@@ -105,23 +105,41 @@ pub async fn write_permit_status(
     if !is_semaphore(lock) {
         return write_status(ctx, lock, edit).await;
     }
+    Ok(!write_permits_status(ctx, lock, &[permit], |_, view| edit(view))
+        .await?
+        .is_empty())
+}
+
+/// [`write_permit_status`] for several permits of a semaphore in one write: `edit(permit, view)` sees and makes
+/// each permit's status as a plain lock's. A permit whose edit no longer applies is left out of the write; the
+/// permits written are returned. One write per semaphore instead of one per permit is what keeps a held
+/// semaphore's refreshes at a single lock's cost to the API server.
+pub async fn write_permits_status(
+    ctx: &Context,
+    lock: &DistributedLock,
+    permits: &[u32],
+    mut edit: impl FnMut(u32, &DistributedLockStatus) -> Option<DistributedLockStatus>,
+) -> Result<Vec<u32>, Error> {
     let stamp = Stamp {
         generation: lock.meta().generation,
         now: Timestamp::now(),
     };
-    // Permits written one after another in one reconciliation: each starts from the lock as the one before left
-    // it, not from the reconciliation's copy, which every write after the first would conflict with.
+    // Permits written one after another in one reconciliation: each write starts from the lock as the one before
+    // left it, not from the reconciliation's copy, which every write after the first would conflict with.
     let key = ObjectRef::from_obj(lock).to_string();
     let latest = written_of(ctx).get(&key).cloned();
     let base = latest.as_deref().unwrap_or(lock);
+    let mut applied = Vec::new();
     let written = write_status_from(ctx, base, |whole| {
-        edit(&permit_view(whole, permit)).map(|edited| fold_permit(whole, permit, &edited, stamp))
+        let (next, edited) = fold_permits(whole, permits, stamp, &mut edit);
+        applied = edited;
+        (!applied.is_empty()).then_some(next)
     })
     .await?;
-    let applied = written.is_some();
-    if let Some(written) = written {
-        written_of(ctx).insert(key, Arc::new(written));
-    }
+    let Some(written) = written else {
+        return Ok(Vec::new());
+    };
+    written_of(ctx).insert(key, Arc::new(written));
     Ok(applied)
 }
 

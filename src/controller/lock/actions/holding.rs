@@ -8,12 +8,13 @@ use kube::ResourceExt;
 use tokio::time::Instant;
 
 use super::{Target, stamp_now};
+use crate::api::DistributedLock;
 use crate::api::conditions::Stamp;
 use crate::controller::context::Context;
 use crate::controller::error::Error;
-use crate::controller::keeper::Holding;
+use crate::controller::keeper::{HeldView, Holding};
 use crate::controller::lock::status::{self, HeldFacts, Showing, wall_at};
-use crate::controller::lock::status_write::write_permit_status;
+use crate::controller::lock::status_write::{write_permit_status, write_permits_status};
 use crate::redlock::{ExtendError, Lease};
 
 /// Takes over the acquisition with `token` for `holder` (its value rebuilt from the installation secret) and
@@ -69,24 +70,93 @@ pub async fn show_held(
     })
     .await?;
     if written {
-        ctx.keeper.note_token(target.permit_ref(), token);
-        ctx.keeper
-            .status_written(target.permit_ref(), lease.valid_until());
-        let valid_until = MicroTime(facts.valid_until);
-        target
-            .policy
-            .after_held(
-                ctx,
-                target.lock,
-                target.permit,
-                holder,
-                token,
-                &valid_until,
-                margin,
-            )
-            .await?;
+        shown_held(target, ctx, holder, lease, token, facts.valid_until).await?;
     }
     Ok(written)
+}
+
+/// A held permit whose status refresh is due, for [`refresh_permits`].
+pub struct DueRefresh<'a> {
+    pub target: Target<'a>,
+    pub holder: String,
+    pub held: HeldView,
+}
+
+/// [`show_held`] for the due refreshes of several permits of one semaphore, in one status write. Returns the
+/// refreshes whose status no longer allows it (status shows a newer token, or the permit lost), for the caller
+/// to handle one by one.
+pub async fn refresh_permits<'a>(
+    ctx: &Context,
+    lock: &DistributedLock,
+    due: Vec<DueRefresh<'a>>,
+) -> Result<Vec<DueRefresh<'a>>, Error> {
+    let now = Instant::now();
+    let wall_now = Timestamp::now();
+    let stamp = Stamp {
+        now: wall_now,
+        ..stamp_now(lock)
+    };
+    let shown: Vec<_> = due
+        .iter()
+        .map(|refresh| {
+            let margin = refresh.target.keep.fence_margin;
+            let facts = HeldFacts {
+                holder: &refresh.holder,
+                token: refresh.held.token,
+                showing: Showing::Refresh,
+                renewed_at: wall_at(refresh.held.lease.granted_at(), now, wall_now),
+                valid_until: wall_at(refresh.held.lease.valid_until(), now, wall_now),
+                report: refresh.held.lease.report(),
+            };
+            let decoration = refresh.target.policy.decoration(Some(&refresh.holder), margin);
+            (refresh.target.permit, facts, decoration, margin)
+        })
+        .collect();
+    let permits: Vec<u32> = shown.iter().map(|(permit, ..)| *permit).collect();
+    let written = write_permits_status(ctx, lock, &permits, |permit, current| {
+        let (_, facts, decoration, margin) = shown.iter().find(|(number, ..)| *number == permit)?;
+        status::held(current, facts, decoration, *margin, stamp)
+    })
+    .await?;
+    let valid_until: Vec<Timestamp> = shown.iter().map(|(_, facts, ..)| facts.valid_until).collect();
+    drop(shown);
+    let mut refused = Vec::new();
+    for (refresh, valid_until) in due.into_iter().zip(valid_until) {
+        if written.contains(&refresh.target.permit) {
+            let DueRefresh { target, holder, held } = &refresh;
+            shown_held(target, ctx, holder, &held.lease, held.token, valid_until).await?;
+        } else {
+            refused.push(refresh);
+        }
+    }
+    Ok(refused)
+}
+
+/// What follows a `Held` status written for `lease`: the keeper learns the token and that status shows its
+/// validity, and the policy acts on the holder (label, grant).
+async fn shown_held(
+    target: &Target<'_>,
+    ctx: &Context,
+    holder: &str,
+    lease: &Lease,
+    token: i64,
+    valid_until: Timestamp,
+) -> Result<(), Error> {
+    ctx.keeper.note_token(target.permit_ref(), token);
+    ctx.keeper
+        .status_written(target.permit_ref(), lease.valid_until());
+    target
+        .policy
+        .after_held(
+            ctx,
+            target.lock,
+            target.permit,
+            holder,
+            token,
+            &MicroTime(valid_until),
+            target.keep.fence_margin,
+        )
+        .await
 }
 
 /// Hands `lease` to the keeper, which extends it from now on.
