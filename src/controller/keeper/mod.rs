@@ -117,6 +117,11 @@ impl Keeper {
         self.table().view(&lock.into(), Instant::now())
     }
 
+    /// Whether the lock is held here and found lost (taken over, or not extended in time).
+    pub fn is_lost(&self, lock: &PermitRef) -> bool {
+        self.table().is_lost(lock)
+    }
+
     /// Records that status now shows the validity ending at `valid_until`.
     pub fn status_written(&self, lock: impl Into<PermitRef>, valid_until: Instant) {
         self.table().status_written(&lock.into(), valid_until);

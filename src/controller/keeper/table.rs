@@ -172,6 +172,10 @@ impl Table {
         })
     }
 
+    pub fn is_lost(&self, lock: &PermitRef) -> bool {
+        self.held.get(lock).is_some_and(|held| held.lost.is_some())
+    }
+
     /// Records that status now shows the validity ending at `valid_until`.
     pub fn status_written(&mut self, lock: &PermitRef, valid_until: Instant) {
         if let Some(held) = self.held.get_mut(lock) {

@@ -258,7 +258,8 @@ async fn apply_semaphore(
         .any(|permit| ctx.keeper.view(permit).is_some_and(|held| held.status_due));
     let mut actions = Vec::with_capacity(permits.len());
     let mut due = Vec::new();
-    for permit in permits {
+    let mut pending = permits;
+    while let Some(permit) = next_permit(&mut pending, |permit| ctx.keeper.is_lost(permit)) {
         if let Some(at) = handover::settle(ctx, &permit, Some(&policy)).await? {
             actions.push(Action::requeue(handover::until(at)));
             continue;
@@ -319,6 +320,17 @@ async fn apply_semaphore(
     } else {
         Action::requeue(SEMAPHORE_RETRY)
     })
+}
+
+/// The next permit to look at: one the keeper has found lost, before any other, so that its holder is fenced
+/// without waiting for the other permits' work (an acquisition waiting on a master, a write on a busy API
+/// server); else the next in order. Asked again before each permit: a loss found meanwhile goes next.
+fn next_permit(pending: &mut Vec<PermitRef>, is_lost: impl Fn(&PermitRef) -> bool) -> Option<PermitRef> {
+    if pending.is_empty() {
+        return None;
+    }
+    let lost = pending.iter().position(is_lost);
+    Some(pending.remove(lost.unwrap_or(0)))
 }
 
 /// Whether the one-permit steps would do nothing for `target`'s permit but refresh its status: those are batched.
@@ -383,5 +395,33 @@ async fn act(
         } => actions::release::release_previous(target, ctx, &holder, token, &previous).await,
         LockAction::Resume { token } => actions::acquire::resume(target, ctx, &holder, token, status).await,
         LockAction::Acquire { floor } => actions::acquire::acquire(target, ctx, &holder, floor).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use kube::runtime::reflector::ObjectRef;
+
+    use super::*;
+
+    #[test]
+    fn a_lost_permit_is_looked_at_first_even_when_found_lost_midway() {
+        let lock: ObjectRef<DistributedLock> = ObjectRef::new("shards").within("a");
+        let mut pending: Vec<PermitRef> = (0..4)
+            .map(|permit| PermitRef::new(lock.clone(), permit))
+            .collect();
+        let lost = RefCell::new(vec![2]);
+        let mut order = Vec::new();
+        while let Some(permit) = next_permit(&mut pending, |permit| lost.borrow().contains(&permit.permit)) {
+            order.push(permit.permit);
+            lost.borrow_mut().retain(|number| *number != permit.permit);
+            if permit.permit == 0 {
+                // Permit 3's holder is found lost while permit 0 is being looked at.
+                lost.borrow_mut().push(3);
+            }
+        }
+        assert_eq!(order, [2, 0, 3, 1]);
     }
 }
