@@ -2,7 +2,7 @@
 //! takes the time it acts at, so the schedule, the application of extension results and the fence-time signal
 //! are tested with a paused clock and no master.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -122,6 +122,8 @@ pub struct Table {
     busy: HashSet<String>,
     /// The entries waiting for their next extension, indexed: a tick visits only what is due.
     waiting: Waiting,
+    /// The permits held of each lock above permit 0 (a semaphore's), to extend them together.
+    semaphores: HashMap<LockRef, BTreeSet<u32>>,
     next_seq: u64,
 }
 
@@ -151,6 +153,12 @@ impl Table {
         // Wrapping: a number comes back after 2^64 insertions, long after its first holder was removed.
         self.next_seq = self.next_seq.wrapping_add(1);
         entry.enter(&lock, &mut self.waiting);
+        if lock.permit > 0 {
+            self.semaphores
+                .entry(lock.lock.clone())
+                .or_default()
+                .insert(lock.permit);
+        }
         match self.held.insert(lock, entry) {
             None => true,
             Some(replaced) => {
@@ -190,6 +198,12 @@ impl Table {
             Some(held) if held.in_flight => Removal::InFlight,
             Some(_) => self.held.remove(lock).map_or(Removal::Absent, |held| {
                 held.leave(&mut self.waiting);
+                if let Some(permits) = self.semaphores.get_mut(&lock.lock) {
+                    permits.remove(&lock.permit);
+                    if permits.is_empty() {
+                        self.semaphores.remove(&lock.lock);
+                    }
+                }
                 Removal::Removed(held.lease)
             }),
         }
@@ -199,6 +213,7 @@ impl Table {
         let count = self.held.len();
         self.held.clear();
         self.waiting.clear();
+        self.semaphores.clear();
         count
     }
 
@@ -234,7 +249,28 @@ impl Table {
                 held.in_flight = true;
                 lags.push(now.saturating_duration_since(slot.at));
                 batch.leases.push(held.lease.clone());
+                let siblings = self.siblings(&lock);
                 batch.locks.push(lock);
+                // A semaphore's other permits go with it (early, which only lengthens their validity): their
+                // schedules line up after one round, so one status refresh and one look at the lock serve all of
+                // them, at every other extension as for a single lock, instead of a look at each permit's own.
+                for sibling in siblings {
+                    let Some(held) = self
+                        .held
+                        .get_mut(&sibling)
+                        .filter(|held| held.is_waiting() && held.quorum == batch.quorum)
+                    else {
+                        continue;
+                    };
+                    held.leave(&mut self.waiting);
+                    held.in_flight = true;
+                    if held.next_at <= now {
+                        // Due anyway: its lateness is measured as any other's.
+                        lags.push(now.saturating_duration_since(held.next_at));
+                    }
+                    batch.leases.push(held.lease.clone());
+                    batch.locks.push(sibling);
+                }
             }
             if !batch.locks.is_empty() {
                 batches.push(batch);
@@ -242,6 +278,19 @@ impl Table {
         }
         self.busy.extend(batches.iter().map(|batch| batch.quorum.clone()));
         (batches, lags)
+    }
+
+    /// The other permits held of `lock`'s lock.
+    fn siblings(&self, lock: &PermitRef) -> Vec<PermitRef> {
+        let above_0 = self.semaphores.get(&lock.lock).into_iter().flatten();
+        let first =
+            (lock.permit != 0 && self.held.contains_key(&PermitRef::new(lock.lock.clone(), 0))).then_some(0);
+        first
+            .into_iter()
+            .chain(above_0.copied())
+            .filter(|permit| *permit != lock.permit)
+            .map(|permit| PermitRef::new(lock.lock.clone(), permit))
+            .collect()
     }
 
     /// Applies the results of one batch on `quorum`, in the order of its locks; the quorum's next due leases may
@@ -660,6 +709,49 @@ mod tests {
             table.view(&lock(), third).is_some(),
             "removing permit 1 leaves permit 0"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_semaphores_permits_are_extended_together_from_the_first_one_due() {
+        let start = Instant::now();
+        let mut table = table_holding(start);
+        let permit = |number| PermitRef::new(lock().lock, number);
+        let later = start + Duration::from_secs(2);
+        assert!(table.insert(
+            permit(1),
+            lease(later),
+            holding("default", "permit:1:ns/a", 1),
+            later
+        ));
+        assert!(table.insert(
+            permit(2),
+            lease(later),
+            holding("moved", "permit:2:ns/a", 1),
+            later
+        ));
+        let third = start + TTL / 3;
+        let (mut due, lags) = table.take_due(third);
+        assert_eq!(lags.len(), 1, "only permit 0 was due");
+        let batch = take_batch(&mut due, "default");
+        assert_eq!(
+            batch.locks,
+            [lock(), permit(1)],
+            "permit 1 goes early with permit 0; permit 2, on another quorum, does not"
+        );
+        let (again, _) = table.take_due(third);
+        assert!(again.is_empty(), "nothing is taken twice");
+        let results = succeeded(&batch, third);
+        let applied = table.apply("default", batch.locks, results, third);
+        assert_eq!(applied.extended, 2);
+        let (mut moved, _) = table.take_due(later + TTL / 3);
+        assert_eq!(moved.len(), 1);
+        assert_eq!(take_batch(&mut moved, "moved").locks, [permit(2)]);
+        // From now on they are due at the same moment.
+        let (mut due, lags) = table.take_due(third + TTL / 3);
+        assert_eq!(lags.len(), 2, "permits 0 and 1 both due");
+        assert_eq!(take_batch(&mut due, "default").locks, [lock(), permit(1)]);
+        assert!(matches!(table.remove(&permit(1)), Removal::InFlight));
+        assert_eq!(table.siblings(&permit(2)), [lock(), permit(1)]);
     }
 
     // The indexes of waiting entries: what they give must be what a look at every entry would give.
