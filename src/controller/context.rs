@@ -69,7 +69,11 @@ impl Context {
     /// Whether every watch cache a lock's reconciliation reads has received its whole initial list. Before that, a
     /// Job or pod missing from a cache may only be not listed yet: nothing is decided on it.
     pub fn caches_synced(&self) -> bool {
-        synced(&self.locks) && synced(&self.quorums) && synced(&self.pods) && synced(&self.jobs)
+        synced(&self.locks)
+            && synced(&self.quorums)
+            && synced(&self.pods)
+            && self.pod_index.is_synced()
+            && synced(&self.jobs)
     }
 
     /// Every write (API or Redis) goes through this check at the moment of the call.

@@ -77,6 +77,8 @@ impl Namespace {
 
 #[derive(Default)]
 struct State {
+    /// A whole list has been indexed: before that, a pod missing from the index may only not be listed yet.
+    synced: bool,
     namespaces: HashMap<String, Namespace>,
     /// Filled during a (re)list and swapped in when it is done, as the reflector does with its store.
     relisting: Option<HashMap<String, Namespace>>,
@@ -102,6 +104,7 @@ impl PodIndex {
             watcher::Event::InitDone => {
                 if let Some(listed) = state.relisting.take() {
                     state.namespaces = listed;
+                    state.synced = true;
                 }
             }
             watcher::Event::Apply(pod) => insert(&mut state.namespaces, pod),
@@ -113,6 +116,12 @@ impl PodIndex {
                 }
             }
         }
+    }
+
+    /// Whether a whole list has been indexed. The reflector's store is ready a moment before (it sees each event
+    /// first), so the caches count as synced only once both are.
+    pub fn is_synced(&self) -> bool {
+        self.read().synced
     }
 
     /// The names of the pods of `namespace` that carry every label of `required` (all of them when it is empty).
@@ -207,7 +216,9 @@ mod tests {
             index.carrying("a", &required(&[("app", "web")])).is_empty(),
             "nothing is shown before the list is done"
         );
+        assert!(!index.is_synced());
         index.apply(&watcher::Event::InitDone);
+        assert!(index.is_synced());
         assert_eq!(
             index.carrying("a", &required(&[("app", "web")])),
             ["web-0", "web-1"]
