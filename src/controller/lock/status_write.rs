@@ -1,13 +1,12 @@
 //! The one function that writes a `DistributedLock`'s status.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use kube::api::{Api, PostParams};
 use kube::core::Request;
-use kube::{Resource, ResourceExt};
-use std::sync::Arc;
-
 use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
 use serde::Serialize;
 
 use super::permit_status::{fold_permits, is_semaphore};

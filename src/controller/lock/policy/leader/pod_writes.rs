@@ -53,8 +53,9 @@ impl Election {
         let namespace = lock.namespace().unwrap_or_default();
         let selector = Selector::try_from(policy.selector.clone())
             .map_err(|err| format!("spec.holder.leaderElection.selector: {err}"))?;
-        let required = policy.selector.match_labels.clone().unwrap_or_default();
-        let pods = pods_selected(&ctx.pods, &ctx.pod_index, &namespace, &required, &selector)
+        let no_labels = BTreeMap::new();
+        let required = policy.selector.match_labels.as_ref().unwrap_or(&no_labels);
+        let pods = pods_selected(&ctx.pods, &ctx.pod_index, &namespace, required, &selector)
             .iter()
             .map(|pod| PodView::of(pod, &policy.leader_label))
             .collect();
