@@ -34,6 +34,10 @@ fn main() -> ExitCode {
                 telemetry::init(cli.log_format, "warn");
                 cli::elect::run(args).await
             }
+            Command::Guard(args) => {
+                telemetry::init(cli.log_format, "warn");
+                cli::guard::run(args).await
+            }
         }
     });
     // Background reconnect tasks must not delay the exit.
@@ -44,10 +48,11 @@ fn main() -> ExitCode {
 /// The `lock` command does one thing at a time (acquire, then supervise one child while one keeper extends):
 /// a current-thread runtime starts no worker threads, saves the cross-thread wake-ups issue 16 measured on a
 /// quiet machine (the engine benchmark compares both runtimes), and ties the child's parent-death signal to the
-/// main thread, which spawns it. The operator and `elect` serve many watches and locks at once.
+/// main thread, which spawns it. The Job guard, one watch and one child, is the same. The operator and `elect`
+/// serve many watches and locks at once.
 fn runtime_for(command: &Command) -> tokio::runtime::Builder {
     match command {
-        Command::Lock(_) => tokio::runtime::Builder::new_current_thread(),
+        Command::Lock(_) | Command::Guard(_) => tokio::runtime::Builder::new_current_thread(),
         _ => tokio::runtime::Builder::new_multi_thread(),
     }
 }

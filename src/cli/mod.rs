@@ -12,9 +12,11 @@ macro_rules! durations_help {
 pub mod crd;
 pub mod elect;
 pub mod exit_code;
+pub mod guard;
 pub mod lock;
 pub mod run;
 mod supervise;
+pub mod term;
 
 use clap::{Parser, Subcommand};
 
@@ -42,6 +44,8 @@ pub enum Command {
     Lock(lock::LockArgs),
     /// Run a command only while this pod is the leader of a leader-election DistributedLock.
     Elect(elect::ElectArgs),
+    /// Run a Job pod's command only while its Job's grant of a job-fencing DistributedLock is current.
+    Guard(guard::GuardArgs),
     /// Print the CustomResourceDefinitions (or write them with --write DIR).
     Crd(crd::CrdArgs),
 }

@@ -10,7 +10,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use redlock_operator::api::DistributedLock;
-use redlock_operator::cli::elect::{fence_instant, term_of};
+use redlock_operator::cli::term::{fence_instant, term_of};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 

@@ -17,7 +17,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use redlock_operator::api::DistributedLock;
-use redlock_operator::cli::elect::{Term, fence_instant};
+use redlock_operator::cli::term::{Term, fence_instant};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
