@@ -963,3 +963,45 @@ async fn a_guarded_job_pod_stops_its_work_on_its_own_clock_when_no_operator_exte
     );
     env.cleanup(&[&quorum]).await;
 }
+
+/// Issue 29: deleting a Job-fencing lock fences first. The running Job is suspended (Event `Fenced`), and its key
+/// is released only once the Job's pods are gone or the validity shown to them has ended; the finalizer keeps
+/// the lock until then. Released at once, the key was free 43 ms after `kubectl delete` while the pod still ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_job_lock_suspends_its_running_job_before_the_key_is_released() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let _runtime = job_runtime(&env);
+    let (quorum, running, shutdown) = first_running(&masters, &env, 39, 0, "3s", None).await;
+    let key = format!("{}/batch", env.namespace);
+    env.locks()
+        .delete("batch", &DeleteParams::default())
+        .await
+        .expect("delete the lock");
+    eventually("the lock to be gone and its key released", || async {
+        // Read in this order: a validity shown later than this read only widens what the key must wait for, and
+        // pods of a suspended Job never come back, so one seen live after the key was seen free was live then.
+        let lock = env.locks().get_opt("batch").await.ok()?;
+        let shown = lock
+            .as_ref()
+            .and_then(|lock| lock.status.as_ref())
+            .and_then(|status| status.valid_until.as_ref())
+            .map(|until| until.0);
+        let (count, _) = key_on(&masters.urls(), &key).await;
+        let live = live_granted_pods(&env).await;
+        let now = k8s_openapi::jiff::Timestamp::now();
+        if count < 2 && !live.is_empty() {
+            assert!(
+                shown.is_none_or(|shown| now >= shown),
+                "the key was released while pods of the grant ran ({live:?}) and the validity shown to them ({shown:?}) had not ended"
+            );
+        }
+        (lock.is_none() && count == 0).then_some(())
+    })
+    .await;
+    assert!(!job_state(&env, "first").await.0, "the running Job was suspended");
+    events_seen(&env.events(), Some("Job"), "first", &["Fenced"]).await;
+    assert!(!job_state(&env, "second").await.0, "a waiting Job stays suspended");
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}

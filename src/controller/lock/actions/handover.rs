@@ -53,7 +53,7 @@ pub async fn give_up(
     given: GivenUp,
 ) -> Result<GaveUp, Error> {
     let lref = lref.into();
-    let stopped = holder_stopped(ctx, policy, &given.holder).await?;
+    let stopped = holder_stopped(ctx, policy, &given.holder, given.token).await?;
     let release = if negative_controls::active(Control::ReleaseAtOnce) {
         Release::Now
     } else {
@@ -113,16 +113,24 @@ pub async fn give_up_kept(
     give_up(ctx, &lref, policy, given).await.map(Some)
 }
 
-/// Whether the holder is known to have stopped: a leader whose Pod object is gone.
-async fn holder_stopped(ctx: &Context, policy: Option<&Policy>, holder: &str) -> Result<bool, Error> {
+/// Whether the holder is known to have stopped, from direct reads: a leader whose Pod object is gone; a Job
+/// gone, suspended or finished with no pod of its grant (`token`) left running or stopping.
+async fn holder_stopped(
+    ctx: &Context,
+    policy: Option<&Policy>,
+    holder: &str,
+    token: i64,
+) -> Result<bool, Error> {
     match policy {
         Some(Policy::Leader(election)) => election.pod_gone(ctx, holder).await,
+        Some(Policy::Jobs(queue)) => queue.grant_stopped(holder, token).await,
         _ => Ok(false),
     }
 }
 
 /// Releases the key waiting for the lock once the validity shown has ended, or its holder is known to have
-/// stopped since (a deleted leader pod whose grace period ended: its deletion wakes the lock). `Some(at)`: it
+/// stopped since (a deleted leader pod whose grace period ended, a suspended Job's last pod: their deletion wakes
+/// the lock). `Some(at)`: it
 /// still waits until then, and nobody may take the lock meanwhile.
 pub async fn settle(
     ctx: &Context,
@@ -135,7 +143,7 @@ pub async fn settle(
     };
     let now = Timestamp::now();
     if let Release::At(at) = when_to_release(Some(retiring.release_at), false, now)
-        && !holder_stopped(ctx, policy, &retiring.holder).await?
+        && !holder_stopped(ctx, policy, &retiring.holder, retiring.token).await?
     {
         return Ok(Some(at));
     }

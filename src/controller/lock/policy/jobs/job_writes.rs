@@ -266,6 +266,50 @@ impl JobQueue {
         Ok(())
     }
 
+    /// Whether the grant of `job` with `token` has stopped for good, as the API server shows it: the Job is gone,
+    /// suspended or finished (so no pod of that grant starts again), and no pod started by the grant — owned by
+    /// the Job, or carrying its token — is left running or stopping. Then nobody can be acting on the key, and it
+    /// need not wait for the validity shown. Pods the cache still shows count too: it lags behind deletions, and
+    /// only pods of grants carry the label the direct list selects.
+    pub async fn grant_stopped(&self, job: &str, token: i64) -> Result<bool, Error> {
+        if let Some(fresh) = self.api.get_opt(job).await? {
+            let view = JobView::of(&fresh);
+            if !view.suspended && !view.finished {
+                return Ok(false);
+            }
+        }
+        let selector = format!("{LOCK_LABEL}={}", self.lock);
+        let listed = self
+            .pod_api
+            .list(&ListParams::default().labels(&selector))
+            .await?;
+        let of_grant = |pod: &GrantedPod| pod.job.as_deref() == Some(job) || pod.token == Some(token);
+        let live = listed
+            .items
+            .iter()
+            .filter_map(|pod| GrantedPod::of(pod, &self.lock))
+            .chain(self.pods.iter().cloned())
+            .any(|pod| of_grant(&pod));
+        Ok(!live)
+    }
+
+    /// The lock is being deleted: suspend `job`, which holds one of its permits with `token`, unless the API
+    /// server shows it suspended or finished already. Marked fenced like a Job whose lock was lost, so that a lock
+    /// created again under the name resumes or requeues it rather than letting it run with its old token. `true`
+    /// when it was suspended now.
+    pub async fn fence_for_deletion(&self, ctx: &Context, job: &str, token: i64) -> Result<bool, Error> {
+        let Some(fresh) = self.api.get_opt(job).await? else {
+            return Ok(false);
+        };
+        let view = JobView::of(&fresh);
+        if view.suspended || view.finished {
+            return Ok(false);
+        }
+        self.fence(ctx, job, token, "the DistributedLock is being deleted")
+            .await?;
+        Ok(true)
+    }
+
     /// The lock was lost: suspend the holder (its pods are stopped by the Job controller) and remember the
     /// token it ran with.
     pub async fn fence(&self, ctx: &Context, job: &str, token: i64, reason: &str) -> Result<(), Error> {
