@@ -1001,7 +1001,10 @@ async fn deleting_a_job_lock_suspends_its_running_job_before_the_key_is_released
     .await;
     assert!(!job_state(&env, "first").await.0, "the running Job was suspended");
     events_seen(&env.events(), Some("Job"), "first", &["Fenced"]).await;
-    assert!(!job_state(&env, "second").await.0, "a waiting Job stays suspended");
+    assert!(
+        !job_state(&env, "second").await.0,
+        "a waiting Job stays suspended"
+    );
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }

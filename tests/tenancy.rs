@@ -383,3 +383,61 @@ async fn a_leader_label_naming_a_selector_key_is_refused_and_no_pod_is_touched()
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }
+
+/// Issue 29: a lock on a shared key (`resourceKey` under the quorum's `sharedKeys` prefix) deleted while no
+/// operator ran is released by the next one on the key every acquisition makes — not on a key built by hand,
+/// which would leave the real one to expire. The key is pinned for ten minutes first, so only a release frees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_lock_on_a_shared_key_is_released_by_the_next_operator_on_that_key() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let quorum = env.unique("q");
+    env.create_quorum_from(serde_json::json!({
+        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
+        "spec": { "endpoints": masters.urls(), "maxTtl": MAX_TTL, "nodeTimeout": "100ms",
+                  "sharedKeys": { "namespaces": [env.namespace], "prefix": "global:" } }
+    }))
+    .await;
+    let secret = installation_secret(5);
+    let (running, shutdown) = operator(&env, &secret, None).await;
+    quorum_available(&env, &quorum).await;
+    env.locks()
+        .create(
+            &PostParams::default(),
+            &identity_lock("report", &quorum, "ours", Some("reports")),
+        )
+        .await
+        .expect("lock");
+    held_lock(&env.locks(), "report").await;
+    stop(running, shutdown).await;
+    let key = "global:reports";
+    for url in masters.urls() {
+        let mut conn = redis::Client::open(url.as_str())
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let _: i64 = redis::cmd("PEXPIRE")
+            .arg(key)
+            .arg(600_000)
+            .query_async(&mut conn)
+            .await
+            .expect("PEXPIRE");
+    }
+    let (count, _) = key_on(&masters.urls(), key).await;
+    assert!(count >= 2, "the lock's key is held on a majority");
+    env.locks()
+        .delete("report", &DeleteParams::default())
+        .await
+        .expect("delete");
+
+    let (running, shutdown) = operator(&env, &secret, None).await;
+    eventually("the lock to be gone and its shared key released", || async {
+        let gone = env.locks().get_opt("report").await.ok()?.is_none();
+        let (count, _) = key_on(&masters.urls(), key).await;
+        (gone && count == 0).then_some(())
+    })
+    .await;
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}

@@ -30,6 +30,10 @@ use crate::redlock::{KeepPolicy, permit_key};
 /// How soon a Job semaphore with a permit that has something to do is looked at again.
 const SEMAPHORE_RETRY: Duration = Duration::from_millis(500);
 
+/// How soon a lock is looked at again while its quorum's engine is being built (the quorum reconciler also wakes
+/// it then).
+const QUORUM_ENGINE_RETRY: Duration = Duration::from_secs(1);
+
 /// How soon a lock is looked at again while the watch caches are still receiving their first lists.
 const CACHE_SYNC_RETRY: Duration = Duration::from_millis(100);
 
@@ -94,6 +98,14 @@ fn rules_of(engine: &QuorumEngine) -> QuorumRules<'_> {
 /// product safety checker; released at once, a Job's key went to a `lock` process 43 ms after `kubectl delete`
 /// while the Job's pod still ran). `Some(wait)`: the finalizer stays that much longer.
 async fn hand_over_before_deletion(lock: &DistributedLock, ctx: &Context) -> Result<Option<Duration>, Error> {
+    if matches!(ctx.engines.lookup(&lock.spec.quorum), QuorumLookup::Missing)
+        && ctx.quorum_exists(&lock.spec.quorum) != Some(false)
+    {
+        // Right after a start the quorum's engine is not built yet: without it nothing can be released, and the
+        // finalizer removed now would leave the keys to expire, shown to no one as releasing. The quorum
+        // reconciler wakes the lock when the engine is there.
+        return Ok(Some(QUORUM_ENGINE_RETRY));
+    }
     let permits: Vec<PermitRef> = permits_of(lock).collect();
     let observed = observe_for_deletion(lock, ctx);
     let policy = observed.as_ref().and_then(|(_, policy)| policy.as_ref());
@@ -179,7 +191,7 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
             // The quorum exists (or the cache is still syncing) but its engine is not built yet, as right after
             // a start: status is left alone — it may show a lock a predecessor holds — and the quorum
             // reconciler wakes this lock when the engine is there.
-            return Ok(Action::requeue(Duration::from_secs(1)));
+            return Ok(Action::requeue(QUORUM_ENGINE_RETRY));
         }
         QuorumLookup::Missing => {
             let message = format!(
