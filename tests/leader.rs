@@ -795,3 +795,58 @@ async fn a_restarted_operator_resumes_every_permit_of_a_leader_semaphore() {
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }
+
+/// Issue 29: a hand-over's wait survives a change of replica. A leader that becomes unready gives its key up, to
+/// be released when the validity shown to it ends, and status records when (`status.releasing`). The replica
+/// stops before then and the key is pinned on the masters for ten minutes, so that only a release frees it: the
+/// next replica releases it at the recorded time and elects the next pod. (Without the record it left the key
+/// to expire.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_releases_a_given_up_key_when_status_says_not_when_it_expires() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let (quorum, running, shutdown) = setup(&masters, &env, 28).await;
+    ready_pods(&env, &["web-0", "web-1"]).await;
+    web_lock(&env, &quorum, "3s", None).await;
+    wait_for_leader(&env, "web-0").await;
+    set_ready(&env, "web-0", false).await;
+    let given_up = lock_where(&env, "web", "the given-up key recorded in status", |lock| {
+        lock.status
+            .as_ref()
+            .is_some_and(|status| !status.releasing.is_empty())
+    })
+    .await;
+    stop(running, shutdown).await;
+    let recorded = given_up.status.map(|status| status.releasing).unwrap_or_default();
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    assert_eq!((recorded[0].permit, recorded[0].holder.as_str()), (0, "web-0"));
+    let key = format!("{}/web", env.namespace);
+    for url in masters.urls() {
+        let mut conn = redis::Client::open(url.as_str())
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        // A key the stopped replica released already (a machine slow enough to pass the recorded time while it
+        // stopped) is not re-created: there is then nothing left to wait for.
+        let _: i64 = redis::cmd("PEXPIRE")
+            .arg(&key)
+            .arg(600_000)
+            .query_async(&mut conn)
+            .await
+            .expect("PEXPIRE");
+    }
+
+    let (running, shutdown) = operator(&env, &installation_secret(28), None).await;
+    wait_for_leader(&env, "web-1").await;
+    lock_where(&env, "web", "web-1 holding, nothing left waiting", |lock| {
+        lock.status.as_ref().is_some_and(|status| {
+            status.holder.as_deref() == Some("web-1")
+                && phase(lock) == Some(LockPhase::Held)
+                && status.releasing.is_empty()
+        })
+    })
+    .await;
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}

@@ -232,6 +232,11 @@ pub struct DistributedLockStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 100))]
     pub holders: Vec<PermitHolder>,
+    /// Keys given up and not released yet: each is released at its releaseAt, when the validity shown to its
+    /// holder ends (sooner if the holder is known to have stopped), by whichever operator replica is active then.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100))]
+    pub releasing: Vec<ReleasingKey>,
     /// Holder changes and losses so far.
     #[serde(default)]
     pub transitions: i64,
@@ -265,6 +270,24 @@ pub struct PermitHolder {
     /// No other holder of this permit can exist before this time (microseconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub valid_until: Option<MicroTime>,
+}
+
+/// A key given up by its holder and waiting to be released (see `status.releasing`): recorded where a successor
+/// replica finds it, so that it releases the key then instead of leaving it to expire.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ReleasingKey {
+    /// The permit whose key it is (0 for a plain lock).
+    pub permit: i32,
+    /// Who held it, with which token: the value on the masters derives from them.
+    pub holder: String,
+    pub fencing_token: i64,
+    /// The RedisQuorum the key is on.
+    pub quorum: String,
+    /// The key on the masters.
+    pub key: String,
+    /// Released then: the end of the validity shown to the holder.
+    pub release_at: MicroTime,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]

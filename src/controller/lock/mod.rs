@@ -11,6 +11,7 @@ pub mod handover;
 pub mod permit_status;
 pub mod policy;
 pub mod reconcile;
+pub mod releasing;
 pub mod settings;
 pub mod status;
 pub mod status_write;

@@ -111,7 +111,7 @@ async fn hand_over_before_deletion(lock: &DistributedLock, ctx: &Context) -> Res
     let policy = observed.as_ref().and_then(|(_, policy)| policy.as_ref());
     let mut waits = Vec::new();
     for permit in &permits {
-        if let Some(at) = handover::settle(ctx, permit, policy).await? {
+        if let Some(at) = handover::settle(ctx, lock, permit, policy).await? {
             waits.push(at);
         }
     }
@@ -147,7 +147,7 @@ async fn hand_over_before_deletion(lock: &DistributedLock, ctx: &Context) -> Res
         let gave_up = match handover::give_up_kept(ctx, lock, permit, policy.as_ref()).await? {
             Some(gave_up) => Some(gave_up),
             None => match handover::shown_in_status(ctx, lock, permit.permit, &settings.quorum, &key)? {
-                Some(given) => Some(handover::give_up(ctx, permit, policy.as_ref(), given).await?),
+                Some(given) => Some(handover::give_up(ctx, lock, permit, policy.as_ref(), given).await?),
                 None => None,
             },
         };
@@ -235,7 +235,7 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
         }
     };
     policy.prepare(ctx).await?;
-    if let Some(at) = handover::settle(ctx, &lref, Some(&policy)).await? {
+    if let Some(at) = handover::settle(ctx, lock, &lref, Some(&policy)).await? {
         // A key given up waits for the validity shown to its holder to end: nobody takes the lock meanwhile, and
         // status says until when (written when it was given up).
         return Ok(Action::requeue(handover::until(at)));
@@ -295,7 +295,7 @@ async fn apply_semaphore(
     let mut due = Vec::new();
     let mut pending = permits;
     while let Some(permit) = next_permit(&mut pending, |permit| ctx.keeper.is_lost(permit)) {
-        if let Some(at) = handover::settle(ctx, &permit, Some(&policy)).await? {
+        if let Some(at) = handover::settle(ctx, lock, &permit, Some(&policy)).await? {
             actions.push(Action::requeue(handover::until(at)));
             continue;
         }

@@ -47,7 +47,7 @@ pub async fn report_lost(
             gave_up = give_up_kept(ctx, target.lock, target.permit_ref(), policy).await?;
             if let (None, Some(token)) = (&gave_up, unkept) {
                 let given = rebuilt(target, ctx, holder, token)?;
-                gave_up = Some(give_up(ctx, target.permit_ref(), policy, given).await?);
+                gave_up = Some(give_up(ctx, target.lock, target.permit_ref(), policy, given).await?);
             }
         }
         KeysAfterLoss::LeaveToExpire => {
@@ -59,7 +59,7 @@ pub async fn report_lost(
                 && ctx.leadership.is_leader()
             {
                 let given = rebuilt(target, ctx, holder, token)?;
-                gave_up = Some(give_up(ctx, target.permit_ref(), None, given).await?);
+                gave_up = Some(give_up(ctx, target.lock, target.permit_ref(), None, given).await?);
             }
         }
     }

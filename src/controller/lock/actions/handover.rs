@@ -17,7 +17,9 @@ use crate::controller::lock::decide::acquisition_in_status;
 use crate::controller::lock::handover::{Release, release_note, shown_until, wait_until, when_to_release};
 use crate::controller::lock::permit_status::status_of;
 use crate::controller::lock::policy::Policy;
+use crate::controller::lock::releasing::{self, Recorded};
 use crate::controller::lock::status::wall_at;
+use crate::controller::lock::status_write::write_status;
 use crate::negative_controls::{self, Control};
 use crate::redlock::LockValue;
 
@@ -48,6 +50,7 @@ impl GaveUp {
 /// tells whether the holder is known to have stopped (a leader pod gone from the API server).
 pub async fn give_up(
     ctx: &Context,
+    lock: &DistributedLock,
     lref: impl Into<PermitRef>,
     policy: Option<&Policy>,
     given: GivenUp,
@@ -60,9 +63,21 @@ pub async fn give_up(
         when_to_release(given.shown_until, stopped, Timestamp::now())
     };
     match release {
-        Release::Now => release_value(ctx, &given.quorum, &given.key, given.value).await,
+        Release::Now => {
+            release_value(ctx, &given.quorum, &given.key, given.value).await;
+            forget_recorded(ctx, lock, lref.permit, given.token).await?;
+        }
         Release::At(release_at) => {
             tracing::info!(lock = %lref, holder = %given.holder, token = given.token, %release_at, "key given up: released when the validity shown to its holder ends");
+            let recorded = Recorded {
+                permit: lref.permit,
+                holder: &given.holder,
+                token: given.token,
+                quorum: &given.quorum,
+                key: &given.key,
+                release_at,
+            };
+            write_status(ctx, lock, |current| releasing::with_entry(current, &recorded)).await?;
             ctx.keeper.retire(
                 lref,
                 Retiring {
@@ -110,7 +125,7 @@ pub async fn give_up_kept(
         token: view.token,
         shown_until: shown_until(status_valid_until(lock, lref.permit), Some(kept_until)),
     };
-    give_up(ctx, &lref, policy, given).await.map(Some)
+    give_up(ctx, lock, &lref, policy, given).await.map(Some)
 }
 
 /// Whether the holder is known to have stopped, from direct reads: a leader whose Pod object is gone; a Job
@@ -134,12 +149,17 @@ async fn holder_stopped(
 /// still waits until then, and nobody may take the lock meanwhile.
 pub async fn settle(
     ctx: &Context,
+    lock: &DistributedLock,
     lref: impl Into<PermitRef>,
     policy: Option<&Policy>,
 ) -> Result<Option<Timestamp>, Error> {
     let lref = lref.into();
-    let Some(retiring) = ctx.keeper.retiring(&lref) else {
-        return Ok(None);
+    let retiring = match ctx.keeper.retiring(&lref) {
+        Some(retiring) => retiring,
+        None => match adopt_recorded(ctx, lock, &lref)? {
+            Some(retiring) => retiring,
+            None => return Ok(None),
+        },
     };
     let now = Timestamp::now();
     if let Release::At(at) = when_to_release(Some(retiring.release_at), false, now)
@@ -150,8 +170,58 @@ pub async fn settle(
     if let Some(retiring) = ctx.keeper.take_retiring(&lref) {
         tracing::info!(lock = %lref, holder = %retiring.holder, token = retiring.token, "the validity shown to the holder ended, or it stopped: key released");
         release_value(ctx, &retiring.quorum, &retiring.key, retiring.value).await;
+        forget_recorded(ctx, lock, lref.permit, retiring.token).await?;
     }
     Ok(None)
+}
+
+/// A key status records as waiting that this replica does not know of (a predecessor gave it up): waited for and
+/// released as the predecessor would have. Its value is rebuilt from the installation secret, the key, the
+/// lock's uid, the token and the holder, as every replica builds it. An acquisition this replica keeps for the
+/// permit is not waiting to be released: the record is older than the grant.
+fn adopt_recorded(
+    ctx: &Context,
+    lock: &DistributedLock,
+    lref: &PermitRef,
+) -> Result<Option<Retiring>, Error> {
+    let Some(entry) = lock
+        .status
+        .as_ref()
+        .and_then(|status| releasing::recorded(status, lref.permit))
+    else {
+        return Ok(None);
+    };
+    if ctx.keeper.view(lref).is_some() || !ctx.leadership.is_leader() {
+        return Ok(None);
+    }
+    let uid = lock.uid().unwrap_or_default();
+    let retiring = Retiring {
+        quorum: entry.quorum.clone(),
+        key: entry.key.clone(),
+        value: ctx
+            .secret
+            .lock_value(&entry.key, &uid, entry.fencing_token, &entry.holder)?,
+        holder: entry.holder.clone(),
+        token: entry.fencing_token,
+        release_at: entry.release_at.0,
+    };
+    tracing::info!(lock = %lref, holder = %retiring.holder, token = retiring.token, release_at = %retiring.release_at, "a key given up by a predecessor: released when status says");
+    ctx.keeper.retire(lref.clone(), retiring.clone());
+    Ok(Some(retiring))
+}
+
+/// Drops status's record of the key of `permit` given up with `token`, once released.
+async fn forget_recorded(
+    ctx: &Context,
+    lock: &DistributedLock,
+    permit: u32,
+    token: i64,
+) -> Result<(), Error> {
+    write_status(ctx, lock, |current| {
+        releasing::without_entry(current, permit, token)
+    })
+    .await?;
+    Ok(())
 }
 
 /// A predecessor's acquisition (its value rebuilt from `token` and `holder`), shown to its holder up to the

@@ -78,7 +78,7 @@ pub async fn release_previous(
 ) -> Result<Action, Error> {
     ctx.ensure_leader()?;
     let given = rebuilt(target, ctx, previous, token)?;
-    let gave_up = give_up(ctx, target.permit_ref(), Some(target.policy), given).await?;
+    let gave_up = give_up(ctx, target.lock, target.permit_ref(), Some(target.policy), given).await?;
     let message = format!(
         "released for {previous}: the holder changed to {wanted}; {}",
         gave_up.note()
@@ -107,9 +107,9 @@ pub async fn release_finished(
     Ok(Action::requeue(Duration::from_millis(10)))
 }
 
-/// The lock is being deleted: release its keys (every permit's) before the finalizer goes. A leader-election or
-/// identity lock's key shown to a holder was given up before (`reconcile::hand_over_before_deletion`) and is
-/// released by now; what is left here is Job fencing's keys, or a key nothing showed.
+/// The lock is being deleted: release its keys (every permit's) before the finalizer goes. A key shown to a
+/// holder was given up before (`reconcile::hand_over_before_deletion`: the holder fenced, then released once the
+/// validity shown to it ended or it stopped) and is released by now; what is left here is a key nothing showed.
 pub async fn cleanup(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     ctx.ensure_leader()?;
     let lref = ObjectRef::from_obj(lock);
