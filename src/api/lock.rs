@@ -159,7 +159,7 @@ fn bounded_label_selector(generator: &mut schemars::SchemaGenerator) -> schemars
 }
 
 fn default_leader_label() -> String {
-    "redlock.io/leader".into()
+    super::holder_contract::DEFAULT_LEADER_LABEL.into()
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]

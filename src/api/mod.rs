@@ -1,6 +1,7 @@
 //! The custom resources (group `redlock.io`, version `v1alpha1`) and what they share.
 
 pub mod conditions;
+pub mod holder_contract;
 pub mod label_key;
 pub mod limits;
 pub mod lock;

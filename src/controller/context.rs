@@ -11,12 +11,12 @@ use kube::Resource;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 
+use super::cache::pod_index::PodIndex;
 use super::engines::Engines;
 use super::error::Error;
 use super::installation_secret::InstallationSecret;
 use super::keeper::Keeper;
 use super::replica_lease::Leadership;
-use super::run::pod_index::PodIndex;
 use crate::api::{DistributedLock, RedisQuorum};
 use crate::telemetry::events::{Event, EventType, Recorder};
 use crate::telemetry::metrics::Metrics;

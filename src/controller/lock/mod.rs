@@ -18,8 +18,7 @@ pub mod status_write;
 pub mod token;
 pub mod token_floor;
 
-/// Present while the operator may still hold the lock's key: deletion waits for the release.
-pub const FINALIZER: &str = "redlock.io/release";
+pub use crate::api::holder_contract::FINALIZER;
 
 /// A held lock is looked at again at least this often even when nothing wakes it.
 pub const RESYNC: Duration = Duration::from_secs(300);

@@ -15,6 +15,7 @@ use kube::runtime::reflector::ObjectRef;
 use crate::api::lock::PermitHolder;
 use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
 use crate::controller::keeper::PermitRef;
+use crate::redlock::MAX_PERMITS;
 
 /// Whether `lock`'s status lists its permits in `holders` (a semaphore) rather than showing its one holder at
 /// the top: by the spec, or while permits above it, left from a higher count, are still held.
@@ -52,13 +53,11 @@ pub fn span_of(status: &DistributedLockStatus, open: u32) -> u32 {
         .holders
         .iter()
         .filter_map(|held| u32::try_from(held.permit).ok())
+        // The schema's bound on spec.permits: no permit at or above it is looked after, whatever status lists.
         .filter(|permit| *permit < MAX_PERMITS)
         .map(|permit| permit.saturating_add(1))
         .fold(open, u32::max)
 }
-
-/// The schema's bound on spec.permits: no permit at or above it is looked after, whatever status lists.
-const MAX_PERMITS: u32 = 100;
 
 /// What `lock`'s status shows of `permit`, as a plain lock's status (see [`permit_view`]).
 pub fn status_of(lock: &DistributedLock, permit: u32) -> Cow<'_, DistributedLockStatus> {
@@ -358,7 +357,7 @@ mod tests {
             (Some("a"), Some(3)),
             "permit 0 is also shown at the top"
         );
-        assert_eq!(super::super::status::held_count(&status, 3), "3/3");
+        assert_eq!(super::super::status_write::held_count(&status, 3), "3/3");
     }
 
     #[test]

@@ -204,19 +204,6 @@ pub fn released(current: &DistributedLockStatus, message: &str, stamp: Stamp) ->
     next
 }
 
-/// `status.held`, the `Held` column: permits held of `permits`. A plain lock is held when its phase says so; a
-/// semaphore's holders are listed per permit.
-pub fn held_count(status: &DistributedLockStatus, permits: i32) -> String {
-    // A semaphore lists its permits (more than spec.permits while those above a lowered count are given up); a
-    // plain lock shows its one holder at the top.
-    let held = if status.holders.is_empty() {
-        usize::from(status.phase == Some(LockPhase::Held))
-    } else {
-        status.holders.len()
-    };
-    format!("{held}/{}", permits.max(1))
-}
-
 /// `Ready=True`: the spec is valid and its quorum can be used.
 fn ready() -> Update {
     Update::new("Ready", true, "Valid", "spec is valid and the quorum exists")
@@ -309,34 +296,6 @@ pub fn wall_at(at: Instant, now: Instant, wall_now: Timestamp) -> Timestamp {
 mod tests {
     use super::*;
     use crate::redlock::{NodeOutcome, NodeReport};
-
-    #[test]
-    fn the_held_column_counts_permits() {
-        use crate::api::lock::PermitHolder;
-        let mut status = DistributedLockStatus::default();
-        assert_eq!(held_count(&status, 1), "0/1");
-        status.phase = Some(LockPhase::Held);
-        assert_eq!(held_count(&status, 1), "1/1");
-        let holder = |permit| PermitHolder {
-            permit,
-            holder: format!("job-{permit}"),
-            fencing_token: 1,
-            acquired_at: None,
-            valid_until: None,
-        };
-        status.holders = vec![holder(0), holder(2)];
-        assert_eq!(held_count(&status, 3), "2/3");
-        assert_eq!(
-            held_count(&status, 1),
-            "2/1",
-            "lowered to one under two held permits: both shown until permit 2 is given up"
-        );
-        assert_eq!(
-            held_count(&status, 0),
-            "2/1",
-            "a stored object below the schema's bound"
-        );
-    }
 
     fn stamp(second: i64) -> Stamp {
         Stamp {

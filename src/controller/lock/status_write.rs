@@ -10,9 +10,8 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 
 use super::permit_status::{fold_permits, is_semaphore};
-use super::status::held_count;
 use crate::api::conditions::Stamp;
-use crate::api::{DistributedLock, DistributedLockStatus};
+use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
 use crate::controller::context::Context;
 use crate::controller::error::{Error, is_conflict};
 use k8s_openapi::jiff::Timestamp;
@@ -191,9 +190,50 @@ struct Metadata<'a> {
     resource_version: &'a str,
 }
 
+/// `status.held`, the `Held` column: permits held of `permits`. A plain lock is held when its phase says so; a
+/// semaphore's holders are listed per permit.
+pub fn held_count(status: &DistributedLockStatus, permits: i32) -> String {
+    // A semaphore lists its permits (more than spec.permits while those above a lowered count are given up); a
+    // plain lock shows its one holder at the top.
+    let held = if status.holders.is_empty() {
+        usize::from(status.phase == Some(LockPhase::Held))
+    } else {
+        status.holders.len()
+    };
+    format!("{held}/{}", permits.max(1))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::resource_version_of;
+    use super::*;
+
+    #[test]
+    fn the_held_column_counts_permits() {
+        use crate::api::lock::PermitHolder;
+        let mut status = DistributedLockStatus::default();
+        assert_eq!(held_count(&status, 1), "0/1");
+        status.phase = Some(LockPhase::Held);
+        assert_eq!(held_count(&status, 1), "1/1");
+        let holder = |permit| PermitHolder {
+            permit,
+            holder: format!("job-{permit}"),
+            fencing_token: 1,
+            acquired_at: None,
+            valid_until: None,
+        };
+        status.holders = vec![holder(0), holder(2)];
+        assert_eq!(held_count(&status, 3), "2/3");
+        assert_eq!(
+            held_count(&status, 1),
+            "2/1",
+            "lowered to one under two held permits: both shown until permit 2 is given up"
+        );
+        assert_eq!(
+            held_count(&status, 0),
+            "2/1",
+            "a stored object below the schema's bound"
+        );
+    }
 
     #[test]
     fn the_resource_version_is_read_from_the_answer_alone() {

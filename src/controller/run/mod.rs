@@ -1,8 +1,6 @@
 //! `redlock-operator run`, as a library function: the metrics/health server, the Lease election, the keeper
 //! of held locks and the two controllers, stopped together by one token. Tests run exactly this in-process.
 
-pub mod pod_cache;
-pub mod pod_index;
 pub mod routing;
 pub mod watch_filter;
 
@@ -21,17 +19,17 @@ use kube::{Client, ResourceExt};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use self::pod_cache::trim_pod;
-use self::pod_index::PodIndex;
 use self::routing::{lock_of_job, lock_trigger, locks_of_pod, pod_trigger};
 use self::watch_filter::{changed_or_deleted, watch_backoff, without_errors};
+use super::cache::pod_cache::trim_pod;
+use super::cache::pod_index::PodIndex;
 use super::context::Context;
 use super::engines::Engines;
 use super::installation_secret::InstallationSecret;
 use super::keeper::{Keeper, LockRef};
-use super::lock::policy::jobs::LOCK_LABEL;
 use super::replica_lease::{Elector, Leadership, LeaseTiming};
 use super::{lock, quorum};
+use crate::api::holder_contract::LOCK_LABEL;
 use crate::api::{DistributedLock, RedisQuorum};
 use crate::telemetry::events::{Recorder, Reporter};
 use crate::telemetry::health::Health;

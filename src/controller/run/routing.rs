@@ -14,8 +14,8 @@ use kube::core::{Selector, SelectorExt};
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::DistributedLock;
+use crate::api::holder_contract::LOCK_LABEL;
 use crate::controller::keeper::LockRef;
-use crate::controller::lock::policy::jobs::LOCK_LABEL;
 use crate::controller::lock::policy::leader::rule::PodView;
 
 /// What of a lock wakes its reconciler: spec (generation), deletion and finalizers. Status writes must not:
@@ -287,5 +287,62 @@ mod tests {
             serde_json::json!({}),
         );
         assert_ne!(pod_trigger(&ready), pod_trigger(&relabelled));
+    }
+}
+
+/// The pod cache keeps a trimmed copy of each pod: everything its readers (the routing here, the election and Job
+/// fencing) decide must come out the same from it. Tested here, where all of them are in view.
+#[cfg(test)]
+mod trimmed_pods {
+    use k8s_openapi::api::core::v1::Pod;
+
+    use super::pod_trigger;
+
+    use crate::controller::cache::pod_cache::trim_pod;
+    use crate::controller::lock::policy::jobs::queue::GrantedPod;
+    use crate::controller::lock::policy::leader::rule::PodView;
+
+    fn full_pod() -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "web-1", "namespace": "shop", "uid": "u1", "resourceVersion": "7",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "labels": { "app": "web", "leader": "true" },
+                "annotations": { "redlock.io/lock": "batch", "redlock.io/fencing-token": "4" },
+                "ownerReferences": [{ "apiVersion": "batch/v1", "kind": "Job", "name": "nightly", "uid": "j" }],
+                "managedFields": [{ "manager": "kubelet", "operation": "Update" }]
+            },
+            "spec": { "containers": [{ "name": "app", "image": "shop:1", "env": [{ "name": "A", "value": "x".repeat(4000) }] }] },
+            "status": {
+                "phase": "Running",
+                "podIP": "10.0.0.1",
+                "conditions": [{ "type": "Ready", "status": "True", "message": "m".repeat(500) }],
+                "containerStatuses": [{ "name": "app", "image": "shop:1", "imageID": "x", "ready": true, "restartCount": 0 }]
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_trimmed_pod_decides_everything_as_the_full_one_in_a_fraction_of_the_size() {
+        let full = full_pod();
+        let mut trimmed = full.clone();
+        trim_pod(&mut trimmed);
+        let size = |pod: &Pod| serde_json::to_vec(pod).unwrap().len();
+        assert!(
+            size(&trimmed) * 5 < size(&full),
+            "{} vs {}",
+            size(&trimmed),
+            size(&full)
+        );
+        assert_eq!(PodView::of(&trimmed, "leader"), PodView::of(&full, "leader"));
+        assert_eq!(pod_trigger(&trimmed), pod_trigger(&full));
+        assert_eq!(
+            GrantedPod::of(&trimmed, "batch").map(|pod| (pod.name, pod.job, pod.token)),
+            GrantedPod::of(&full, "batch").map(|pod| (pod.name, pod.job, pod.token))
+        );
+        assert!(GrantedPod::of(&trimmed, "batch").is_some());
+        assert!(PodView::of(&trimmed, "leader").candidate);
+        assert_eq!(trimmed.metadata.owner_references, full.metadata.owner_references);
     }
 }

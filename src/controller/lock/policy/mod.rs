@@ -12,19 +12,14 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::ResourceExt;
 
-use self::jobs::{JobQueue, JobStep, LOCK_LABEL};
+use self::jobs::{JobQueue, JobStep};
 use self::leader::Election;
 use super::permit_status::is_semaphore;
 use super::settings::{HolderKind, LockSettings};
 use crate::api::DistributedLock;
+use crate::api::holder_contract::LOCK_LABEL;
 use crate::controller::context::Context;
 use crate::controller::error::Error;
-
-/// The annotation that carries the fencing token: on the leader pod, and in a granted Job's pod template.
-pub const TOKEN_ANNOTATION: &str = "redlock.io/fencing-token";
-/// The permit of a semaphore (spec.permits above 1) its holder was given: on each leader pod, and in a granted
-/// Job's pod template (so on its pods). Absent: permit 0, as for every holder of a lock of one permit.
-pub const PERMIT_ANNOTATION: &str = "redlock.io/permit";
 
 /// A lock's holder policy, as observed for one reconciliation.
 pub enum Policy {

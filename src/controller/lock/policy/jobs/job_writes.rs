@@ -11,16 +11,16 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 
 use super::permits::{PermitState, plan, strays};
-use super::queue::{
-    FENCED_ANNOTATION, FENCED_AT_ANNOTATION, GrantedPod, JobStep, JobView, LOCK_LABEL, PERMIT_ANNOTATION,
-    REQUEUED_ANNOTATION, STALE_ANNOTATION, queue,
-};
+use super::queue::{GrantedPod, JobStep, JobView, queue};
 use crate::api::DistributedLock;
+use crate::api::holder_contract::{
+    FENCED_ANNOTATION, FENCED_AT_ANNOTATION, LOCK_LABEL, PERMIT_ANNOTATION, REQUEUED_ANNOTATION,
+    STALE_ANNOTATION, TOKEN_ANNOTATION,
+};
+use crate::controller::cache::pod_index::pods_in;
 use crate::controller::context::Context;
 use crate::controller::error::{Error, is_not_found};
 use crate::controller::lock::permit_status::open_permits;
-use crate::controller::lock::policy::TOKEN_ANNOTATION;
-use crate::controller::run::pod_index::pods_in;
 
 /// One look at the Jobs queued for a lock.
 pub struct JobQueue {

@@ -7,4 +7,4 @@ pub mod permits;
 pub mod queue;
 
 pub use job_writes::JobQueue;
-pub use queue::{JobStep, LOCK_LABEL};
+pub use queue::JobStep;

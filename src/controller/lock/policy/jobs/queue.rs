@@ -7,23 +7,10 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
-pub use crate::controller::lock::policy::PERMIT_ANNOTATION;
-use crate::controller::lock::policy::TOKEN_ANNOTATION;
-
-/// Jobs carrying `redlock.io/lock: <lock name>` queue for that lock.
-pub const LOCK_LABEL: &str = "redlock.io/lock";
-/// Higher runs first (an integer; absent or malformed counts as 0).
-pub const PRIORITY_ANNOTATION: &str = "redlock.io/priority";
-/// On a Job the operator suspended because the lock was lost: the token it ran with.
-pub const FENCED_ANNOTATION: &str = "redlock.io/fenced-token";
-/// With it: when it was suspended (RFC 3339).
-pub const FENCED_AT_ANNOTATION: &str = "redlock.io/fenced-at";
-/// On a fenced Job whose token can no longer be used and whose pod template could not take a new one: it stays
-/// suspended.
-pub const STALE_ANNOTATION: &str = "redlock.io/stale";
-/// On a fenced Job whose token can no longer be used, once its `status.startTime` was cleared so that its pod
-/// template can take a new token: it waits in the queue again.
-pub const REQUEUED_ANNOTATION: &str = "redlock.io/requeued";
+use crate::api::holder_contract::{
+    FENCED_ANNOTATION, FENCED_AT_ANNOTATION, LOCK_LABEL, PERMIT_ANNOTATION, PRIORITY_ANNOTATION,
+    REQUEUED_ANNOTATION, STALE_ANNOTATION, TOKEN_ANNOTATION,
+};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobView {

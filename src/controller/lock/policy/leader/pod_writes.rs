@@ -11,14 +11,15 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::reflector::ObjectRef;
 
-use super::rule::{PodView, VALID_UNTIL_ANNOTATION, candidates, choose_leaders, labels_to_remove};
+use super::rule::{PodView, candidates, choose_leaders, labels_to_remove};
 use crate::api::DistributedLock;
+use crate::api::holder_contract::VALID_UNTIL_ANNOTATION;
+use crate::api::holder_contract::{PERMIT_ANNOTATION, TOKEN_ANNOTATION};
 use crate::api::lock::LeaderElectionPolicy;
+use crate::controller::cache::pod_index::pods_selected;
 use crate::controller::context::Context;
 use crate::controller::error::{Error, is_not_found};
 use crate::controller::lock::permit_status::{is_closing, open_permits};
-use crate::controller::lock::policy::{PERMIT_ANNOTATION, TOKEN_ANNOTATION};
-use crate::controller::run::pod_index::pods_selected;
 
 /// One look at the pods of a leader-election lock. A semaphore (spec.permits above 1) elects one leader per
 /// permit; a lock of one permit is the semaphore of one.

@@ -3,9 +3,6 @@
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
-/// The annotation the leader pod carries next to the leader label and the token.
-pub const VALID_UNTIL_ANNOTATION: &str = "redlock.io/valid-until";
-
 /// What the election needs to know of a pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodView {

@@ -1,0 +1,30 @@
+//! The labels and annotations the operator reads and writes on pods and Jobs (and the finalizer on its own
+//! locks): the contract with holders, which users read as one API (the README documents each). Every one is
+//! defined here and nowhere else.
+
+/// The default leader label (`holder.leaderElection.leaderLabel`): on exactly the pods that lead.
+pub const DEFAULT_LEADER_LABEL: &str = "redlock.io/leader";
+/// The fencing token: on a leader pod, and in a granted Job's pod template (so on its pods).
+pub const TOKEN_ANNOTATION: &str = "redlock.io/fencing-token";
+/// The permit of a semaphore (spec.permits above 1) its holder was given: on each leader pod, and in a granted
+/// Job's pod template (so on its pods). Absent: permit 0, as for every holder of a lock of one permit.
+pub const PERMIT_ANNOTATION: &str = "redlock.io/permit";
+/// On a leader pod, next to the leader label and the token: the validity shown to it (RFC 3339).
+pub const VALID_UNTIL_ANNOTATION: &str = "redlock.io/valid-until";
+/// Jobs carrying `redlock.io/lock: <lock name>` queue for that lock; a grant writes it as a label and an
+/// annotation into the Job's pod template, so the pods of a grant carry it too.
+pub const LOCK_LABEL: &str = "redlock.io/lock";
+/// On a Job: higher runs first (an integer; absent or malformed counts as 0).
+pub const PRIORITY_ANNOTATION: &str = "redlock.io/priority";
+/// On a Job the operator suspended because the lock was lost (or is being deleted): the token it ran with.
+pub const FENCED_ANNOTATION: &str = "redlock.io/fenced-token";
+/// With it: when it was suspended (RFC 3339).
+pub const FENCED_AT_ANNOTATION: &str = "redlock.io/fenced-at";
+/// On a fenced Job whose token can no longer be used and whose pod template could not take a new one: it stays
+/// suspended.
+pub const STALE_ANNOTATION: &str = "redlock.io/stale";
+/// On a fenced Job whose token can no longer be used, once its `status.startTime` was cleared so that its pod
+/// template can take a new token: it waits in the queue again.
+pub const REQUEUED_ANNOTATION: &str = "redlock.io/requeued";
+/// On each DistributedLock while the operator may still hold its key: deletion waits for the release.
+pub const FINALIZER: &str = "redlock.io/release";
