@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::lease::{Holding, Lease, next_token, validity_left};
 use super::node::{Node, Ready, maintain};
 use super::quorum::Tally;
 use super::{
@@ -41,138 +42,6 @@ enum ConnectWait {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.shutdown.cancel();
-    }
-}
-
-/// A granted lock: who holds it and until when it is safe to act on it.
-#[derive(Clone, Debug)]
-pub struct Lease {
-    pub(super) resource: Arc<str>,
-    pub(super) value: LockValue,
-    pub(super) ttl: Duration,
-    pub(super) granted_at: Instant,
-    pub(super) valid_until: Instant,
-    /// The fencing token this lock was granted with (0: unknown, for a lock taken over without one).
-    pub(super) token: i64,
-    /// Shared, so that a copy of a lease (the keeper hands one to every extension batch) costs no allocation.
-    pub(super) report: Arc<OperationReport>,
-    /// Masters where this lease's extensions re-created the key in a round that failed (see
-    /// [`Lease::after_failed_extension`]); they do not vote for it until an extension succeeds without them.
-    /// `None`, the usual case, costs nothing to copy.
-    pub(super) unconfirmed: Option<Arc<[usize]>>,
-    /// Which permit of a semaphore this lease holds (0 for a plain lock: its key is the semaphore's key).
-    pub(super) permit: u32,
-}
-
-impl Lease {
-    pub fn resource(&self) -> &str {
-        &self.resource
-    }
-
-    /// A lease that no engine granted, for tests of code that only reads leases.
-    #[doc(hidden)]
-    pub fn for_tests(resource: &str, value: LockValue, ttl: Duration, granted_at: Instant) -> Self {
-        Self {
-            resource: resource.into(),
-            value,
-            ttl,
-            granted_at,
-            valid_until: granted_at + ttl,
-            token: 0,
-            report: Arc::new(OperationReport {
-                nodes: Vec::new(),
-                elapsed: Duration::ZERO,
-                quorum: 1,
-            }),
-            unconfirmed: None,
-            permit: 0,
-        }
-    }
-
-    /// The fencing token: higher than every token granted before for this key on these masters (see the
-    /// README's guarantees for what can break that), to be passed to whatever the holder writes to.
-    pub fn fencing_token(&self) -> i64 {
-        self.token
-    }
-
-    pub fn holder(&self) -> &str {
-        self.value.holder()
-    }
-
-    /// The value this lease holds the key with, for releasing it later without the lease.
-    pub fn value(&self) -> &LockValue {
-        &self.value
-    }
-
-    /// The permit this lease holds, of a semaphore (see [`Redlock::acquire_permit`]); 0 for a plain lock.
-    pub fn permit(&self) -> u32 {
-        self.permit
-    }
-
-    pub fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    /// When the operation that granted (or last extended) this lease started.
-    pub fn granted_at(&self) -> Instant {
-        self.granted_at
-    }
-
-    /// The end of the window in which no other holder can exist (TTL minus elapsed time minus drift).
-    pub fn valid_until(&self) -> Instant {
-        self.valid_until
-    }
-
-    pub fn validity(&self) -> Duration {
-        self.valid_until - self.granted_at
-    }
-
-    pub fn remaining(&self, now: Instant) -> Duration {
-        self.valid_until.saturating_duration_since(now)
-    }
-
-    /// Per-master outcomes of the operation that granted or last extended this lease.
-    pub fn report(&self) -> &OperationReport {
-        &self.report
-    }
-
-    /// The lease to retry with after an extension that failed but did not lose the lock (`NoQuorum`): masters
-    /// where that round re-created the key no longer vote for it until an extension succeeds. A re-created key
-    /// shows that the master lost ours (FLUSHALL, eviction, a restart), and says nothing about who could have
-    /// held that master meanwhile; counted in the next round, it would hide a loss on a majority that the
-    /// round itself caught.
-    pub fn after_failed_extension(&self, report: &OperationReport) -> Lease {
-        let mut unconfirmed: Vec<usize> = self.unconfirmed.as_deref().unwrap_or_default().to_vec();
-        for (index, node) in report.nodes.iter().enumerate() {
-            if node.outcome == NodeOutcome::Recreated && !unconfirmed.contains(&index) {
-                unconfirmed.push(index);
-            }
-        }
-        Lease {
-            unconfirmed: (!unconfirmed.is_empty()).then(|| unconfirmed.into()),
-            ..self.clone()
-        }
-    }
-
-    /// The masters (by index) that do not vote for this lease until an extension succeeds.
-    pub fn unconfirmed(&self) -> &[usize] {
-        self.unconfirmed.as_deref().unwrap_or_default()
-    }
-
-    /// What master `index` answered an extension of this lease, as a vote counts it: a key this lease
-    /// re-created in a failed round is extended as repair, not as a vote.
-    pub(super) fn counted(&self, index: usize, outcome: NodeOutcome) -> NodeOutcome {
-        match outcome {
-            NodeOutcome::Granted
-                if self
-                    .unconfirmed
-                    .as_deref()
-                    .is_some_and(|masters| masters.contains(&index)) =>
-            {
-                NodeOutcome::Recreated
-            }
-            other => other,
-        }
     }
 }
 
@@ -517,10 +386,7 @@ impl Redlock {
         };
         let decided_at = Instant::now();
         let granted = fan_out.majority;
-        let validity = ttl
-            .checked_sub(decided_at - started)
-            .and_then(|left| left.checked_sub(config.drift(ttl)))
-            .filter(|validity| !validity.is_zero());
+        let validity = validity_left(ttl, started, decided_at, config.drift(ttl));
         match (granted, validity) {
             (true, Some(validity)) => {
                 let FanOut { report, pending, .. } = fan_out;
@@ -528,17 +394,14 @@ impl Redlock {
                 // timeout, so within the validity): dropped, a write not sent yet would never be sent, and the
                 // lock would sit on a bare majority until its first extension.
                 self.finish_in_background(resource.clone(), Tail::Writes, pending);
-                Ok(Lease {
+                let holding = Holding {
                     resource,
                     value,
                     ttl,
-                    granted_at: started,
-                    valid_until: started + validity,
                     token,
-                    report: Arc::new(report),
-                    unconfirmed: None,
                     permit: 0,
-                })
+                };
+                Ok(Lease::granted(holding, started, validity, report))
             }
             (granted, _) => {
                 let report = fan_out.report.clone();
@@ -915,25 +778,10 @@ pub(super) fn extend_outcome(
     if decided_at >= lease.valid_until {
         return Err(ExtendError::Expired { report: Some(report) });
     }
-    let ttl = lease.ttl;
-    let validity = ttl
-        .checked_sub(decided_at - started)
-        .and_then(|left| left.checked_sub(drift))
-        .filter(|validity| !validity.is_zero());
-    if let (true, Some(validity)) = (extended, validity) {
-        return Ok(Lease {
-            resource: lease.resource.clone(),
-            value: lease.value.clone(),
-            ttl,
-            granted_at: started,
-            valid_until: started + validity,
-            token: lease.token,
-            report: Arc::new(report),
-            // The majority that voted held the key throughout, so every key this lease re-created since is
-            // its own.
-            unconfirmed: None,
-            permit: lease.permit,
-        });
+    if let (true, Some(validity)) = (extended, validity_left(lease.ttl, started, decided_at, drift)) {
+        // The majority that voted held the key throughout, so every key this lease re-created since is its own:
+        // the new lease has no unconfirmed masters.
+        return Ok(Lease::granted(lease.holding(), started, validity, report));
     }
     let taken = report
         .nodes
@@ -974,14 +822,6 @@ pub(super) fn interpret(op: Op, reply: Value) -> NodeOutcome {
         (Op::Release | Op::Extend { .. }, Value::Int(0)) => NodeOutcome::NotHeld,
         (_, unexpected) => NodeOutcome::Error(format!("unexpected reply {unexpected:?}")),
     }
-}
-
-/// The proposal after `token`, or why there is none.
-fn next_token(resource: &str, token: i64) -> Result<i64, AcquireError> {
-    token.checked_add(1).ok_or_else(|| AcquireError::TokenExhausted {
-        resource: resource.to_owned(),
-        counter: token,
-    })
 }
 
 /// Whether a higher proposal could still win: enough masters answered neither "held by another" nor not at all.

@@ -9,6 +9,7 @@ mod engine;
 mod error;
 mod info;
 mod keeper;
+mod lease;
 mod node;
 mod outcome;
 mod permits;
@@ -22,9 +23,10 @@ pub use batch::MAX_BATCH;
 pub use config::{
     ConfigError, DEFAULT_TOKEN_RETENTION, Endpoint, RedlockConfig, RetryPolicy, TlsOptions, with_credentials,
 };
-pub use engine::{AcquireOptions, Lease, Redlock};
+pub use engine::{AcquireOptions, Redlock};
 pub use error::{AcquireError, ExtendError, FailureKind, rounded_wait};
 pub use keeper::{KeepPolicy, KeepState, KeptLock, LossReason, kill_grace};
+pub use lease::Lease;
 pub use node::{NodeHealth, NodeStatus};
 pub use outcome::{NodeOutcome, NodeReport, OperationReport, QuarantineOutlook};
 pub use quarantine::quarantine_until;

@@ -17,6 +17,7 @@ use redis::Value;
 use tokio::time::Instant;
 
 use super::engine::{PROPOSAL_ROUNDS, Tail, failed_attempt, millis};
+use super::lease::{Holding, next_token, validity_left};
 use super::node::{Node, Ready};
 use super::scripts::{self, MAX_PERMITS, counter_key, permit_key};
 use super::{
@@ -80,13 +81,6 @@ fn check_permits(permits: u32) -> Result<(), AcquireError> {
             "permits must be between 1 and {MAX_PERMITS}, not {permits}"
         ))))
     }
-}
-
-fn next_token(resource: &str, token: i64) -> Result<i64, AcquireError> {
-    token.checked_add(1).ok_or_else(|| AcquireError::TokenExhausted {
-        resource: resource.to_owned(),
-        counter: token,
-    })
 }
 
 /// Per-candidate grant counts as answers arrive; decided once a candidate has a majority or none can get one.
@@ -199,10 +193,7 @@ impl Redlock {
         };
         let decided_at = Instant::now();
         let report = self.permit_report(&answers, winner, started);
-        let validity = ttl
-            .checked_sub(decided_at - started)
-            .and_then(|left| left.checked_sub(config.drift(ttl)))
-            .filter(|validity| !validity.is_zero());
+        let validity = validity_left(ttl, started, decided_at, config.drift(ttl));
         let keys = candidates.all_keys();
         match (winner, validity) {
             (Some(winner), Some(validity)) => {
@@ -211,17 +202,14 @@ impl Redlock {
                     .collect();
                 self.give_back_in_background(&keys, &value, others, winner, pending);
                 let (resource, _) = candidates.keys[winner].clone();
-                Ok(Lease {
+                let holding = Holding {
                     resource,
                     value,
                     ttl,
-                    granted_at: started,
-                    valid_until: started + validity,
                     token: candidates.tokens[winner],
-                    report: Arc::new(report),
-                    unconfirmed: None,
                     permit: candidates.permits[winner],
-                })
+                };
+                Ok(Lease::granted(holding, started, validity, report))
             }
             (winner, _) => {
                 let holding = (0..nodes)
