@@ -93,9 +93,8 @@ async fn bad_lock_specs_are_reported_as_conditions() {
     let refused = env.locks().create(&PostParams::default(), &tight).await;
     let status = invalid(&refused).expect("refused at admission");
     assert!(
-        status.message.contains(
-            "spec: Invalid value: \"object\": holder.leaderElection.fenceMargin must be shorter than ttl"
-        ),
+        rule_wording(&status.message)
+            .contains("spec: Invalid value: holder.leaderElection.fenceMargin must be shorter than ttl"),
         "{status:?}"
     );
     create_admitted_before_rules(&env, &env.locks(), &[tight]).await;

@@ -13,6 +13,17 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 
 use super::{Env, eventually};
 
+/// A validation rule's refusal as any API server version words it: before 1.36 the schema's type came first
+/// (`Invalid value: "object": <message>`), since then the message alone (`Invalid value: <message>`). Tests
+/// assert on what the rule says, not on the wording of one version.
+pub fn rule_wording(message: &str) -> String {
+    static TYPED: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r#"Invalid value: "(object|string|integer|number|boolean|array)": "#)
+            .expect("regex")
+    });
+    TYPED.replace_all(message, "Invalid value: ").into_owned()
+}
+
 /// The API's refusal of a write, when it was one (HTTP 422 `Invalid`).
 pub fn invalid(result: &Result<impl std::fmt::Debug, kube::Error>) -> Option<&Status> {
     match result {

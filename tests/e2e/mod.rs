@@ -4,7 +4,7 @@
 
 mod admission;
 #[allow(unused_imports)] // only the binaries that meet objects older than a rule use it
-pub use admission::{create_admitted_before_rules, create_admitted_before_rules_of, invalid};
+pub use admission::{create_admitted_before_rules, create_admitted_before_rules_of, invalid, rule_wording};
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
