@@ -232,6 +232,9 @@ async fn quorum_status_follows_quarantine_and_master_failures() {
     let mut masters = RedisCluster::start(3).expect("masters");
     let quorum = env.unique("q");
     env.create_quorum(&quorum, &masters.urls(), "3s").await;
+    // Its first attempt meets the fresh masters quarantined (issue 30: its Event said so, and went on saying it
+    // after two masters were shut down).
+    env.create_lock("first-cause", &quorum, "x", "2s").await;
     let (running, shutdown) = operator(&env, &installation_secret(13), None).await;
     let quarantined = quorum_where(&env, &quorum, "fresh masters quarantined", |q| {
         q.status.as_ref().is_some_and(|s| {
@@ -275,6 +278,24 @@ async fn quorum_status_follows_quarantine_and_master_failures() {
         let all = kube::Api::all(env.client.clone());
         events_seen(&all, None, &quorum, &["MasterDown", "MasterQuarantined"]).await;
     }
+    // A second master gone: the lock cannot be kept, and its Event tells the cause now, not the first one's words.
+    masters[1].kill();
+    eventually("the lock's Event to say a master is not connected", || async {
+        let events = env.events().list(&Default::default()).await.ok()?;
+        events
+            .items
+            .iter()
+            .any(|event| {
+                event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("first-cause")
+                    && event.reason.as_deref() == Some("QuorumUnavailable")
+                    && event
+                        .note
+                        .as_deref()
+                        .is_some_and(|note| note.contains("not connected"))
+            })
+            .then_some(())
+    })
+    .await;
     assert!(
         metric(running.metrics_addr, "redlock_master_state")
             .await

@@ -15,7 +15,7 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 pub use kube::runtime::events::{Event, EventType, Reporter};
 
-use series::{Publication, SERIES_CAPACITY, SERIES_TTL, SeriesCache, SeriesKey};
+use series::{NoteDigest, Publication, SERIES_CAPACITY, SERIES_TTL, SeriesCache, SeriesKey};
 
 /// Publishes Events about any object; clones share the series cache.
 #[derive(Clone)]
@@ -37,9 +37,10 @@ impl Recorder {
     /// Publishes an occurrence of `event` about `regarding`: a new Event, or the next count of its series.
     pub async fn publish(&self, event: &Event, regarding: &ObjectReference) -> Result<(), kube::Error> {
         let key = SeriesKey::new(event, regarding);
+        let note = NoteDigest::of(event);
         let now = Timestamp::now();
         let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), body::namespace(regarding));
-        let publication = self.series().observe(&key, Instant::now(), || {
+        let publication = self.series().observe(&key, note, Instant::now(), || {
             body::event_name(regarding, &self.reporter, now)
         });
         let name = match publication {
@@ -50,7 +51,7 @@ impl Recorder {
                     // The Event is gone (deleted, or expired on the API server): the series starts again.
                     Err(kube::Error::Api(status)) if status.code == 404 => {
                         let new_name = body::event_name(regarding, &self.reporter, now);
-                        self.series().start(&key, new_name.clone(), Instant::now());
+                        self.series().start(&key, note, new_name.clone(), Instant::now());
                         new_name
                     }
                     other => return other.map(drop),

@@ -3,12 +3,16 @@
 //!
 //! An occurrence with the same type, action, reason, regarding and related object as one published less than
 //! [`SERIES_TTL`] ago is the next count of that Event's series (a patch of its `series`), not a new Event;
-//! this is kube-runtime's rule. kube-runtime's own recorder keeps every Event of the last six minutes and
+//! this is kube-runtime's rule — with one change: only while its note is the same. A series shows its first
+//! occurrence's note, so kube-runtime's rule told a user the first cause of a later, different one (a lock whose
+//! masters were first quarantined, then shut down, showed "x2" of "3 quarantined" while status said "2 not
+//! connected"). An occurrence with another note starts a new Event, which then carries the series. kube-runtime's own recorder keeps every Event of the last six minutes and
 //! scans them all on every publish, so after a burst of 10,000 acquisitions each Event costs 10,000 steps for
 //! six minutes. Here the series are kept in least-recently-observed order: expiry looks only at the oldest,
 //! and the cache holds at most [`SERIES_CAPACITY`] (past it the oldest series ends early, and its next
 //! occurrence is a new Event).
 
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
@@ -66,6 +70,18 @@ impl From<&ObjectReference> for ObjectIdentity {
     }
 }
 
+/// What an occurrence says, as the series compares it: a hash of its note (the series keeps no copy of it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NoteDigest(u64);
+
+impl NoteDigest {
+    pub fn of(event: &Event) -> Self {
+        let mut hasher = DefaultHasher::new();
+        event.note.hash(&mut hasher);
+        Self(hasher.finish())
+    }
+}
+
 /// How an occurrence is published.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Publication {
@@ -80,6 +96,8 @@ struct Series {
     name: String,
     count: i32,
     last_observed: Instant,
+    /// What the Event carrying the series says.
+    note: NoteDigest,
 }
 
 pub struct SeriesCache {
@@ -95,11 +113,12 @@ impl SeriesCache {
         }
     }
 
-    /// Counts an occurrence at `now`: the next count of its live series, or a new Event named by `new_name`
-    /// (called only then), whose series starts here.
+    /// Counts an occurrence at `now` that says `note`: the next count of its live series if that says the same,
+    /// or a new Event named by `new_name` (called only then), whose series starts here.
     pub fn observe(
         &mut self,
         key: &SeriesKey,
+        note: NoteDigest,
         now: Instant,
         new_name: impl FnOnce() -> String,
     ) -> Publication {
@@ -108,6 +127,7 @@ impl SeriesCache {
         // Promoted to most recently observed; its time is set to `now` below, which keeps the order by time.
         if let Some(series) = self.series.get_mut(key)
             && !is_expired(series, now, ttl)
+            && series.note == note
         {
             series.count = series.count.saturating_add(1);
             series.last_observed = now;
@@ -117,18 +137,20 @@ impl SeriesCache {
             };
         }
         let name = new_name();
-        self.start(key, name.clone(), now);
+        self.start(key, note, name.clone(), now);
         Publication::Create { name }
     }
 
-    /// Starts a new series under `name` in place of any other (its Event is gone from the API server).
-    pub fn start(&mut self, key: &SeriesKey, name: String, now: Instant) {
+    /// Starts a new series under `name` in place of any other (its Event is gone from the API server, or says
+    /// something else).
+    pub fn start(&mut self, key: &SeriesKey, note: NoteDigest, name: String, now: Instant) {
         self.series.push(
             key.clone(),
             Series {
                 name,
                 count: 1,
                 last_observed: now,
+                note,
             },
         );
     }
@@ -188,6 +210,9 @@ mod tests {
         }
     }
 
+    /// The note of every occurrence in the tests that are not about notes.
+    const NOTE: NoteDigest = NoteDigest(0);
+
     fn key(reason: &str, name: &str) -> SeriesKey {
         SeriesKey::new(&event(reason), &lock(name))
     }
@@ -221,14 +246,14 @@ mod tests {
         let mut cache = SeriesCache::new(10, SERIES_TTL);
         let mut names = Names(0);
         let acquired = key("Acquired", "a");
-        assert_eq!(cache.observe(&acquired, start, names.next()), create("e1"));
+        assert_eq!(cache.observe(&acquired, NOTE, start, names.next()), create("e1"));
         assert_eq!(
-            cache.observe(&acquired, start + Duration::from_secs(1), names.next()),
+            cache.observe(&acquired, NOTE, start + Duration::from_secs(1), names.next()),
             patch("e1", 2)
         );
         // Each occurrence extends the series: five minutes after the last one it still counts up.
         assert_eq!(
-            cache.observe(&acquired, start + Duration::from_secs(301), names.next()),
+            cache.observe(&acquired, NOTE, start + Duration::from_secs(301), names.next()),
             patch("e1", 3)
         );
         assert_eq!(cache.len(), 1);
@@ -240,14 +265,14 @@ mod tests {
         let mut cache = SeriesCache::new(10, SERIES_TTL);
         let mut names = Names(0);
         let acquired = key("Acquired", "a");
-        cache.observe(&acquired, start, names.next());
+        cache.observe(&acquired, NOTE, start, names.next());
         let just_before = start + SERIES_TTL - Duration::from_millis(1);
         assert_eq!(
-            cache.observe(&acquired, just_before, names.next()),
+            cache.observe(&acquired, NOTE, just_before, names.next()),
             patch("e1", 2)
         );
         assert_eq!(
-            cache.observe(&acquired, just_before + SERIES_TTL, names.next()),
+            cache.observe(&acquired, NOTE, just_before + SERIES_TTL, names.next()),
             create("e2")
         );
     }
@@ -280,19 +305,48 @@ mod tests {
         ];
         for (index, key) in keys.iter().enumerate() {
             assert_eq!(
-                cache.observe(key, start, names.next()),
+                cache.observe(key, NOTE, start, names.next()),
                 create(&format!("e{}", index + 1))
             );
         }
-        // The note is not part of the key: a repeat with another note counts up the first Event's series.
-        let other_note = Event {
-            note: Some("another note".into()),
-            ..event("Released")
+    }
+
+    #[test]
+    fn another_note_starts_a_new_event_which_then_carries_the_series() {
+        let start = Instant::now();
+        let mut cache = SeriesCache::new(10, SERIES_TTL);
+        let mut names = Names(0);
+        let says = |note: &str| {
+            NoteDigest::of(&Event {
+                note: Some(note.into()),
+                ..event("QuorumUnavailable")
+            })
         };
+        let (quarantined, down) = (says("3 quarantined"), says("2 not connected"));
+        let unavailable = key("QuorumUnavailable", "a");
         assert_eq!(
-            cache.observe(&SeriesKey::new(&other_note, &lock("a")), start, names.next()),
+            cache.observe(&unavailable, quarantined, start, names.next()),
+            create("e1")
+        );
+        assert_eq!(
+            cache.observe(&unavailable, quarantined, start, names.next()),
             patch("e1", 2)
         );
+        // The cause changed: its Event says so, instead of a third count of "3 quarantined".
+        assert_eq!(
+            cache.observe(&unavailable, down, start, names.next()),
+            create("e2")
+        );
+        assert_eq!(
+            cache.observe(&unavailable, down, start, names.next()),
+            patch("e2", 2)
+        );
+        // Back to the first cause: a new Event again, not a count of the first one's.
+        assert_eq!(
+            cache.observe(&unavailable, quarantined, start, names.next()),
+            create("e3")
+        );
+        assert_eq!(cache.len(), 1, "one series per key");
     }
 
     #[test]
@@ -302,17 +356,20 @@ mod tests {
         let mut names = Names(0);
         for index in 0..10u64 {
             let at = start + Duration::from_secs(index * 30);
-            cache.observe(&key("Acquired", &format!("lock-{index}")), at, names.next());
+            cache.observe(&key("Acquired", &format!("lock-{index}")), NOTE, at, names.next());
         }
         // At 6 min 45 s the series last observed at 0 s and at 30 s have ended.
         let later = start + SERIES_TTL + Duration::from_secs(45);
-        cache.observe(&key("Released", "other"), later, names.next());
+        cache.observe(&key("Released", "other"), NOTE, later, names.next());
         assert_eq!(cache.len(), 10 - 2 + 1);
         // A series observed again moves to the young end: it outlives the ones first observed after it.
         let renewed = key("Acquired", "lock-2");
-        assert_eq!(cache.observe(&renewed, later, names.next()), patch("e3", 2));
+        assert_eq!(cache.observe(&renewed, NOTE, later, names.next()), patch("e3", 2));
         let much_later = later + Duration::from_secs(5 * 60);
-        assert_eq!(cache.observe(&renewed, much_later, names.next()), patch("e3", 3));
+        assert_eq!(
+            cache.observe(&renewed, NOTE, much_later, names.next()),
+            patch("e3", 3)
+        );
         // Five minutes on, every series observed last before 5 min 45 s has ended: left are lock-2, renewed
         // at 6 min 45 s, and the Released one.
         assert_eq!(cache.len(), 2);
@@ -324,18 +381,18 @@ mod tests {
         let mut cache = SeriesCache::new(3, SERIES_TTL);
         let mut names = Names(0);
         for name in ["a", "b", "c"] {
-            cache.observe(&key("Acquired", name), start, names.next());
+            cache.observe(&key("Acquired", name), NOTE, start, names.next());
         }
         let a = key("Acquired", "a");
-        assert_eq!(cache.observe(&a, start, names.next()), patch("e1", 2));
-        cache.observe(&key("Acquired", "d"), start, names.next());
+        assert_eq!(cache.observe(&a, NOTE, start, names.next()), patch("e1", 2));
+        cache.observe(&key("Acquired", "d"), NOTE, start, names.next());
         assert_eq!(cache.len(), 3);
         // "b" was the least recently observed: its next occurrence is a new Event; "a" still counts up.
         assert_eq!(
-            cache.observe(&key("Acquired", "b"), start, names.next()),
+            cache.observe(&key("Acquired", "b"), NOTE, start, names.next()),
             create("e5")
         );
-        assert_eq!(cache.observe(&a, start, names.next()), patch("e1", 3));
+        assert_eq!(cache.observe(&a, NOTE, start, names.next()), patch("e1", 3));
     }
 
     #[test]
@@ -344,14 +401,17 @@ mod tests {
         let mut cache = SeriesCache::new(10, SERIES_TTL);
         let mut names = Names(0);
         let acquired = key("Acquired", "a");
-        cache.observe(&acquired, start, names.next());
+        cache.observe(&acquired, NOTE, start, names.next());
         cache.forget(&acquired, "e1");
         assert!(cache.is_empty());
-        assert_eq!(cache.observe(&acquired, start, names.next()), create("e2"));
+        assert_eq!(cache.observe(&acquired, NOTE, start, names.next()), create("e2"));
         // The Event e2 carried the series and vanished from the API server: e3 replaces it.
-        cache.start(&acquired, "e3".into(), start);
+        cache.start(&acquired, NOTE, "e3".into(), start);
         cache.forget(&acquired, "e2");
-        assert_eq!(cache.observe(&acquired, start, names.next()), patch("e3", 2));
+        assert_eq!(
+            cache.observe(&acquired, NOTE, start, names.next()),
+            patch("e3", 2)
+        );
     }
 
     #[test]
@@ -360,16 +420,16 @@ mod tests {
         let mut cache = SeriesCache::new(10, SERIES_TTL);
         let mut names = Names(0);
         let acquired = key("Acquired", "a");
-        cache.observe(&acquired, start, names.next());
+        cache.observe(&acquired, NOTE, start, names.next());
         if let Some(series) = cache.series.get_mut(&acquired) {
             series.count = i32::MAX - 1;
         }
         assert_eq!(
-            cache.observe(&acquired, start, names.next()),
+            cache.observe(&acquired, NOTE, start, names.next()),
             patch("e1", i32::MAX)
         );
         assert_eq!(
-            cache.observe(&acquired, start, names.next()),
+            cache.observe(&acquired, NOTE, start, names.next()),
             patch("e1", i32::MAX)
         );
     }
