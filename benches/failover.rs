@@ -107,6 +107,7 @@ async fn bench() -> Result<(), BoxError> {
             health_interval: Duration::from_secs(1),
             secrets_namespace: NAMESPACE.into(),
             instance: "bench".into(),
+            installation: None,
         },
         shutdown.clone(),
     )

@@ -132,6 +132,7 @@ async fn bench() -> Result<(), BoxError> {
             secrets_namespace: NAMESPACE.into(),
             health_interval: Duration::from_secs(5),
             instance: "bench".into(),
+            installation: None,
         },
         shutdown.clone(),
     )

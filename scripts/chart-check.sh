@@ -134,6 +134,7 @@ lint_and_render toggles \
   --set-json 'redis.disabledCommands=[]' --set redis.maxmemory= --set installationSecret.existingSecret=mine \
   --set serviceAccount.create=false --set serviceAccount.name=ops --set rbac.create=false \
   --set metrics.service.enabled=false --set jobAdmissionPolicy.enabled=false --set quorum.create=false \
+  --set apiPriority.enabled=false \
   --set networkPolicy.enabled=true --set tests.enabled=false
 # Three masters without a password and a maxTtl shorter than the helm test's usual TTL, written as Go writes it
 # (the CRDs' grammar: a fraction here).
@@ -231,6 +232,18 @@ expect "short-ttl: the helm test hook on three masters without a password, with 
      and not any(a.startswith('--redis-password-file') for a in args))(kind('Pod')[0]['spec']['containers'][0]['args'])
    and 'volumes' not in kind('Pod')[0]['spec']"
 expect "tests.enabled=false: no helm test hook" "$out/toggles.yaml" "not kind('Pod')"
+expect "default: the operator's ServiceAccount has a priority level of its own, never lent (API Priority and Fairness)" \
+  "$out/default.yaml" \
+  "len(kind('FlowSchema')) == 1 and len(kind('PriorityLevelConfiguration')) == 1
+   and kind('FlowSchema')[0]['spec']['priorityLevelConfiguration']['name']
+       == kind('PriorityLevelConfiguration')[0]['metadata']['name']
+   and [s['serviceAccount'] for r in kind('FlowSchema')[0]['spec']['rules'] for s in r['subjects']]
+       == [{'name': kind('ServiceAccount')[0]['metadata']['name'], 'namespace': 'redlock-system'}]
+   and kind('FlowSchema')[0]['spec']['matchingPrecedence'] < 9000
+   and kind('PriorityLevelConfiguration')[0]['spec']['limited']['lendablePercent'] == 0
+   and kind('Deployment')[0]['spec']['template']['spec']['serviceAccountName'] == kind('ServiceAccount')[0]['metadata']['name']"
+expect "apiPriority.enabled=false: no FlowSchema or priority level" "$out/toggles.yaml" \
+  "not kind('FlowSchema') and not kind('PriorityLevelConfiguration')"
 expect "NetworkPolicy: the embedded masters let the helm test hook in" "$out/values-monitoring.yaml" \
   "any(peer.get('podSelector', {}).get('matchLabels', {}).get('app.kubernetes.io/component') == 'test'
        for n in kind('NetworkPolicy') for rule in n['spec'].get('ingress', []) for peer in rule.get('from', []))"

@@ -42,7 +42,8 @@ from kubernetes_validate import utils as kv
 CLUSTER_SCOPED = {
     "Namespace", "Node", "PersistentVolume", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ValidatingWebhookConfiguration",
-    "MutatingWebhookConfiguration", "PriorityClass", "StorageClass", "IngressClass", "RuntimeClass",
+    "MutatingWebhookConfiguration", "PriorityClass", "StorageClass", "IngressClass", "RuntimeClass", "FlowSchema",
+    "PriorityLevelConfiguration",
 }
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

@@ -578,3 +578,76 @@ async fn changing_the_holder_releases_and_acquires_with_a_new_token() {
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }
+
+/// Issue 30: two installations of the operator in one cluster (a second Helm release, a developer's run against a
+/// shared cluster) never fight over a lock. The first to look at it records its name on the lock
+/// (`redlock.io/installation`) and keeps it; the other leaves it alone and says so in an Event. Before, both
+/// reconciled it: `Held`, `Lost` to its own holder, `Contended`, round after round, each fencing the holder and
+/// burning a token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_installations_in_one_cluster_keep_each_lock_in_one_of_them_and_never_fight() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let quorum = env.unique("q");
+    env.create_quorum(&quorum, &masters.urls(), MAX_TTL).await;
+    let (first, first_shutdown) = operator_of_installation(&env, &installation_secret(41), "ops/first").await;
+    let (second, second_shutdown) =
+        operator_of_installation(&env, &installation_secret(42), "dev/second").await;
+    quorum_available(&env, &quorum).await;
+    env.create_lock("shared", &quorum, "worker", TTL).await;
+    let held = lock_where(&env, "shared", "held", |lock| {
+        phase(lock) == Some(LockPhase::Held)
+    })
+    .await;
+    let keeper = held
+        .annotations()
+        .get("redlock.io/installation")
+        .cloned()
+        .expect("the lock names the installation that keeps it");
+    assert!(keeper == "ops/first" || keeper == "dev/second", "{keeper}");
+    let other = if keeper == "ops/first" {
+        "dev/second"
+    } else {
+        "ops/first"
+    };
+    let wanted =
+        format!("kept by the operator installation {keeper}; the installation {other} leaves it alone");
+    eventually("the other installation's Event", || async {
+        let events = env.events().list(&Default::default()).await.ok()?;
+        events
+            .items
+            .iter()
+            .any(|event| {
+                event.reason.as_deref() == Some("KeptByAnotherInstallation")
+                    && event
+                        .note
+                        .as_deref()
+                        .is_some_and(|note| note.starts_with(&wanted))
+            })
+            .then_some(())
+    })
+    .await;
+    // Several TTLs of extensions and status refreshes: held throughout, by the first grant.
+    let started = held.status.as_ref().map(|status| status.transitions);
+    for _ in 0..30 {
+        let lock = env.locks().get("shared").await.expect("lock");
+        assert_eq!(phase(&lock), Some(LockPhase::Held), "{:?}", lock.status);
+        assert_eq!(token(&lock), Some(1), "a new token: the installations fought");
+        assert_eq!(lock.status.as_ref().map(|status| status.transitions), started);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (keeping, leaving) = if keeper == "ops/first" {
+        (&first, &second)
+    } else {
+        (&second, &first)
+    };
+    assert!(!keeping.keeper.is_empty(), "the keeping installation extends it");
+    assert!(leaving.keeper.is_empty(), "the other holds nothing");
+    assert_eq!(
+        metric(leaving.metrics_addr, "redlock_foreign_locks_total").await,
+        Some(1.0)
+    );
+    stop(first, first_shutdown).await;
+    stop(second, second_shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}

@@ -26,5 +26,8 @@ pub const STALE_ANNOTATION: &str = "redlock.io/stale";
 /// On a fenced Job whose token can no longer be used, once its `status.startTime` was cleared so that its pod
 /// template can take a new token: it waits in the queue again.
 pub const REQUEUED_ANNOTATION: &str = "redlock.io/requeued";
+/// On each DistributedLock: the installation of the operator that keeps it (`<namespace>/<name>`, by default its
+/// Lease's). Another installation leaves the lock alone; removing the annotation lets any installation claim it.
+pub const INSTALLATION_ANNOTATION: &str = "redlock.io/installation";
 /// On each DistributedLock while the operator may still hold its key: deletion waits for the release.
 pub const FINALIZER: &str = "redlock.io/release";

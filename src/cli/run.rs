@@ -43,6 +43,11 @@ pub struct RunArgs {
     /// like --namespace). The operator needs `get` on Secrets there, and nowhere else.
     #[arg(long, env = "REDLOCK_SECRETS_NAMESPACE")]
     pub secrets_namespace: Option<String>,
+    /// This installation's name, recorded on the locks it keeps (annotation redlock.io/installation); locks
+    /// another installation keeps are left alone (default: the Lease's namespace/name, or with
+    /// --no-leader-election the secrets namespace and the host name).
+    #[arg(long, env = "REDLOCK_INSTALLATION", value_name = "NAME")]
+    pub installation: Option<String>,
     /// How often each RedisQuorum's masters are checked and its status written.
     #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = crate::duration::parse)]
     pub health_interval: Duration,
@@ -110,6 +115,7 @@ pub async fn run(args: RunArgs) -> i32 {
         health_interval: args.health_interval,
         secrets_namespace,
         instance: identity,
+        installation: args.installation.clone(),
     };
     let running = match start(client, options, shutdown.clone()).await {
         Ok(running) => running,

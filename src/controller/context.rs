@@ -31,6 +31,10 @@ pub struct Context {
     pub secret: InstallationSecret,
     /// The one namespace quorum Secrets are read from.
     pub secrets_namespace: String,
+    /// This installation's name: the locks it keeps carry it (`lock::claim`).
+    pub installation: String,
+    /// Locks claimed by another installation that this process has said it leaves alone (once each).
+    pub(crate) left_alone: Mutex<std::collections::HashSet<String>>,
     /// How often quorum health is checked and written.
     pub health_interval: Duration,
     pub locks: Store<DistributedLock>,
@@ -97,8 +101,8 @@ impl Context {
             .await;
     }
 
-    /// [`Context::publish`] with an action of its own: Events of one reason and action about one object form a
-    /// series (the first note stays, a count rises), so what must stay apart, one permit's story from
+    /// [`Context::publish`] with an action of its own: Events of one reason, action and note about one object
+    /// form a series (a count rises), so what must stay apart, one permit's story from
     /// another's, is told under actions of its own.
     pub async fn publish_action<K: Resource<DynamicType = ()>>(
         &self,

@@ -52,6 +52,8 @@ pub struct Metrics {
     pub extensions: Counter,
     pub locks_held: Gauge,
     pub locks_lost: Counter,
+    /// Locks left alone because another installation keeps them, each counted once per process.
+    pub foreign_locks: Counter,
     pub master_state: Family<MasterLabels, Gauge>,
     pub quorum_masters_configured: Family<QuorumLabels, Gauge>,
     pub quorum_masters_eligible: Family<QuorumLabels, Gauge>,
@@ -78,6 +80,7 @@ impl Default for Metrics {
         let extensions = Counter::default();
         let locks_held = Gauge::default();
         let locks_lost = Counter::default();
+        let foreign_locks = Counter::default();
         let master_state = Family::<MasterLabels, Gauge>::default();
         let quorum_masters_configured = Family::<QuorumLabels, Gauge>::default();
         let quorum_masters_eligible = Family::<QuorumLabels, Gauge>::default();
@@ -110,6 +113,11 @@ impl Default for Metrics {
             "locks_lost",
             "Locks that could not be extended in time or were taken over",
             locks_lost.clone(),
+        );
+        registry.register(
+            "foreign_locks",
+            "Locks this installation leaves alone because another installation keeps them (each counted once per process)",
+            foreign_locks.clone(),
         );
         registry.register(
             "master_state",
@@ -159,6 +167,7 @@ impl Default for Metrics {
             extensions,
             locks_held,
             locks_lost,
+            foreign_locks,
             master_state,
             quorum_masters_configured,
             quorum_masters_eligible,

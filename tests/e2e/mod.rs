@@ -354,6 +354,26 @@ pub async fn operator_with_client(
     secret: &[u8],
     identity: Option<&str>,
 ) -> (Running, CancellationToken) {
+    operator_of(env, client, secret, identity, None).await
+}
+
+/// An operator of the installation `installation` (another than the tests' usual one, for tests of two
+/// installations in one cluster).
+pub async fn operator_of_installation(
+    env: &Env,
+    secret: &[u8],
+    installation: &str,
+) -> (Running, CancellationToken) {
+    operator_of(env, env.operator_client(), secret, None, Some(installation)).await
+}
+
+async fn operator_of(
+    env: &Env,
+    client: Client,
+    secret: &[u8],
+    identity: Option<&str>,
+    installation: Option<&str>,
+) -> (Running, CancellationToken) {
     if std::env::var_os("RUST_LOG").is_some() {
         redlock_operator::telemetry::init(redlock_operator::telemetry::LogFormat::Text, "warn");
     }
@@ -370,6 +390,7 @@ pub async fn operator_with_client(
         health_interval: Duration::from_millis(500),
         secrets_namespace: env.namespace.clone(),
         instance: identity.unwrap_or("single").to_owned(),
+        installation: installation.map(str::to_owned),
     };
     let running = start(client, options, shutdown.clone())
         .await

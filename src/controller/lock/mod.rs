@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 pub mod actions;
+pub mod claim;
 pub mod decide;
 pub mod handover;
 pub mod permit_status;

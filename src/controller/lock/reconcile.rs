@@ -13,6 +13,7 @@ use kube::{Resource, ResourceExt};
 
 use super::actions::holding::{DueRefresh, refresh_permits};
 use super::actions::{self, Target, handover};
+use super::claim::{self, Keeper, keeper_of};
 use super::decide::{LockAction, Wanted, acquisition_in_status, current_holder, decide, known_floor};
 use super::handover::Release;
 use super::permit_status::{is_semaphore, permits_of, status_of};
@@ -34,6 +35,9 @@ const SEMAPHORE_RETRY: Duration = Duration::from_millis(500);
 /// it then).
 const QUORUM_ENGINE_RETRY: Duration = Duration::from_secs(1);
 
+/// How soon a lock whose claim met a newer version is looked at again (its watch event usually comes first).
+const CLAIM_RETRY: Duration = Duration::from_millis(200);
+
 /// How soon a lock is looked at again while the watch caches are still receiving their first lists.
 const CACHE_SYNC_RETRY: Duration = Duration::from_millis(100);
 
@@ -48,6 +52,19 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         // would release a running Job's lock and suspend the Job (seen on a real cluster after a restart).
         tracing::debug!(lock = %lref, "watch caches not synced yet: waiting");
         return Ok(Action::requeue(CACHE_SYNC_RETRY));
+    }
+    match keeper_of(&lock, &ctx.installation) {
+        Keeper::Ours => {}
+        Keeper::Unclaimed => {
+            if !claim::claim(&lock, &ctx).await? {
+                // Changed since it was read: its next version (another installation's claim, perhaps) decides.
+                return Ok(Action::requeue(CLAIM_RETRY));
+            }
+        }
+        Keeper::Other(other) => {
+            claim::leave_alone(&lock, &ctx, other).await;
+            return Ok(Action::await_change());
+        }
     }
     if lock.meta().deletion_timestamp.is_some()
         && lock.finalizers().iter().any(|name| name == FINALIZER)

@@ -57,6 +57,22 @@ pub struct RunOptions {
     pub secrets_namespace: String,
     /// Name shown as the reporting instance of Events.
     pub instance: String,
+    /// This installation's name, recorded on the locks it keeps; `None`: its Lease's `<namespace>/<name>`, or
+    /// with no election `<secrets namespace>/<instance>`.
+    pub installation: Option<String>,
+}
+
+impl RunOptions {
+    /// The installation's name: what every replica of one installation shares, and two installations do not.
+    pub fn installation_name(&self) -> String {
+        if let Some(name) = &self.installation {
+            return name.clone();
+        }
+        match &self.election {
+            Some(election) => format!("{}/{}", election.namespace, election.lease_name),
+            None => format!("{}/{}", self.secrets_namespace, self.instance),
+        }
+    }
 }
 
 /// A started operator.
@@ -98,6 +114,7 @@ pub async fn start(
         source,
     })?;
 
+    let installation = options.installation_name();
     let election_stop = CancellationToken::new();
     let (leadership, elector_task) = match options.election {
         Some(election) => {
@@ -133,6 +150,7 @@ pub async fn start(
             instance: Some(options.instance.clone()),
         },
     );
+    tracing::info!(%installation, "this installation keeps the locks that carry its name in the annotation redlock.io/installation (and claims unclaimed ones); locks another installation keeps are left alone");
     let ctx = Arc::new(Context {
         client: client.clone(),
         engines: engines.clone(),
@@ -143,6 +161,8 @@ pub async fn start(
         secret: options.secret,
         health_interval: options.health_interval,
         secrets_namespace: options.secrets_namespace,
+        installation,
+        left_alone: Default::default(),
         locks: lock_store.clone(),
         quorums: quorum_store.clone(),
         pods: pod_store.clone(),
