@@ -108,6 +108,7 @@ async fn bench() -> Result<(), BoxError> {
             secrets_namespace: NAMESPACE.into(),
             instance: "bench".into(),
             installation: None,
+            scope: Default::default(),
         },
         shutdown.clone(),
     )

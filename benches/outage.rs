@@ -133,6 +133,7 @@ async fn bench() -> Result<(), BoxError> {
             health_interval: Duration::from_secs(5),
             instance: "bench".into(),
             installation: None,
+            scope: Default::default(),
         },
         shutdown.clone(),
     )

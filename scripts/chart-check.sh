@@ -134,7 +134,8 @@ lint_and_render toggles \
   --set-json 'redis.disabledCommands=[]' --set redis.maxmemory= --set installationSecret.existingSecret=mine \
   --set serviceAccount.create=false --set serviceAccount.name=ops --set rbac.create=false \
   --set metrics.service.enabled=false --set jobAdmissionPolicy.enabled=false --set quorum.create=false \
-  --set apiPriority.enabled=false \
+  --set apiPriority.enabled=false --set operator.lockSelector=team=payments \
+  --set-json 'operator.lockNamespaces=["payments","billing"]' \
   --set networkPolicy.enabled=true --set tests.enabled=false
 # Three masters without a password and a maxTtl shorter than the helm test's usual TTL, written as Go writes it
 # (the CRDs' grammar: a fraction here).
@@ -242,6 +243,11 @@ expect "default: the operator's ServiceAccount has a priority level of its own, 
    and kind('FlowSchema')[0]['spec']['matchingPrecedence'] < 9000
    and kind('PriorityLevelConfiguration')[0]['spec']['limited']['lendablePercent'] == 0
    and kind('Deployment')[0]['spec']['template']['spec']['serviceAccountName'] == kind('ServiceAccount')[0]['metadata']['name']"
+expect "operator.lockSelector and lockNamespaces: the operator looks only at those locks" "$out/toggles.yaml" \
+  "(lambda args: '--lock-selector=team=payments' in args and '--lock-namespaces=payments,billing' in args)(
+     kind('Deployment')[0]['spec']['template']['spec']['containers'][0]['args'])"
+expect "default: the operator looks at every lock" "$out/default.yaml" \
+  "not any(a.startswith('--lock-') for a in kind('Deployment')[0]['spec']['template']['spec']['containers'][0]['args'])"
 expect "apiPriority.enabled=false: no FlowSchema or priority level" "$out/toggles.yaml" \
   "not kind('FlowSchema') and not kind('PriorityLevelConfiguration')"
 expect "NetworkPolicy: the embedded masters let the helm test hook in" "$out/values-monitoring.yaml" \

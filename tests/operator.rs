@@ -651,3 +651,71 @@ async fn two_installations_in_one_cluster_keep_each_lock_in_one_of_them_and_neve
     stop(second, second_shutdown).await;
     env.cleanup(&[&quorum]).await;
 }
+
+/// Issue 30: an installation can be limited to a label selector or to namespaces, for teams that run their own.
+/// Two installations scoped to `team=a` and `team=b` each hold their own team's lock; a lock of neither team is
+/// claimed by neither, and one outside an installation's namespaces is not looked at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installations_scoped_by_label_or_namespace_look_only_at_their_locks() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let quorum = env.unique("q");
+    env.create_quorum(&quorum, &masters.urls(), MAX_TTL).await;
+    let team = |team: &str| LockScope {
+        namespaces: Vec::new(),
+        selector: Some(format!("team={team}")),
+    };
+    let (a, a_shutdown) = operator_scoped(&env, &installation_secret(43), "ops/team-a", team("a")).await;
+    let (b, b_shutdown) = operator_scoped(&env, &installation_secret(44), "ops/team-b", team("b")).await;
+    let elsewhere = LockScope {
+        namespaces: vec!["another-namespace".to_owned()],
+        selector: None,
+    };
+    let (other, other_shutdown) =
+        operator_scoped(&env, &installation_secret(45), "ops/elsewhere", elsewhere).await;
+    quorum_available(&env, &quorum).await;
+    let lock = |name: &str, team: Option<&str>| {
+        let mut metadata = serde_json::json!({ "name": name });
+        if let Some(team) = team {
+            metadata["labels"] = serde_json::json!({ "team": team });
+        }
+        serde_json::json!({
+            "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock", "metadata": metadata,
+            "spec": { "quorum": quorum, "ttl": TTL, "holder": { "identity": name } }
+        })
+    };
+    env.create_lock_from(lock("of-a", Some("a"))).await;
+    env.create_lock_from(lock("of-b", Some("b"))).await;
+    env.create_lock_from(lock("of-nobody", None)).await;
+    for (name, installation) in [("of-a", "ops/team-a"), ("of-b", "ops/team-b")] {
+        let held = lock_where(&env, name, "held", |lock| phase(lock) == Some(LockPhase::Held)).await;
+        assert_eq!(
+            held.annotations()
+                .get("redlock.io/installation")
+                .map(String::as_str),
+            Some(installation)
+        );
+    }
+    // Each team's installation held its lock, so it has looked at the unlabelled one too had it been in scope.
+    let nobody = env.locks().get("of-nobody").await.expect("lock");
+    assert!(
+        nobody.annotations().get("redlock.io/installation").is_none(),
+        "claimed out of scope"
+    );
+    assert!(
+        nobody.status.is_none(),
+        "an installation wrote the status of a lock out of its scope"
+    );
+    assert!(
+        other.keeper.is_empty(),
+        "the installation of another namespace holds nothing"
+    );
+    assert_eq!(
+        metric(other.metrics_addr, "redlock_foreign_locks_total").await,
+        Some(0.0)
+    );
+    for (running, shutdown) in [(a, a_shutdown), (b, b_shutdown), (other, other_shutdown)] {
+        stop(running, shutdown).await;
+    }
+    env.cleanup(&[&quorum]).await;
+}

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::exit_code;
 use crate::controller::installation_secret::InstallationSecret;
 use crate::controller::replica_lease::LeaseTiming;
-use crate::controller::run::{ElectionOptions, RunOptions, start};
+use crate::controller::run::{ElectionOptions, LockScope, RunOptions, start};
 
 #[derive(Debug, Args)]
 #[command(after_help = durations_help!())]
@@ -48,6 +48,17 @@ pub struct RunArgs {
     /// --no-leader-election the secrets namespace and the host name).
     #[arg(long, env = "REDLOCK_INSTALLATION", value_name = "NAME")]
     pub installation: Option<String>,
+    /// Look only at the DistributedLocks in these namespaces (comma-separated; default: every namespace).
+    #[arg(
+        long,
+        env = "REDLOCK_LOCK_NAMESPACES",
+        value_name = "NS,…",
+        value_delimiter = ','
+    )]
+    pub lock_namespaces: Vec<String>,
+    /// Look only at the DistributedLocks this label selector matches (default: all), for example `team=payments`.
+    #[arg(long, env = "REDLOCK_LOCK_SELECTOR", value_name = "SELECTOR")]
+    pub lock_selector: Option<String>,
     /// How often each RedisQuorum's masters are checked and its status written.
     #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = crate::duration::parse)]
     pub health_interval: Duration,
@@ -107,6 +118,23 @@ pub async fn run(args: RunArgs) -> i32 {
         identity: identity.clone(),
         timing: LeaseTiming::for_lease_duration(args.lease_duration),
     });
+    if let Some(selector) = args
+        .lock_selector
+        .as_deref()
+        .filter(|selector| !selector.is_empty())
+    {
+        // A selector the API server cannot parse would fail every watch of the locks, quietly: refuse it now.
+        let locks: kube::Api<crate::api::DistributedLock> = kube::Api::all(client.clone());
+        let probe = kube::api::ListParams::default().labels(selector).limit(1);
+        if let Err(kube::Error::Api(status)) = locks.list_metadata(&probe).await
+            && status.code == 400
+        {
+            return fail(
+                exit_code::USAGE,
+                format!("--lock-selector {selector:?}: {}", status.message),
+            );
+        }
+    }
     let shutdown = CancellationToken::new();
     let options = RunOptions {
         metrics_addr: args.metrics_addr,
@@ -116,6 +144,10 @@ pub async fn run(args: RunArgs) -> i32 {
         secrets_namespace,
         instance: identity,
         installation: args.installation.clone(),
+        scope: LockScope {
+            namespaces: args.lock_namespaces.clone(),
+            selector: args.lock_selector.clone().filter(|selector| !selector.is_empty()),
+        },
     };
     let running = match start(client, options, shutdown.clone()).await {
         Ok(running) => running,

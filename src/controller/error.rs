@@ -7,8 +7,19 @@ use crate::redlock::ValueError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A read, or a write of no step below, failed.
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    #[error("writing the lock's status: {0}")]
+    StatusWrite(#[source] kube::Error),
+    /// Granting, suspending, resuming or requeueing a Job.
+    #[error("writing a Job: {0}")]
+    JobWrite(#[source] kube::Error),
+    /// Labelling a leader pod, or removing its label.
+    #[error("writing a pod's leader label: {0}")]
+    PodWrite(#[source] kube::Error),
+    #[error("writing the fencing-token floor record: {0}")]
+    FloorRecord(#[source] kube::Error),
     /// Not an error of the object: this replica may not write. Handled without backoff.
     #[error("not the active replica")]
     NotLeader,
@@ -26,13 +37,30 @@ pub enum Error {
 impl Error {
     /// A request whose answer never came (the connection failed): it may or may not have been carried out.
     pub fn outcome_unknown(&self) -> bool {
-        matches!(self, Self::Kube(err) if !matches!(err, kube::Error::Api(_)))
+        self.kube_error()
+            .is_some_and(|err| !matches!(err, kube::Error::Api(_)))
     }
 
-    /// The `error` label of `redlock_reconcile_errors_total`.
+    fn kube_error(&self) -> Option<&kube::Error> {
+        match self {
+            Self::Kube(err)
+            | Self::StatusWrite(err)
+            | Self::JobWrite(err)
+            | Self::PodWrite(err)
+            | Self::FloorRecord(err) => Some(err),
+            _ => None,
+        }
+    }
+
+    /// The `error` label of `redlock_reconcile_errors_total`: which step failed, so that the alert's runbook can
+    /// say where to look.
     pub fn metric_label(&self) -> &'static str {
         match self {
             Self::Kube(_) => "kube_api",
+            Self::StatusWrite(_) => "status_write",
+            Self::JobWrite(_) => "job_write",
+            Self::PodWrite(_) => "pod_write",
+            Self::FloorRecord(_) => "token_floor",
             Self::NotLeader => "not_leader",
             Self::Conflict => "conflict",
             Self::Finalizer(_) => "finalizer",
@@ -60,6 +88,10 @@ mod tests {
     fn every_error_has_a_distinct_metric_label() {
         let errors = [
             Error::Kube(kube::Error::LinesCodecMaxLineLengthExceeded),
+            Error::StatusWrite(kube::Error::LinesCodecMaxLineLengthExceeded),
+            Error::JobWrite(kube::Error::LinesCodecMaxLineLengthExceeded),
+            Error::PodWrite(kube::Error::LinesCodecMaxLineLengthExceeded),
+            Error::FloorRecord(kube::Error::LinesCodecMaxLineLengthExceeded),
             Error::NotLeader,
             Error::Conflict,
             Error::Finalizer(Box::new(finalizer::Error::UnnamedObject)),

@@ -18,6 +18,7 @@ use kube::{Client, Config, CustomResourceExt, ResourceExt};
 use redlock_operator::api::{DistributedLock, RedisQuorum};
 use redlock_operator::controller::installation_secret::InstallationSecret;
 use redlock_operator::controller::replica_lease::LeaseTiming;
+pub use redlock_operator::controller::run::LockScope;
 use redlock_operator::controller::run::{ElectionOptions, RunOptions, Running, start};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -364,7 +365,31 @@ pub async fn operator_of_installation(
     secret: &[u8],
     installation: &str,
 ) -> (Running, CancellationToken) {
-    operator_of(env, env.operator_client(), secret, None, Some(installation)).await
+    operator_of(
+        env,
+        env.operator_client(),
+        secret,
+        None,
+        Some((installation, LockScope::default())),
+    )
+    .await
+}
+
+/// [`operator_of_installation`] looking only at the locks `scope` covers.
+pub async fn operator_scoped(
+    env: &Env,
+    secret: &[u8],
+    installation: &str,
+    scope: LockScope,
+) -> (Running, CancellationToken) {
+    operator_of(
+        env,
+        env.operator_client(),
+        secret,
+        None,
+        Some((installation, scope)),
+    )
+    .await
 }
 
 async fn operator_of(
@@ -372,8 +397,12 @@ async fn operator_of(
     client: Client,
     secret: &[u8],
     identity: Option<&str>,
-    installation: Option<&str>,
+    installation: Option<(&str, LockScope)>,
 ) -> (Running, CancellationToken) {
+    let (installation, scope) = match installation {
+        Some((name, scope)) => (Some(name.to_owned()), scope),
+        None => (None, LockScope::default()),
+    };
     if std::env::var_os("RUST_LOG").is_some() {
         redlock_operator::telemetry::init(redlock_operator::telemetry::LogFormat::Text, "warn");
     }
@@ -390,7 +419,8 @@ async fn operator_of(
         health_interval: Duration::from_millis(500),
         secrets_namespace: env.namespace.clone(),
         instance: identity.unwrap_or("single").to_owned(),
-        installation: installation.map(str::to_owned),
+        installation,
+        scope,
     };
     let running = start(client, options, shutdown.clone())
         .await

@@ -86,7 +86,7 @@ async fn write_status_from(
                 return Ok(Some(written));
             }
             Err(err) if is_conflict(&err) => current = Cow::Owned(api.get(&name).await?),
-            Err(err) => return Err(err.into()),
+            Err(err) => return Err(Error::StatusWrite(err)),
         }
     }
     Err(Error::Conflict)

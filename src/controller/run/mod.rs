@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -60,6 +60,25 @@ pub struct RunOptions {
     /// This installation's name, recorded on the locks it keeps; `None`: its Lease's `<namespace>/<name>`, or
     /// with no election `<secrets namespace>/<instance>`.
     pub installation: Option<String>,
+    /// Which locks this installation looks at: those in these namespaces (all when empty) matching this label
+    /// selector (all when `None`). Others never enter its cache.
+    pub scope: LockScope,
+}
+
+/// The locks an installation looks at, for teams that run their own (as cert-manager and ingress controllers
+/// scope theirs).
+#[derive(Clone, Debug, Default)]
+pub struct LockScope {
+    pub namespaces: Vec<String>,
+    pub selector: Option<String>,
+}
+
+impl LockScope {
+    /// Whether a lock in `namespace` is in scope (the selector is the API server's to apply). Pure.
+    pub fn covers(&self, namespace: Option<&str>) -> bool {
+        self.namespaces.is_empty()
+            || namespace.is_some_and(|namespace| self.namespaces.iter().any(|scoped| scoped == namespace))
+    }
 }
 
 impl RunOptions {
@@ -173,8 +192,23 @@ pub async fn start(
     });
 
     let lock_health = health.clone();
+    let mut lock_watch = watcher::Config::default();
+    if let Some(selector) = &options.scope.selector {
+        lock_watch = lock_watch.labels(selector);
+    }
+    tracing::info!(namespaces = ?options.scope.namespaces, selector = ?options.scope.selector, "locks looked at (all when empty)");
+    let scope = options.scope.clone();
     let lock_events = without_errors(
-        watcher(locks_api, watcher::Config::default())
+        watcher(locks_api, lock_watch)
+            .try_filter(move |event| {
+                let in_scope = match event {
+                    watcher::Event::Apply(lock)
+                    | watcher::Event::InitApply(lock)
+                    | watcher::Event::Delete(lock) => scope.covers(lock.metadata.namespace.as_deref()),
+                    watcher::Event::Init | watcher::Event::InitDone => true,
+                };
+                std::future::ready(in_scope)
+            })
             .backoff(watch_backoff())
             // Nothing reads them, and the status is written as a patch: every status refresh's watch event would
             // otherwise keep a copy of the managers' bookkeeping per lock.

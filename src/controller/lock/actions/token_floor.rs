@@ -99,7 +99,7 @@ pub async fn record(
                     Err(message) => return Ok(Recorded::Invalid(message)),
                 };
             }
-            Err(err) => return Err(err.into()),
+            Err(err) => return Err(Error::FloorRecord(err)),
         }
     }
     Err(Error::Conflict)

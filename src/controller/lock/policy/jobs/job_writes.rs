@@ -369,7 +369,7 @@ impl JobQueue {
             Err(kube::Error::Api(status)) if status.is_forbidden() || status.is_invalid() => {
                 return self.mark_stale(ctx, job, token, &status.message).await;
             }
-            Err(err) => return Err(err.into()),
+            Err(err) => return Err(Error::JobWrite(err)),
         }
         self.patch(
             ctx,
@@ -409,7 +409,7 @@ impl JobQueue {
         {
             Ok(_) => Ok(()),
             Err(err) if is_not_found(&err) => Ok(()),
-            Err(err) => Err(err.into()),
+            Err(err) => Err(Error::JobWrite(err)),
         }
     }
 

@@ -176,7 +176,7 @@ impl Election {
             }
             // A pod that is gone carries no label.
             Err(err) if is_not_found(&err) => Ok(()),
-            Err(err) => Err(err.into()),
+            Err(err) => Err(Error::PodWrite(err)),
         }
     }
 
@@ -229,7 +229,8 @@ impl Election {
         });
         self.api
             .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+            .await
+            .map_err(Error::PodWrite)?;
         if !current.is_some_and(|view| view.labelled) {
             tracing::info!(pod, token, permit, "leader labelled");
         }
