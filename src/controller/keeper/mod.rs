@@ -268,15 +268,21 @@ impl Keeper {
             let keeper = Arc::clone(self);
             let engines = Arc::clone(engines);
             let leadership = Arc::clone(leadership);
-            tokio::spawn(async move {
-                let quorum = batch.quorum.clone();
-                let (locks, results) = keeper
-                    .extend(engines.lookup(&quorum), batch, &leadership, mode)
-                    .await;
-                let applied = keeper.table().apply(&quorum, locks, results, Instant::now());
-                keeper.report(applied);
-                keeper.batch_done.notify_waiters();
-            });
+            // Every line a batch logs (a lost lock, a failed round) says which quorum's batch it came from.
+            let span =
+                tracing::info_span!("extend_batch", quorum = %batch.quorum, leases = batch.leases.len());
+            tokio::spawn(tracing::Instrument::instrument(
+                async move {
+                    let quorum = batch.quorum.clone();
+                    let (locks, results) = keeper
+                        .extend(engines.lookup(&quorum), batch, &leadership, mode)
+                        .await;
+                    let applied = keeper.table().apply(&quorum, locks, results, Instant::now());
+                    keeper.report(applied);
+                    keeper.batch_done.notify_waiters();
+                },
+                span,
+            ));
         }
     }
 

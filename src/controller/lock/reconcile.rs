@@ -348,7 +348,11 @@ async fn apply_semaphore(
             });
             continue;
         }
-        actions.push(act(&target, ctx, turn, held, &status, latest_token).await?);
+        // The reconcile's span names the lock; this one the permit, for every line its steps log.
+        let span = tracing::info_span!("permit", permit = permit.permit);
+        let action =
+            tracing::Instrument::instrument(act(&target, ctx, turn, held, &status, latest_token), span);
+        actions.push(action.await?);
     }
     // The held permits' refreshes go in one status write; a permit whose status no longer allows it goes through
     // the one-permit steps (it is given up and acquired again).
@@ -431,7 +435,7 @@ async fn act(
         quorum: &target.settings.quorum,
     };
     let action = decide(wanted, held.as_ref(), status, latest_token);
-    tracing::debug!(lock = %target.lref, ?action, "decided");
+    tracing::debug!(?action, "decided");
     match action {
         LockAction::Keep { write_status } => match held {
             Some(held) if write_status => actions::acquire::refresh_status(target, ctx, &holder, &held).await,

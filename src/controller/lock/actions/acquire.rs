@@ -94,7 +94,11 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
         match record_floor(ctx, quorum, key, token).await {
             Ok(Recorded::Written) => return hold(target, ctx, holder, &lease).await,
             Ok(Recorded::Reacquire { floor: record }) => {
-                tracing::warn!(lock = %target.lref, token, floor = record, "the masters granted a token the cluster's floor record already holds (they forgot): acquiring above it");
+                tracing::warn!(
+                    token,
+                    floor = record,
+                    "the masters granted a token the cluster's floor record already holds (they forgot): acquiring above it"
+                );
                 release_held(ctx, target.permit_ref(), Some(quorum)).await;
                 floor = record;
                 floor_is_record = true;
@@ -135,7 +139,7 @@ async fn token_exhausted(target: &Target<'_>, ctx: &Context, exhausted: &Exhaust
         floor_record: &floor_record,
     };
     let message = exhausted_message(exhausted, &places);
-    tracing::warn!(lock = %target.lref, ?exhausted, "fencing token exhausted");
+    tracing::warn!(?exhausted, "fencing token exhausted");
     not_ready(
         target.lock,
         ctx,
@@ -149,7 +153,7 @@ async fn token_exhausted(target: &Target<'_>, ctx: &Context, exhausted: &Exhaust
 
 /// The key's floor record makes no sense: nothing is acquired until it is repaired.
 async fn invalid_floor(target: &Target<'_>, ctx: &Context, message: String) -> Result<Action, Error> {
-    tracing::warn!(lock = %target.lref, %message, "invalid fencing-token floor record");
+    tracing::warn!(%message, "invalid fencing-token floor record");
     not_ready(
         target.lock,
         ctx,
@@ -205,7 +209,7 @@ async fn hold(target: &Target<'_>, ctx: &Context, holder: &str, lease: &Lease) -
                 lease.report().votes(),
                 lease.report().nodes.len()
             );
-            tracing::info!(lock = %target.lref, token, %holder, "acquired");
+            tracing::info!(token, %holder, "acquired");
             target.publish(ctx, EventType::Normal, "Acquired", note).await;
             Ok(Action::requeue(RESYNC))
         }
@@ -217,7 +221,7 @@ async fn hold(target: &Target<'_>, ctx: &Context, holder: &str, lease: &Lease) -
         Err(err) if err.outcome_unknown() => {
             // The write may have landed (the connection broke before its answer): keep the lock; the
             // next look at status settles it, and releasing could empty a lock status shows as held.
-            tracing::warn!(lock = %target.lref, token, error = %err, "the status write's outcome is unknown: keeping the lock");
+            tracing::warn!(token, error = %err, "the status write's outcome is unknown: keeping the lock");
             Err(err)
         }
         Err(err) => {
@@ -239,7 +243,10 @@ pub async fn refresh_status(
     }
     // Status shows a newer token than ours, or ours lost: this acquisition is stale for everyone who fences on the
     // token. Give it up (its holder may have been shown it: released when that validity ends) and acquire above.
-    tracing::warn!(lock = %target.lref, token = held.token, "a newer fencing token, or this one lost, is in status: re-acquiring");
+    tracing::warn!(
+        token = held.token,
+        "a newer fencing token, or this one lost, is in status: re-acquiring"
+    );
     give_up_kept(ctx, target.lock, target.permit_ref(), Some(target.policy)).await?;
     Ok(Action::requeue(Duration::from_millis(10)))
 }
@@ -325,12 +332,12 @@ pub async fn resume(
     match take_back(target, ctx, token, holder).await? {
         Ok(lease) => {
             if show_held(target, ctx, holder, &lease, token, Showing::Refresh).await? {
-                tracing::info!(lock = %target.lref, token, "resumed a lock held by a previous replica");
+                tracing::info!(token, "resumed a lock held by a previous replica");
                 return Ok(Action::requeue(RESYNC));
             }
             // Status (newer than the cache that showed it held) shows the token lost or a newer one: it is never
             // brought back. Its holder may have been shown the validity the takeover refreshed: released after.
-            tracing::info!(lock = %target.lref, token, "not resumed: status shows this token lost or a newer one");
+            tracing::info!(token, "not resumed: status shows this token lost or a newer one");
             give_up_kept(ctx, target.lock, target.permit_ref(), Some(target.policy)).await?;
             Ok(Action::requeue(Duration::from_millis(10)))
         }

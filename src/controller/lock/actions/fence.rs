@@ -73,7 +73,7 @@ pub async fn report_lost(
     })
     .await?;
     if written {
-        tracing::warn!(lock = %target.lref, %reason, "lock lost");
+        tracing::warn!(%reason, "lock lost");
         target.publish(ctx, EventType::Warning, "Lost", message).await;
     }
     Ok(Action::requeue(contended_retry(
@@ -107,11 +107,11 @@ pub async fn resume_fenced(
         // Too few masters answered to tell: the masters that hold the value or did not answer could still make
         // a majority. Nobody else can take the lock meanwhile either, so try again rather than give the token up.
         Err(ExtendError::NoQuorum { report }) if report.votes() + report.unreachable() >= report.quorum => {
-            tracing::info!(lock = %target.lref, job, token, %report, "the fenced Job's lock cannot be taken back yet");
+            tracing::info!(job, token, %report, "the fenced Job's lock cannot be taken back yet");
             Ok(Action::requeue(Duration::from_secs(1)))
         }
         Err(err) => {
-            tracing::info!(lock = %target.lref, job, token, error = %err, "the fenced Job's lock cannot be taken back");
+            tracing::info!(job, token, error = %err, "the fenced Job's lock cannot be taken back");
             jobs.requeue_or_mark_stale(ctx, job, token).await?;
             Ok(Action::requeue(Duration::from_millis(10)))
         }
