@@ -24,8 +24,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::exit_code;
-use super::supervise::{Child, Ended};
-use super::term::{Term, current_term, follow, term_of, watch_term};
+use super::supervise::Ended;
+use super::term::{Term, current_term, follow, run_in_term, term_of};
 use crate::api::DistributedLock;
 
 #[derive(Debug, Args)]
@@ -176,28 +176,12 @@ pub async fn run(args: GuardArgs) -> i32 {
         "redlock-operator guard: Job {} holds {namespace}/{} with fencing token {}: starting the command",
         args.job, args.lock, current.token
     );
-    let mut env = vec![
-        ("REDLOCK_LOCK", format!("{namespace}/{}", args.lock)),
-        ("REDLOCK_JOB", args.job.clone()),
-        ("REDLOCK_FENCING_TOKEN", current.token.to_string()),
-        ("REDLOCK_VALID_UNTIL", current.valid_until.to_string()),
-    ];
-    if let Some(permit) = current.permit {
-        env.push(("REDLOCK_PERMIT", permit.to_string()));
-    }
-    let mut child = match Child::spawn(&args.command, &env) {
-        Ok(child) => child,
+    let lock = format!("{namespace}/{}", args.lock);
+    let job = ("REDLOCK_JOB", args.job.clone());
+    let ended = match run_in_term(&args.command, lock, job, &current, &term, args.fence_margin).await {
+        Ok(ended) => ended,
         Err((code, message)) => return fail(code, message),
     };
-    let lost = CancellationToken::new();
-    let watching = tokio::spawn(watch_term(
-        term.clone(),
-        current.clone(),
-        args.fence_margin,
-        lost.clone(),
-    ));
-    let ended = child.supervise(lost, args.fence_margin / 2).await;
-    watching.abort();
     match ended {
         Ended::Exited(code) => code,
         Ended::StoppedOnLoss => {

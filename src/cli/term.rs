@@ -6,6 +6,7 @@
 //! status showed, on this process's monotonic clock, whether or not a watch event comes: a holder's safety does
 //! not rest on the operator or the API server answering.
 
+use std::ffi::OsString;
 use std::time::Duration;
 
 use futures::TryStreamExt;
@@ -16,6 +17,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::supervise::{Child, Ended};
 use crate::api::{DistributedLock, LockPhase};
 
 /// A holder's term as status shows it: what `elect` and the Job guard run their command under.
@@ -74,6 +76,35 @@ pub async fn current_term(terms: &mut watch::Receiver<Option<Term>>, margin: Dur
             () = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
     }
+}
+
+/// Runs `command` in `current`: with the term in its environment (`REDLOCK_LOCK` = `lock`,
+/// `REDLOCK_FENCING_TOKEN`, `REDLOCK_VALID_UNTIL`, a semaphore's `REDLOCK_PERMIT`) and the holder's own variable,
+/// stopped (SIGTERM, then SIGKILL half a margin later) when `terms` stops showing the term or at its fence time.
+/// `Err`: it could not be started (an exit status and a message).
+pub(crate) async fn run_in_term(
+    command: &[OsString],
+    lock: String,
+    holder: (&'static str, String),
+    current: &Term,
+    terms: &watch::Receiver<Option<Term>>,
+    margin: Duration,
+) -> Result<Ended, (i32, String)> {
+    let mut env = vec![
+        ("REDLOCK_LOCK", lock),
+        holder,
+        ("REDLOCK_FENCING_TOKEN", current.token.to_string()),
+        ("REDLOCK_VALID_UNTIL", current.valid_until.to_string()),
+    ];
+    if let Some(permit) = current.permit {
+        env.push(("REDLOCK_PERMIT", permit.to_string()));
+    }
+    let mut child = Child::spawn(command, &env)?;
+    let lost = CancellationToken::new();
+    let watching = tokio::spawn(watch_term(terms.clone(), current.clone(), margin, lost.clone()));
+    let ended = child.supervise(lost, margin / 2).await;
+    watching.abort();
+    Ok(ended)
 }
 
 /// Fires `lost` when status stops naming this term, or at its fence time if no refresh extends it.
