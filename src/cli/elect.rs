@@ -8,15 +8,11 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use clap::Args;
-use kube::Api;
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
 use super::exit_code;
 use super::supervise::Ended;
-use super::term::{Term, current_term, follow, run_in_term, term_of};
-use crate::api::DistributedLock;
+use super::term::{current_term, follow_lock, run_in_term, term_of};
 
 #[derive(Debug, Args)]
 #[command(after_help = concat!(durations_help!(), "
@@ -54,26 +50,15 @@ pub async fn run(args: ElectArgs) -> i32 {
             "--lock and --pod (or POD_NAME) must not be empty".into(),
         );
     }
-    let client = match super::kube_client().await {
-        Ok(client) => client,
+    let pod = args.pod.clone();
+    let followed = follow_lock(args.namespace.clone(), &args.lock, move |lock| {
+        term_of(lock, &pod)
+    })
+    .await;
+    let (namespace, mut term, _stop_on_exit) = match followed {
+        Ok(followed) => followed,
         Err((code, message)) => return fail(code, message),
     };
-    let namespace = args
-        .namespace
-        .clone()
-        .unwrap_or_else(|| client.default_namespace().to_owned());
-    let api: Api<DistributedLock> = Api::namespaced(client, &namespace);
-    let (terms, mut term) = watch::channel(None::<Term>);
-    let stop_watch = CancellationToken::new();
-    let pod = args.pod.clone();
-    tokio::spawn(follow(
-        api,
-        args.lock.clone(),
-        move |lock| term_of(lock, &pod),
-        terms,
-        stop_watch.clone(),
-    ));
-    let _stop_on_exit = stop_watch.drop_guard();
     let (Ok(mut sigterm), Ok(mut sigint)) =
         (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
     else {

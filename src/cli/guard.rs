@@ -18,14 +18,11 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use clap::Args;
-use kube::Api;
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
 use super::exit_code;
 use super::supervise::Ended;
-use super::term::{Term, current_term, follow, run_in_term, term_of};
+use super::term::{Term, current_term, follow_lock, run_in_term, term_of};
 use crate::api::DistributedLock;
 
 #[derive(Debug, Args)]
@@ -142,26 +139,15 @@ pub async fn run(args: GuardArgs) -> i32 {
         }
         return exit_code::LOCK_LOST;
     };
-    let client = match super::kube_client().await {
-        Ok(client) => client,
+    let job = args.job.clone();
+    let followed = follow_lock(args.namespace.clone(), &args.lock, move |lock| {
+        granted_term(lock, &job, grant)
+    })
+    .await;
+    let (namespace, mut term, _stop_on_exit) = match followed {
+        Ok(followed) => followed,
         Err((code, message)) => return fail(code, message),
     };
-    let namespace = args
-        .namespace
-        .clone()
-        .unwrap_or_else(|| client.default_namespace().to_owned());
-    let api: Api<DistributedLock> = Api::namespaced(client, &namespace);
-    let (terms, mut term) = watch::channel(None::<Term>);
-    let stop_watch = CancellationToken::new();
-    let job = args.job.clone();
-    tokio::spawn(follow(
-        api,
-        args.lock.clone(),
-        move |lock| granted_term(lock, &job, grant),
-        terms,
-        stop_watch.clone(),
-    ));
-    let _stop_on_exit = stop_watch.drop_guard();
     let current = tokio::select! {
         current = current_term(&mut term, args.fence_margin) => match current {
             Some(current) => current,

@@ -15,7 +15,7 @@ use kube::Api;
 use kube::runtime::watcher;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::supervise::{Child, Ended};
 use crate::api::{DistributedLock, LockPhase};
@@ -76,6 +76,23 @@ pub async fn current_term(terms: &mut watch::Receiver<Option<Term>>, margin: Dur
             () = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
     }
+}
+
+/// The lock `lock` followed in `namespace` (the client's default when `None`): its namespace, the terms `term_of`
+/// finds in it as they change, and the guard that stops the watch when dropped. `Err`: no Kubernetes
+/// configuration (an exit status and a message).
+pub(crate) async fn follow_lock(
+    namespace: Option<String>,
+    lock: &str,
+    term_of: impl Fn(&DistributedLock) -> Option<Term> + Send + 'static,
+) -> Result<(String, watch::Receiver<Option<Term>>, DropGuard), (i32, String)> {
+    let client = super::kube_client().await?;
+    let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
+    let api: Api<DistributedLock> = Api::namespaced(client, &namespace);
+    let (terms, term) = watch::channel(None::<Term>);
+    let stop = CancellationToken::new();
+    tokio::spawn(follow(api, lock.to_owned(), term_of, terms, stop.clone()));
+    Ok((namespace, term, stop.drop_guard()))
 }
 
 /// Runs `command` in `current`: with the term in its environment (`REDLOCK_LOCK` = `lock`,
