@@ -134,6 +134,7 @@ async fn bench() -> Result<(), BoxError> {
             instance: "bench".into(),
             installation: None,
             scope: Default::default(),
+            hand_over_url: None,
         },
         shutdown.clone(),
     )

@@ -877,27 +877,16 @@ async fn a_job_semaphore_lowered_under_its_jobs_lets_them_finish_and_then_runs_o
 /// A `redlock-operator guard` process standing in for a Job pod's container: the grant's token as the downward
 /// API would pass it from the pod's annotation, and `script` as the work, with `$OUT` to write to.
 fn guard(env: &Env, job: &str, token: &str, out: &std::path::Path, script: &str) -> tokio::process::Child {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_redlock-operator"))
-        .args([
-            "guard",
-            "--lock",
-            "batch",
-            "--namespace",
-            &env.namespace,
-            "--",
-            "sh",
-            "-c",
-            script,
-        ])
-        .env("KUBECONFIG", &env.kubeconfig)
-        .env("JOB_NAME", job)
-        .env("REDLOCK_GRANTED_TOKEN", token)
-        .env("OUT", out)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("guard")
+    spawn_helper(
+        env,
+        &["guard", "--lock", "batch"],
+        script,
+        &[
+            ("JOB_NAME", job.as_ref()),
+            ("REDLOCK_GRANTED_TOKEN", token.as_ref()),
+            ("OUT", out.as_os_str()),
+        ],
+    )
 }
 
 async fn exit_status(child: &mut tokio::process::Child) -> Option<i32> {

@@ -131,6 +131,30 @@ async fn setup(
 ) -> (String, Running, tokio_util::sync::CancellationToken) {
     let quorum = env.unique("q");
     env.create_quorum(&quorum, &masters.urls(), "3s").await;
+    start_on(env, seed, quorum).await
+}
+
+/// [`setup`] for locks of up to a minute: the masters were started for the test, so no restart is waited out
+/// (a restarted master sits out its quorum's maxTtl).
+async fn setup_long_ttl(
+    masters: &RedisCluster,
+    env: &Env,
+    seed: u8,
+) -> (String, Running, tokio_util::sync::CancellationToken) {
+    let quorum = env.unique("q");
+    env.create_quorum_from(serde_json::json!({
+        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
+        "spec": { "endpoints": masters.urls(), "maxTtl": "60s", "nodeTimeout": "100ms", "assumeDurable": true }
+    }))
+    .await;
+    start_on(env, seed, quorum).await
+}
+
+async fn start_on(
+    env: &Env,
+    seed: u8,
+    quorum: String,
+) -> (String, Running, tokio_util::sync::CancellationToken) {
     let (running, shutdown) = operator(env, &installation_secret(seed), None).await;
     quorum_available(env, &quorum).await;
     (quorum, running, shutdown)
@@ -400,27 +424,7 @@ async fn elect_runs_the_command_only_on_the_leader_with_its_token() {
     let mut helpers = Vec::new();
     for pod in ["web-0", "web-1"] {
         let out = dir.path().join(pod);
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_redlock-operator"))
-            .args([
-                "elect",
-                "--lock",
-                "web",
-                "--pod",
-                pod,
-                "--namespace",
-                &env.namespace,
-                "--",
-                "sh",
-                "-c",
-                script,
-            ])
-            .env("KUBECONFIG", &env.kubeconfig)
-            .env("OUT", &out)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("elect");
+        let child = spawn_elect(&env, pod, &dir.path().join("no-token"), script, &out);
         helpers.push((child, out));
     }
     let read = |path: &std::path::Path| std::fs::read_to_string(path).unwrap_or_default();
@@ -447,6 +451,216 @@ async fn elect_runs_the_command_only_on_the_leader_with_its_token() {
         assert!(status.code().is_some(), "elect exited by itself: {status}");
         let _ = out;
     }
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
+
+/// `elect` for `pod` running `script` (with `$POD` set), reporting with the token in `token_file`.
+fn spawn_elect(
+    env: &Env,
+    pod: &str,
+    token_file: &std::path::Path,
+    script: &str,
+    out: &std::path::Path,
+) -> tokio::process::Child {
+    spawn_helper(
+        env,
+        &["elect", "--lock", "web", "--pod", pod],
+        script,
+        &[
+            ("REDLOCK_REPORT_TOKEN_FILE", token_file.as_os_str()),
+            ("OUT", out.as_os_str()),
+            ("POD", pod.as_ref()),
+        ],
+    )
+}
+
+/// The lock's status.handOverUrl, and the key waiting with `token` (its holder and release time), once status
+/// records it as given up.
+async fn given_up(env: &Env, token: i64) -> (String, String, k8s_openapi::jiff::Timestamp) {
+    let lock = lock_where(env, "web", "the key given up recorded", |lock| {
+        lock.status
+            .as_ref()
+            .is_some_and(|status| status.releasing.iter().any(|key| key.fencing_token == token))
+    })
+    .await;
+    let status = lock.status.expect("status");
+    let key = status
+        .releasing
+        .iter()
+        .find(|key| key.fencing_token == token)
+        .expect("the key");
+    (
+        status
+            .hand_over_url
+            .clone()
+            .expect("status shows where to report"),
+        key.holder.clone(),
+        key.release_at.0,
+    )
+}
+
+/// Issue 29: a holder that reports its work stopped hands over at once, not when the validity shown to it ends;
+/// a report is taken only from the holder's own pod, for its own given-up grant, with a token for our audience
+/// (forged, stale and early reports are refused, and change nothing); `elect` reports by itself after a move
+/// and after SIGTERM (a rolling update). At a 60 s TTL, a hand-over that waited for the validity would take a
+/// minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_reports_its_work_stopped_hands_over_before_its_validity_ends() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let (quorum, running, shutdown) = setup_long_ttl(&masters, &env, 31).await;
+    ready_pods(&env, &["web-0", "web-1", "web-2"]).await;
+    web_lock(&env, &quorum, "60s", None).await;
+    wait_for_leader(&env, "web-0").await;
+
+    let dir = tempfile::tempdir().expect("dir");
+    let mut tokens = BTreeMap::new();
+    for pod in ["web-0", "web-1", "web-2"] {
+        let file = dir.path().join(format!("{pod}.token"));
+        let token = pod_token(&env, pod, "redlock-operator").await;
+        std::fs::write(&file, &token).expect("token file");
+        tokens.insert(pod, token);
+    }
+    // One log for every command, appended in the order things happen.
+    let log = dir.path().join("log");
+    let script = "echo \"start $POD $REDLOCK_FENCING_TOKEN\" >> \"$OUT\"; trap 'echo \"stop $POD\" >> \"$OUT\"; exit 0' TERM; while true; do sleep 0.05; done";
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    // web-0's elect has no token: it cannot report, and its key waits.
+    let mut web0 = spawn_elect(&env, "web-0", &dir.path().join("missing"), script, &log);
+    eventually("web-0's command to start", || async {
+        (read() == "start web-0 1\n").then_some(())
+    })
+    .await;
+
+    // 1. A move with no report: the key waits for the validity shown to web-0.
+    let shown = valid_until(&env, "web-0").await;
+    set_ready(&env, "web-0", false).await;
+    eventually("web-0's command to stop", || async {
+        read().ends_with("stop web-0\n").then_some(())
+    })
+    .await;
+    let (url, holder, release_at) = given_up(&env, 1).await;
+    assert_eq!(holder, "web-0");
+    assert!(
+        release_at >= shown,
+        "released before the validity shown ends: {release_at} < {shown}"
+    );
+    // Forged, stale and early reports are refused and release nothing.
+    let report = |token: i64| serde_json::json!({ "lock": "web", "permit": 0, "fencingToken": token });
+    let api_token = pod_token(&env, "web-0", "https://kubernetes.default.svc.cluster.local").await;
+    for (bearer, body, code, reason, what) in [
+        (None, report(1), 401, "Unauthorized", "no token"),
+        (
+            Some(api_token.as_str()),
+            report(1),
+            401,
+            "Unauthorized",
+            "a token for another audience",
+        ),
+        (
+            Some(tokens["web-1"].as_str()),
+            report(1),
+            403,
+            "NotTheHolder",
+            "another pod reporting for web-0",
+        ),
+        (
+            Some(tokens["web-0"].as_str()),
+            report(2),
+            409,
+            "NotGivenUp",
+            "a token never given up",
+        ),
+        (
+            Some(tokens["web-0"].as_str()),
+            serde_json::json!({ "lock": "web", "permit": 1, "fencingToken": 1 }),
+            409,
+            "NotGivenUp",
+            "another permit",
+        ),
+        (
+            Some(tokens["web-0"].as_str()),
+            serde_json::json!({ "lock": "nope", "permit": 0, "fencingToken": 1 }),
+            404,
+            "NotFound",
+            "a lock that does not exist",
+        ),
+    ] {
+        assert_eq!(
+            send_stopped_report(&url, bearer, body).await,
+            (code, reason.to_owned()),
+            "{what}"
+        );
+    }
+    assert!(
+        labelled(&env).await.is_empty(),
+        "a refused report released the key"
+    );
+    // web-0's own report, as its elect would send it: taken, and web-1 leads long before the validity ends.
+    assert_eq!(
+        send_stopped_report(&url, Some(&tokens["web-0"]), report(1)).await,
+        (200, "Taken".to_owned())
+    );
+    wait_for_leader(&env, "web-1").await;
+    assert!(
+        k8s_openapi::jiff::Timestamp::now() < shown,
+        "the hand-over waited for the validity"
+    );
+    let _ = web0.kill().await;
+
+    // 2. A move where elect reports by itself: web-1 becomes unready, and web-2 leads before web-1's validity
+    // ends, after web-1's command stopped.
+    let _ = std::fs::remove_file(&log);
+    let mut web1 = spawn_elect(&env, "web-1", &dir.path().join("web-1.token"), script, &log);
+    let mut web2 = spawn_elect(&env, "web-2", &dir.path().join("web-2.token"), script, &log);
+    eventually("web-1's command to start", || async {
+        read().starts_with("start web-1 ").then_some(())
+    })
+    .await;
+    let shown = valid_until(&env, "web-1").await;
+    set_ready(&env, "web-1", false).await;
+    wait_for_leader(&env, "web-2").await;
+    assert!(
+        k8s_openapi::jiff::Timestamp::now() < shown,
+        "web-1's elect did not report"
+    );
+    eventually("web-2's command to start", || async {
+        read()
+            .lines()
+            .any(|line| line.starts_with("start web-2 "))
+            .then_some(())
+    })
+    .await;
+    let lines: Vec<String> = read().lines().map(str::to_owned).collect();
+    let stopped = lines.iter().position(|line| line == "stop web-1");
+    let started = lines.iter().position(|line| line.starts_with("start web-2 "));
+    assert!(
+        stopped.is_some() && stopped < started,
+        "web-2 started before web-1 stopped: {lines:?}"
+    );
+
+    // 3. A rolling update: web-1 ready again, web-2's pod deleted; the test plays the kubelet and sends SIGTERM
+    // to its elect, which stops the command, reports once the key is recorded as given up, and exits.
+    set_ready(&env, "web-1", true).await;
+    let shown = valid_until(&env, "web-2").await;
+    pods(&env)
+        .delete("web-2", &DeleteParams::default())
+        .await
+        .expect("delete web-2");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(web2.id().expect("pid")).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    wait_for_leader(&env, "web-1").await;
+    assert!(
+        k8s_openapi::jiff::Timestamp::now() < shown,
+        "web-2's elect did not report on SIGTERM"
+    );
+    let status = tokio::time::timeout(PATIENCE, web2.wait())
+        .await
+        .expect("elect exits after reporting")
+        .expect("status");
+    assert_eq!(status.code(), Some(0), "the command's own status after SIGTERM");
+    let _ = web1.kill().await;
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }
@@ -687,7 +901,7 @@ async fn a_leader_semaphore_can_be_lowered_and_raised_under_its_leaders() {
 async fn a_plain_leader_lock_becomes_a_semaphore_and_back_keeping_its_leader() {
     let masters = RedisCluster::start(3).expect("masters");
     let env = Env::new().await;
-    let (quorum, running, shutdown) = setup(&masters, &env, 31).await;
+    let (quorum, running, shutdown) = setup_long_ttl(&masters, &env, 31).await;
     ready_pods(&env, &["web-0", "web-1", "web-2"]).await;
     web_semaphore(&env, &quorum, "3s", None, 1).await;
     let plain = lock_where(&env, "web", "held by web-0", |lock| {

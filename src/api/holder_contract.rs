@@ -31,3 +31,24 @@ pub const REQUEUED_ANNOTATION: &str = "redlock.io/requeued";
 pub const INSTALLATION_ANNOTATION: &str = "redlock.io/installation";
 /// On each DistributedLock while the operator may still hold its key: deletion waits for the release.
 pub const FINALIZER: &str = "redlock.io/release";
+
+/// The audience of the service-account token a holder's `elect` or Job guard presents with its report that its
+/// work has stopped (a projected volume in the pod): a token for any other audience is refused, so the API
+/// server's own tokens, which the pod also carries, are never sent to the operator.
+pub const REPORT_TOKEN_AUDIENCE: &str = "redlock-operator";
+/// Where that projected token is mounted, by default.
+pub const REPORT_TOKEN_PATH: &str = "/var/run/secrets/redlock.io/token";
+/// The path of `status.handOverUrl` on the active replica that takes the reports.
+pub const STOPPED_REPORT_PATH: &str = "/v1/stopped";
+
+/// What a holder reports when its work under a grant has stopped and will not start again under it: the lock
+/// (in the pod's own namespace), the permit and the fencing token. Who reports is not in the body: it is the pod
+/// the bearer token was issued to.
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StoppedReport {
+    pub lock: String,
+    #[serde(default)]
+    pub permit: u32,
+    pub fencing_token: i64,
+}

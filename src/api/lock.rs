@@ -237,6 +237,11 @@ pub struct DistributedLockStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 100))]
     pub releasing: Vec<ReleasingKey>,
+    /// Where a holder's `elect` or Job guard reports that its work has stopped for a key given up, so that the key
+    /// is released at once instead of at its releaseAt: the active operator replica's address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048))]
+    pub hand_over_url: Option<String>,
     /// Holder changes and losses so far.
     #[serde(default)]
     pub transitions: i64,

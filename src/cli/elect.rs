@@ -5,14 +5,17 @@
 //! `--fence-margin` before the validity shown, whether or not a watch event came.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::exit_code;
+use super::report::{Reporter, report_stopped, report_stopped_unless_signalled};
 use super::supervise::Ended;
 use super::term::{current_term, follow_lock, run_in_term, term_of};
+use crate::api::holder_contract::REPORT_TOKEN_PATH;
 
 #[derive(Debug, Args)]
 #[command(after_help = concat!(durations_help!(), "
@@ -20,7 +23,11 @@ use super::term::{current_term, follow_lock, run_in_term, term_of};
 The command gets REDLOCK_LOCK (namespace/name), REDLOCK_LEADER (this pod), REDLOCK_FENCING_TOKEN and
 REDLOCK_VALID_UNTIL in its environment, and REDLOCK_PERMIT (this pod's permit) with spec.permits above 1. It needs get, list and watch on distributedlocks.redlock.io in the
 lock's namespace (a Role bound to the pod's service account). Exit status: the command's own when it ends by
-itself; 64 bad usage; 69 no Kubernetes configuration; 0 after SIGTERM/SIGINT while not leading."))]
+itself; 64 bad usage; 69 no Kubernetes configuration; 0 after SIGTERM/SIGINT while not leading.
+
+When the command has stopped for a move, a loss or a SIGTERM, elect reports it to the operator (status.handOverUrl)
+with the pod's projected service-account token for the audience redlock-operator, so the next leader gets the lock
+at once instead of when the validity shown ends."))]
 pub struct ElectArgs {
     /// The DistributedLock (with holder.leaderElection) whose leader runs the command.
     #[arg(long, value_name = "NAME")]
@@ -34,6 +41,10 @@ pub struct ElectArgs {
     /// Stop the command this long before the validity shown in status ends.
     #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = crate::duration::parse)]
     pub fence_margin: Duration,
+    /// The projected service-account token (audience redlock-operator) that proves this pod's reports that its
+    /// command stopped; without it, a hand-over waits for the validity shown.
+    #[arg(long, env = "REDLOCK_REPORT_TOKEN_FILE", value_name = "PATH", default_value = REPORT_TOKEN_PATH)]
+    pub report_token_file: PathBuf,
     /// The command to run while leading, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
@@ -55,18 +66,25 @@ pub async fn run(args: ElectArgs) -> i32 {
         term_of(lock, &pod)
     })
     .await;
-    let (namespace, mut term, _stop_on_exit) = match followed {
+    let mut followed = match followed {
         Ok(followed) => followed,
         Err((code, message)) => return fail(code, message),
     };
+    let namespace = followed.namespace.clone();
     let (Ok(mut sigterm), Ok(mut sigint)) =
         (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
     else {
         return fail(exit_code::SOFTWARE, "cannot install signal handlers".into());
     };
+    let reporter = Reporter {
+        holder: &args.pod,
+        lock: &args.lock,
+        token_file: &args.report_token_file,
+        tool: "elect",
+    };
     loop {
         let current = tokio::select! {
-            current = current_term(&mut term, args.fence_margin) => match current {
+            current = current_term(&mut followed.terms, args.fence_margin) => match current {
                 Some(current) => current,
                 None => return fail(exit_code::SOFTWARE, "the watch ended".into()),
             },
@@ -79,16 +97,49 @@ pub async fn run(args: ElectArgs) -> i32 {
         );
         let lock = format!("{namespace}/{}", args.lock);
         let leader = ("REDLOCK_LEADER", args.pod.clone());
-        let ended = match run_in_term(&args.command, lock, leader, &current, &term, args.fence_margin).await {
+        let ended = match run_in_term(
+            &args.command,
+            lock,
+            leader,
+            &current,
+            &followed.terms,
+            args.fence_margin,
+        )
+        .await
+        {
             Ok(ended) => ended,
             Err((code, message)) => return fail(code, message),
         };
         match ended {
+            // Not reported: the container may be restarted in this pod while status still shows the grant.
             Ended::Exited(code) => return code,
-            Ended::StoppedOnLoss => eprintln!(
-                "redlock-operator elect: leadership of {namespace}/{} ended (token {}); the command was stopped",
-                args.lock, current.token
-            ),
+            Ended::Signalled(code) => {
+                // The pod is being stopped (a rolling update): the operator moves the lock, and the report
+                // lets the next leader have it as soon as that is recorded. A second signal ends the wait.
+                report_stopped_unless_signalled(&reporter, &current, followed.latest.clone()).await;
+                return code;
+            }
+            Ended::StoppedOnLoss => {
+                eprintln!(
+                    "redlock-operator elect: leadership of {namespace}/{} ended (token {}); the command was stopped",
+                    args.lock, current.token
+                );
+                // Reported while this pod waits to lead again: the grant it stopped is never shown again, so
+                // the work cannot start under it (`lock::reports::rule`).
+                let holder = args.pod.clone();
+                let lock = args.lock.clone();
+                let token_file = args.report_token_file.clone();
+                let latest = followed.latest.clone();
+                tokio::spawn(async move {
+                    let reporter = Reporter {
+                        holder: &holder,
+                        lock: &lock,
+                        token_file: &token_file,
+                        tool: "elect",
+                    };
+                    report_stopped(&reporter, &current, latest).await;
+                });
+            }
         }
     }
 }

@@ -15,15 +15,18 @@
 //! that waits for the grant to show current again.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::exit_code;
+use super::report::{Reporter, report_stopped_unless_signalled};
 use super::supervise::Ended;
 use super::term::{Term, current_term, follow_lock, run_in_term, term_of};
 use crate::api::DistributedLock;
+use crate::api::holder_contract::REPORT_TOKEN_PATH;
 
 #[derive(Debug, Args)]
 #[command(after_help = concat!(durations_help!(), "
@@ -35,7 +38,11 @@ REDLOCK_VALID_UNTIL and, for a semaphore, REDLOCK_PERMIT. It needs get, list and
 distributedlocks.redlock.io in the lock's namespace. Exit status: the command's own when it ends by itself; 76
 when the grant ended and the command was stopped, or the pod was stopped before its grant was current (a Job's
 podFailurePolicy can ignore it); 64 bad usage; 69 no Kubernetes configuration; 126/127 the command cannot be
-run."))]
+run.
+
+When the command was stopped (the grant ended, or the pod got SIGTERM), the guard reports it to the operator
+(status.handOverUrl) with the pod's projected service-account token for the audience redlock-operator, so the key
+goes to the next holder at once instead of when the validity shown ends."))]
 pub struct GuardArgs {
     /// The DistributedLock (with holder.jobs) the Job is queued on.
     #[arg(long, value_name = "NAME")]
@@ -62,6 +69,10 @@ pub struct GuardArgs {
     /// Stop the command this long before the validity shown in status ends.
     #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = crate::duration::parse)]
     pub fence_margin: Duration,
+    /// The projected service-account token (audience redlock-operator) that proves this pod's reports that its
+    /// command stopped; without it, a hand-over waits for the validity shown.
+    #[arg(long, env = "REDLOCK_REPORT_TOKEN_FILE", value_name = "PATH", default_value = REPORT_TOKEN_PATH)]
+    pub report_token_file: PathBuf,
     /// The command to run while the grant is current, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
@@ -144,12 +155,13 @@ pub async fn run(args: GuardArgs) -> i32 {
         granted_term(lock, &job, grant)
     })
     .await;
-    let (namespace, mut term, _stop_on_exit) = match followed {
+    let mut followed = match followed {
         Ok(followed) => followed,
         Err((code, message)) => return fail(code, message),
     };
+    let namespace = followed.namespace.clone();
     let current = tokio::select! {
-        current = current_term(&mut term, args.fence_margin) => match current {
+        current = current_term(&mut followed.terms, args.fence_margin) => match current {
             Some(current) => current,
             None => return fail(exit_code::SOFTWARE, "the watch ended".into()),
         },
@@ -164,17 +176,40 @@ pub async fn run(args: GuardArgs) -> i32 {
     );
     let lock = format!("{namespace}/{}", args.lock);
     let job = ("REDLOCK_JOB", args.job.clone());
-    let ended = match run_in_term(&args.command, lock, job, &current, &term, args.fence_margin).await {
+    let ended = match run_in_term(
+        &args.command,
+        lock,
+        job,
+        &current,
+        &followed.terms,
+        args.fence_margin,
+    )
+    .await
+    {
         Ok(ended) => ended,
         Err((code, message)) => return fail(code, message),
     };
+    let reporter = Reporter {
+        holder: &args.job,
+        lock: &args.lock,
+        token_file: &args.report_token_file,
+        tool: "guard",
+    };
     match ended {
+        // Not reported: with restartPolicy OnFailure the container may start again in this pod.
         Ended::Exited(code) => code,
+        Ended::Signalled(code) => {
+            // The pod is being deleted (the Job suspended on a loss or the lock's deletion): the report lets the
+            // key go once the operator has recorded it as given up. A second signal ends the wait.
+            report_stopped_unless_signalled(&reporter, &current, followed.latest.clone()).await;
+            code
+        }
         Ended::StoppedOnLoss => {
             eprintln!(
                 "redlock-operator guard: the grant of {namespace}/{} to Job {} (token {}) ended or was not shown current in time; the command was stopped",
                 args.lock, args.job, current.token
             );
+            report_stopped_unless_signalled(&reporter, &current, followed.latest.clone()).await;
             exit_code::LOCK_LOST
         }
     }

@@ -227,7 +227,7 @@ async fn hold(
     let lost = kept.lost_token();
     let ended = child.supervise(lost, kill_grace(&policy)).await;
     let code = match &ended {
-        Ended::Exited(code) => *code,
+        Ended::Exited(code) | Ended::Signalled(code) => *code,
         Ended::StoppedOnLoss => {
             let reason = kept
                 .state()

@@ -9,6 +9,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use super::exit_code;
+use crate::api::holder_contract::STOPPED_REPORT_PATH;
 use crate::controller::installation_secret::InstallationSecret;
 use crate::controller::replica_lease::LeaseTiming;
 use crate::controller::run::{ElectionOptions, LockScope, RunOptions, start};
@@ -59,6 +60,16 @@ pub struct RunArgs {
     /// Look only at the DistributedLocks this label selector matches (default: all), for example `team=payments`.
     #[arg(long, env = "REDLOCK_LOCK_SELECTOR", value_name = "SELECTOR")]
     pub lock_selector: Option<String>,
+    /// Where holders (`elect`, the Job guard) reach this replica to report that their work stopped, so that a key
+    /// given up is released at once on their word: shown in each lock's status.handOverUrl. Default: from
+    /// --pod-ip; else the metrics address when it names one IP; none when it is 0.0.0.0 (given-up keys then wait
+    /// for the validity shown).
+    #[arg(long, env = "REDLOCK_HAND_OVER_URL", value_name = "URL")]
+    pub hand_over_url: Option<String>,
+    /// This replica's pod IP (the chart passes it through the downward API): the default --hand-over-url is
+    /// `http://<it>:<metrics port>/v1/stopped`.
+    #[arg(long, env = "POD_IP", value_name = "IP")]
+    pub pod_ip: Option<std::net::IpAddr>,
     /// How often each RedisQuorum's masters are checked and its status written.
     #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = crate::duration::parse)]
     pub health_interval: Duration,
@@ -76,6 +87,14 @@ pub async fn run(args: RunArgs) -> i32 {
         return fail(
             exit_code::USAGE,
             "--health-interval must be greater than 0".into(),
+        );
+    }
+    if let Some(url) = &args.hand_over_url
+        && !matches!(url::Url::parse(url), Ok(parsed) if matches!(parsed.scheme(), "http" | "https"))
+    {
+        return fail(
+            exit_code::USAGE,
+            format!("--hand-over-url {url:?} is not an http(s) URL"),
         );
     }
     let secret = match &args.installation_secret_file {
@@ -148,6 +167,14 @@ pub async fn run(args: RunArgs) -> i32 {
             namespaces: args.lock_namespaces.clone(),
             selector: args.lock_selector.clone().filter(|selector| !selector.is_empty()),
         },
+        hand_over_url: args
+            .hand_over_url
+            .clone()
+            .filter(|url| !url.is_empty())
+            .or_else(|| {
+                let reachable = SocketAddr::new(args.pod_ip?, args.metrics_addr.port());
+                Some(format!("http://{reachable}{STOPPED_REPORT_PATH}"))
+            }),
     };
     let running = match start(client, options, shutdown.clone()).await {
         Ok(running) => running,

@@ -19,8 +19,11 @@ pub(crate) struct Child {
 }
 
 pub(crate) enum Ended {
-    /// The command ended by itself (or after a forwarded signal); its shell-style exit status.
+    /// The command ended by itself; its shell-style exit status.
     Exited(i32),
+    /// The command ended after a SIGTERM or SIGINT sent to us was passed on (the pod is being stopped); its
+    /// shell-style exit status.
+    Signalled(i32),
     /// The lock was lost and the command was stopped.
     StoppedOnLoss,
 }
@@ -80,14 +83,21 @@ impl Child {
     /// fires, the group gets SIGTERM, then SIGKILL after `grace`.
     pub(crate) async fn supervise(&mut self, lost: CancellationToken, grace: Duration) -> Ended {
         let mut forwarded = Forwarded::install();
+        let mut stopping = false;
         loop {
             tokio::select! {
-                status = self.child.wait() => return Ended::Exited(status.map_or(exit_code::SOFTWARE, shell_status)),
+                status = self.child.wait() => {
+                    let code = status.map_or(exit_code::SOFTWARE, shell_status);
+                    return if stopping { Ended::Signalled(code) } else { Ended::Exited(code) };
+                }
                 () = lost.cancelled() => {
                     self.stop(grace).await;
                     return Ended::StoppedOnLoss;
                 }
-                Some(sig) = forwarded.next() => self.signal(sig),
+                Some(sig) = forwarded.next() => {
+                    stopping |= matches!(sig, Signal::SIGTERM | Signal::SIGINT);
+                    self.signal(sig);
+                }
             }
         }
     }

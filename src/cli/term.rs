@@ -7,6 +7,7 @@
 //! not rest on the operator or the API server answering.
 
 use std::ffi::OsString;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::TryStreamExt;
@@ -78,21 +79,38 @@ pub async fn current_term(terms: &mut watch::Receiver<Option<Term>>, margin: Dur
     }
 }
 
-/// The lock `lock` followed in `namespace` (the client's default when `None`): its namespace, the terms `term_of`
-/// finds in it as they change, and the guard that stops the watch when dropped. `Err`: no Kubernetes
-/// configuration (an exit status and a message).
+/// A lock followed through a watch: the terms a holder finds in it as they change, and the lock as last seen
+/// (where a holder that stopped learns that its grant was given up, and where to report it). The watch stops
+/// when this is dropped.
+pub(crate) struct Followed {
+    pub namespace: String,
+    pub terms: watch::Receiver<Option<Term>>,
+    pub latest: watch::Receiver<Option<Arc<DistributedLock>>>,
+    /// Stops the watch when this is dropped.
+    _watching: DropGuard,
+}
+
+/// The lock `lock` followed in `namespace` (the client's default when `None`), its terms found by `term_of`.
+/// `Err`: no Kubernetes configuration (an exit status and a message).
 pub(crate) async fn follow_lock(
     namespace: Option<String>,
     lock: &str,
     term_of: impl Fn(&DistributedLock) -> Option<Term> + Send + 'static,
-) -> Result<(String, watch::Receiver<Option<Term>>, DropGuard), (i32, String)> {
+) -> Result<Followed, (i32, String)> {
     let client = super::kube_client().await?;
     let namespace = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
     let api: Api<DistributedLock> = Api::namespaced(client, &namespace);
     let (terms, term) = watch::channel(None::<Term>);
+    let (seen, latest) = watch::channel(None);
     let stop = CancellationToken::new();
-    tokio::spawn(follow(api, lock.to_owned(), term_of, terms, stop.clone()));
-    Ok((namespace, term, stop.drop_guard()))
+    let sinks = Sinks { terms, seen };
+    tokio::spawn(follow(api, lock.to_owned(), term_of, sinks, stop.clone()));
+    Ok(Followed {
+        namespace,
+        terms: term,
+        latest,
+        _watching: stop.drop_guard(),
+    })
 }
 
 /// Runs `command` in `current`: with the term in its environment (`REDLOCK_LOCK` = `lock`,
@@ -151,13 +169,19 @@ pub async fn watch_term(
     lost.cancel();
 }
 
-/// Keeps `terms` current from a watch on the lock; on watch errors the last term stays, and its fence time
+/// Where [`follow`] puts what it sees.
+pub struct Sinks {
+    pub terms: watch::Sender<Option<Term>>,
+    pub seen: watch::Sender<Option<Arc<DistributedLock>>>,
+}
+
+/// Keeps `sinks` current from a watch on the lock; on watch errors the last term stays, and its fence time
 /// protects the command.
 pub async fn follow(
     api: Api<DistributedLock>,
     lock: String,
     term_of: impl Fn(&DistributedLock) -> Option<Term>,
-    terms: watch::Sender<Option<Term>>,
+    sinks: Sinks,
     stop: CancellationToken,
 ) {
     let config = watcher::Config::default().fields(&format!("metadata.name={lock}"));
@@ -170,15 +194,17 @@ pub async fn follow(
         };
         match event {
             Ok(Some(watcher::Event::Apply(object) | watcher::Event::InitApply(object))) => {
-                terms.send_if_modified(|current| {
+                sinks.terms.send_if_modified(|current| {
                     let next = term_of(&object);
                     let changed = *current != next;
                     *current = next;
                     changed
                 });
+                sinks.seen.send_replace(Some(Arc::new(object)));
             }
             Ok(Some(watcher::Event::Delete(_))) => {
-                terms.send_replace(None);
+                sinks.terms.send_replace(None);
+                sinks.seen.send_replace(None);
             }
             Ok(Some(_)) => {}
             Ok(None) => return,

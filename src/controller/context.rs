@@ -12,6 +12,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::cache::pod_index::PodIndex;
+use super::cache::stopped_pods::StoppedPods;
 use super::engines::Engines;
 use super::error::Error;
 use super::installation_secret::InstallationSecret;
@@ -45,6 +46,10 @@ pub struct Context {
     pub pod_index: Arc<PodIndex>,
     /// Jobs labelled `redlock.io/lock`, for Job fencing.
     pub jobs: Store<Job>,
+    /// Where holders report that their work stopped (shown in every lock's status); `None`: not taken.
+    pub hand_over_url: Option<String>,
+    /// The pods that reported so, per given-up grant.
+    pub stopped: StoppedPods,
     /// Consecutive failures per object, for the error backoff.
     pub(super) failures: Mutex<HashMap<String, u32>>,
     /// A semaphore's lock as this replica's last status write left it, while one reconciliation writes several

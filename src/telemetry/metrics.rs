@@ -39,6 +39,13 @@ pub struct ReconcileErrorLabels {
     pub error: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReportLabels {
+    /// `taken`, or why it was refused (`NotGivenUp`, `StillShown`, `NotTheHolder`, `NotThePod`, `Unauthorized`,
+    /// `NotActive`, ...).
+    pub outcome: String,
+}
+
 /// The values of `MasterLabels::state`.
 const MASTER_STATES: [&str; 3] = ["up", "quarantined", "down"];
 
@@ -61,6 +68,8 @@ pub struct Metrics {
     pub reconcile_errors: Family<ReconcileErrorLabels, Counter>,
     pub leader: Gauge,
     pub leader_elected: Counter,
+    /// Holders' reports that their work stopped, by outcome.
+    pub stopped_reports: Family<ReportLabels, Counter>,
     /// The endpoints each quorum's `master_state` series were set for, so that a deleted quorum's series can be
     /// removed (a `Family` cannot list its label sets).
     master_endpoints: Mutex<HashMap<String, BTreeSet<String>>>,
@@ -88,6 +97,7 @@ impl Default for Metrics {
         let reconcile_errors = Family::<ReconcileErrorLabels, Counter>::default();
         let leader = Gauge::default();
         let leader_elected = Counter::default();
+        let stopped_reports = Family::<ReportLabels, Counter>::default();
         registry.register(
             "acquire_duration_seconds",
             "Time of one Redlock acquisition attempt, by outcome",
@@ -150,6 +160,11 @@ impl Default for Metrics {
             "Times this replica became the active one",
             leader_elected.clone(),
         );
+        registry.register(
+            "stopped_reports",
+            "Reports from elect or the Job guard that a holder's work stopped under a given-up grant, by outcome (taken: its key released at once)",
+            stopped_reports.clone(),
+        );
         // Present at zero from the start, so that alerts on their rate work before the first error.
         for resource in ["distributedlock", "redisquorum"] {
             reconcile_errors
@@ -175,6 +190,7 @@ impl Default for Metrics {
             reconcile_errors,
             leader,
             leader_elected,
+            stopped_reports,
             master_endpoints: Mutex::default(),
         }
     }
@@ -258,6 +274,14 @@ impl Metrics {
         if active && before == 0 {
             self.leader_elected.inc();
         }
+    }
+
+    pub fn stopped_report(&self, outcome: &str) {
+        self.stopped_reports
+            .get_or_create(&ReportLabels {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
     }
 
     pub fn reconcile_error(&self, resource: &str, error: &str) {

@@ -1,4 +1,5 @@
-//! `/metrics`, `/healthz` and `/readyz` on one port.
+//! `/metrics`, `/healthz` and `/readyz` on one port, beside the routes the controllers serve there (holders'
+//! reports that their work stopped).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use axum::routing::get;
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::health::Health;
@@ -20,29 +22,43 @@ struct Shared {
     health: Arc<Health>,
 }
 
-/// Binds `addr` (so a port in use fails at start, not later) and serves until `shutdown`.
-pub async fn bind(
-    addr: SocketAddr,
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
-    shutdown: CancellationToken,
-) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
-    let app = Router::new()
-        .route("/metrics", get(metrics_text))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(ready))
-        .with_state(Shared { metrics, health });
-    let task = tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await;
-        if let Err(err) = served {
-            tracing::error!(error = %err, "metrics and health server failed");
-        }
-    });
-    Ok((local, task))
+/// The port, bound at start (so a port in use fails at once), served once the controllers' routes exist.
+pub struct Bound {
+    listener: TcpListener,
+    pub local_addr: SocketAddr,
+}
+
+pub async fn bind(addr: SocketAddr) -> std::io::Result<Bound> {
+    let listener = TcpListener::bind(addr).await?;
+    let local_addr = listener.local_addr()?;
+    Ok(Bound { listener, local_addr })
+}
+
+impl Bound {
+    /// Serves metrics, health and `routes` until `shutdown`.
+    pub fn serve(
+        self,
+        metrics: Arc<Metrics>,
+        health: Arc<Health>,
+        routes: Router,
+        shutdown: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let app = Router::new()
+            .route("/metrics", get(metrics_text))
+            .route("/healthz", get(|| async { "ok\n" }))
+            .route("/readyz", get(ready))
+            .with_state(Shared { metrics, health })
+            .merge(routes);
+        let listener = self.listener;
+        tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { shutdown.cancelled().await })
+                .await;
+            if let Err(err) = served {
+                tracing::error!(error = %err, "metrics and health server failed");
+            }
+        })
+    }
 }
 
 async fn metrics_text(State(shared): State<Shared>) -> impl IntoResponse {

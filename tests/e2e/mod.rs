@@ -421,6 +421,7 @@ async fn operator_of(
         instance: identity.unwrap_or("single").to_owned(),
         installation,
         scope,
+        hand_over_url: None,
     };
     let running = start(client, options, shutdown.clone())
         .await
@@ -624,4 +625,78 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, St
         .map(|(_, body)| body.to_owned())
         .unwrap_or_default();
     Some((code, body))
+}
+
+/// A service-account token of `pod` (running as `default`) for `audience`, bound to the pod: what the kubelet
+/// mounts from a projected `serviceAccountToken` volume, asked for as the kubelet asks (TokenRequest).
+pub async fn pod_token(env: &Env, pod: &str, audience: &str) -> String {
+    use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+    let uid = Api::<Pod>::namespaced(env.client.clone(), &env.namespace)
+        .get(pod)
+        .await
+        .expect("the pod")
+        .metadata
+        .uid;
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![audience.to_owned()],
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod.to_owned()),
+                uid,
+            }),
+            expiration_seconds: Some(3600),
+        },
+        ..TokenRequest::default()
+    };
+    Api::<ServiceAccount>::namespaced(env.client.clone(), &env.namespace)
+        .create_token_request("default", &PostParams::default(), &request)
+        .await
+        .expect("a token for the pod")
+        .status
+        .expect("the token")
+        .token
+}
+
+/// Sends a report that a holder's work stopped to `url` (a lock's `status.handOverUrl`), as `elect` does, with
+/// `bearer` as the token: the answer's HTTP status and reason.
+pub async fn send_stopped_report(url: &str, bearer: Option<&str>, body: serde_json::Value) -> (u16, String) {
+    let parsed = url::Url::parse(url).expect("status.handOverUrl is a URL");
+    let base = parsed.origin().ascii_serialization().parse().expect("an origin");
+    let client = Client::try_from(Config::new(base)).expect("an HTTP client");
+    let mut request =
+        axum::http::Request::post(parsed.path()).header(axum::http::header::CONTENT_TYPE, "application/json");
+    if let Some(bearer) = bearer {
+        request = request.header(axum::http::header::AUTHORIZATION, format!("Bearer {bearer}"));
+    }
+    let request = request
+        .body(serde_json::to_vec(&body).expect("JSON"))
+        .expect("a request");
+    match client.request::<serde_json::Value>(request).await {
+        Ok(answer) => (200, answer["reason"].as_str().unwrap_or_default().to_owned()),
+        Err(kube::Error::Api(status)) => (status.code, status.reason.clone()),
+        Err(other) => panic!("the operator did not answer the report: {other}"),
+    }
+}
+
+/// A holder's helper process standing in for a pod's container: `redlock-operator <args> --namespace <the
+/// test's> -- sh -c <script>`, with the test's kubeconfig and `vars` in its environment.
+pub fn spawn_helper(
+    env: &Env,
+    args: &[&str],
+    script: &str,
+    vars: &[(&str, &std::ffi::OsStr)],
+) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_redlock-operator"))
+        .args(args)
+        .args(["--namespace", &env.namespace, "--", "sh", "-c", script])
+        .env("KUBECONFIG", &env.kubeconfig)
+        .envs(vars.iter().map(|(key, value)| (*key, *value)))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the helper starts")
 }

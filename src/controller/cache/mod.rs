@@ -4,3 +4,4 @@
 
 pub mod pod_cache;
 pub mod pod_index;
+pub mod stopped_pods;

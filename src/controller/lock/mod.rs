@@ -13,6 +13,7 @@ pub mod permit_status;
 pub mod policy;
 pub mod reconcile;
 pub mod releasing;
+pub mod reports;
 pub mod settings;
 pub mod status;
 pub mod status_write;

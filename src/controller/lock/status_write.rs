@@ -17,7 +17,8 @@ use crate::controller::error::{Error, is_conflict};
 use k8s_openapi::jiff::Timestamp;
 
 /// Replaces the status with what `edit` makes of the current one, with the resourceVersion it was read at as a
-/// precondition; on a conflict it reads the object again and asks `edit` again. `status.held` is set here. `edit` returning `None` means the
+/// precondition; on a conflict it reads the object again and asks `edit` again. `status.held` and
+/// `status.handOverUrl` are set here. `edit` returning `None` means the
 /// write no longer applies: `Ok(false)`. An edit that changes nothing writes nothing: `Ok(true)`.
 ///
 /// A held lock's status is refreshed every other extension: with 10,000 held locks, encoding the whole object
@@ -56,6 +57,8 @@ async fn write_status_from(
             next.holders.clear();
         }
         next.held = Some(held_count(&next, current.spec.permits));
+        // Where the holders shown here report that their work stopped: this replica, which wrote what they see.
+        next.hand_over_url.clone_from(&ctx.hand_over_url);
         if &next == before {
             return Ok(Some(current.into_owned()));
         }

@@ -29,7 +29,7 @@ use super::installation_secret::InstallationSecret;
 use super::keeper::{Keeper, LockRef};
 use super::replica_lease::{Elector, Leadership, LeaseTiming};
 use super::{lock, quorum};
-use crate::api::holder_contract::LOCK_LABEL;
+use crate::api::holder_contract::{LOCK_LABEL, STOPPED_REPORT_PATH};
 use crate::api::{DistributedLock, RedisQuorum};
 use crate::telemetry::events::{Recorder, Reporter};
 use crate::telemetry::health::Health;
@@ -63,6 +63,10 @@ pub struct RunOptions {
     /// Which locks this installation looks at: those in these namespaces (all when empty) matching this label
     /// selector (all when `None`). Others never enter its cache.
     pub scope: LockScope,
+    /// Where holders reach this replica to report their work stopped (`http://<pod IP>:<port>/v1/stopped`),
+    /// shown in each lock's status. `None`: the metrics address when it is a specific loopback or IP address,
+    /// else no reports are taken and a given-up key waits for the validity shown to its holder.
+    pub hand_over_url: Option<String>,
 }
 
 /// The locks an installation looks at, for teams that run their own (as cert-manager and ingress controllers
@@ -94,6 +98,12 @@ impl RunOptions {
     }
 }
 
+/// The report address when none is given: the metrics port's, when it is bound to an address holders can reach
+/// by that name (a loopback or a pod IP), not to every interface.
+fn default_hand_over_url(metrics_addr: SocketAddr) -> Option<String> {
+    (!metrics_addr.ip().is_unspecified()).then(|| format!("http://{metrics_addr}{STOPPED_REPORT_PATH}"))
+}
+
 /// A started operator.
 pub struct Running {
     pub metrics_addr: SocketAddr,
@@ -121,17 +131,25 @@ pub async fn start(
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(Health::new(&["distributedlocks", "redisquorums", "pods", "jobs"]));
     let server_stop = CancellationToken::new();
-    let (metrics_addr, server_task) = server::bind(
-        options.metrics_addr,
-        metrics.clone(),
-        health.clone(),
-        server_stop.clone(),
-    )
-    .await
-    .map_err(|source| RunError::Listen {
-        addr: options.metrics_addr,
-        source,
-    })?;
+    let listener = server::bind(options.metrics_addr)
+        .await
+        .map_err(|source| RunError::Listen {
+            addr: options.metrics_addr,
+            source,
+        })?;
+    let metrics_addr = listener.local_addr;
+    let hand_over_url = options
+        .hand_over_url
+        .clone()
+        .or_else(|| default_hand_over_url(metrics_addr));
+    match &hand_over_url {
+        Some(url) => {
+            tracing::info!(%url, "holders report their work stopped here: a key given up is released at once on their word")
+        }
+        None => tracing::warn!(
+            "no --hand-over-url: holders cannot report their work stopped, so every key given up waits for the validity shown to its holder"
+        ),
+    }
 
     let installation = options.installation_name();
     let election_stop = CancellationToken::new();
@@ -187,9 +205,17 @@ pub async fn start(
         pods: pod_store.clone(),
         pod_index: pod_index.clone(),
         jobs: job_store.clone(),
+        hand_over_url: hand_over_url.clone(),
+        stopped: Default::default(),
         failures: Default::default(),
         written: Default::default(),
     });
+    let server_task = listener.serve(
+        metrics.clone(),
+        health.clone(),
+        lock::reports::endpoint::router(ctx.clone()),
+        server_stop.clone(),
+    );
 
     let lock_health = health.clone();
     let mut lock_watch = watcher::Config::default();

@@ -64,7 +64,12 @@ impl Shared {
 
     /// Records a request of the operator's client, once per (group, resource, verb).
     pub(super) fn record_operator_request(&self, verb: &'static str, route: &Route) {
-        let entry = (route.kind.group, route.resource(), verb);
+        self.record_operator_entry(route.kind.group, route.resource(), verb);
+    }
+
+    /// [`Self::record_operator_request`] for what is not a stored resource (token reviews).
+    pub(super) fn record_operator_entry(&self, group: &'static str, resource: String, verb: &'static str) {
+        let entry = (group, resource, verb);
         if !self.control().operator_requests.insert(entry.clone()) {
             return;
         }

@@ -41,6 +41,8 @@
 //!   exist are marked Failed and force-deleted after a quarantine, as kube-controller-manager does, on a
 //!   quicker clock ([`PodGc::QUICK`]; [`TestApiServer::set_pod_gc`], `REDLOCK_E2E_POD_GC_QUARANTINE`). Pods
 //!   must be bound to a registered node (`support::node`), as on a real cluster.
+//! - Service-account tokens bound to pods (`tokens.rs`): TokenRequest and TokenReview, with the real server's
+//!   binding, audience, expiry and pod-deletion rules.
 //! - Test controls (`controls.rs`): [`TestApiServer::fail_next`], [`TestApiServer::set_down`],
 //!   [`TestApiServer::request_count`]; [`TestApiServer::set_pod_gc`], [`TestApiServer::pod_gc_passes`].
 //!
@@ -110,6 +112,7 @@ mod selectors;
 mod store;
 mod strategy;
 mod table;
+mod tokens;
 mod validation_rules;
 mod watch;
 mod write;
@@ -301,6 +304,7 @@ struct Shared {
     dice: Dice,
     pod_gc: Mutex<Option<PodGc>>,
     pod_gc_passes: AtomicU64,
+    tokens: tokens::Tokens,
 }
 
 impl Shared {
@@ -314,6 +318,7 @@ impl Shared {
             realism,
             pod_gc: Mutex::new(Some(PodGc::QUICK)),
             pod_gc_passes: AtomicU64::new(0),
+            tokens: tokens::Tokens::default(),
         }
     }
 

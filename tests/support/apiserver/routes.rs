@@ -174,6 +174,21 @@ pub(super) async fn handle(AxumState(shared): AxumState<Arc<Shared>>, request: R
         return error_response(&ApiError::unavailable("set_down"));
     }
     let (Some(route), Some(verb)) = (route, verb) else {
+        if let Some(endpoint) = super::tokens::Endpoint::of(&parts.method, parts.uri.path()) {
+            if parts.headers.contains_key(super::controls::OPERATOR_HEADER) {
+                let (group, resource) = endpoint.resource();
+                shared.record_operator_entry(group, resource.to_owned(), "create");
+            }
+            let body = match axum::body::to_bytes(body, MAX_BODY).await {
+                Ok(body) => body,
+                Err(error) => return error_response(&ApiError::bad_request(error.to_string())),
+            };
+            let answer = shared.tokens.serve(&shared.lock(), &endpoint, &body);
+            return match answer {
+                Ok((code, body)) => json_response(code, body),
+                Err(error) => error_response(&error),
+            };
+        }
         // Not a resource: discovery and OpenAPI documents (kubectl), or nothing.
         let (method, path) = (&parts.method, parts.uri.path());
         return super::discovery::serve(&shared, method, path)

@@ -56,7 +56,7 @@ pub async fn give_up(
     given: GivenUp,
 ) -> Result<GaveUp, Error> {
     let lref = lref.into();
-    let stopped = holder_stopped(ctx, policy, &given.holder, given.token).await?;
+    let stopped = holder_stopped(ctx, policy, &lref, &given.holder, given.token).await?;
     let release = if negative_controls::active(Control::ReleaseAtOnce) {
         Release::Now
     } else {
@@ -65,6 +65,7 @@ pub async fn give_up(
     match release {
         Release::Now => {
             release_value(ctx, &given.quorum, &given.key, given.value).await;
+            ctx.stopped.forget(&lref, given.token);
             forget_recorded(ctx, lock, lref.permit, given.token).await?;
         }
         Release::At(release_at) => {
@@ -128,17 +129,23 @@ pub async fn give_up_kept(
     give_up(ctx, lock, &lref, policy, given).await.map(Some)
 }
 
-/// Whether the holder is known to have stopped, from direct reads: a leader whose Pod object is gone; a Job
-/// gone, suspended or finished with no pod of its grant (`token`) left running or stopping.
+/// Whether the holder is known to have stopped: a leader that reported so for this grant (`lock::reports`) or
+/// whose Pod object is gone; a Job gone, suspended or finished with no pod of its grant (`token`) left running
+/// or stopping but those that reported their work stopped. Read directly, not from the caches.
 async fn holder_stopped(
     ctx: &Context,
     policy: Option<&Policy>,
+    lref: &PermitRef,
     holder: &str,
     token: i64,
 ) -> Result<bool, Error> {
     match policy {
+        Some(Policy::Leader(_)) if ctx.stopped.has(lref, token, holder) => Ok(true),
         Some(Policy::Leader(election)) => election.pod_gone(ctx, holder).await,
-        Some(Policy::Jobs(queue)) => queue.grant_stopped(holder, token).await,
+        Some(Policy::Jobs(queue)) => {
+            let reported = ctx.stopped.pods(lref, token);
+            queue.grant_stopped(holder, token, &reported).await
+        }
         _ => Ok(false),
     }
 }
@@ -163,13 +170,14 @@ pub async fn settle(
     };
     let now = Timestamp::now();
     if let Release::At(at) = when_to_release(Some(retiring.release_at), false, now)
-        && !holder_stopped(ctx, policy, &retiring.holder, retiring.token).await?
+        && !holder_stopped(ctx, policy, &lref, &retiring.holder, retiring.token).await?
     {
         return Ok(Some(at));
     }
     if let Some(retiring) = ctx.keeper.take_retiring(&lref) {
         tracing::info!(lock = %lref, holder = %retiring.holder, token = retiring.token, "the validity shown to the holder ended, or it stopped: key released");
         release_value(ctx, &retiring.quorum, &retiring.key, retiring.value).await;
+        ctx.stopped.forget(&lref, retiring.token);
         forget_recorded(ctx, lock, lref.permit, retiring.token).await?;
     }
     Ok(None)

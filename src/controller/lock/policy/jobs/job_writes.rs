@@ -271,7 +271,10 @@ impl JobQueue {
     /// the Job, or carrying its token — is left running or stopping. Then nobody can be acting on the key, and it
     /// need not wait for the validity shown. Pods the cache still shows count too: it lags behind deletions, and
     /// only pods of grants carry the label the direct list selects.
-    pub async fn grant_stopped(&self, job: &str, token: i64) -> Result<bool, Error> {
+    ///
+    /// `reported`: pods that reported their work under this grant stopped for good (`lock::reports`); they count
+    /// as stopped while their containers wind down.
+    pub async fn grant_stopped(&self, job: &str, token: i64, reported: &[String]) -> Result<bool, Error> {
         if let Some(fresh) = self.api.get_opt(job).await? {
             let view = JobView::of(&fresh);
             if !view.suspended && !view.finished {
@@ -289,6 +292,7 @@ impl JobQueue {
             .iter()
             .filter_map(|pod| GrantedPod::of(pod, &self.lock))
             .chain(self.pods.iter().cloned())
+            .filter(|pod| !reported.contains(&pod.name))
             .any(|pod| of_grant(&pod));
         Ok(!live)
     }
