@@ -196,7 +196,7 @@ fn observe_for_deletion(lock: &DistributedLock, ctx: &Context) -> Option<(LockSe
     };
     let namespace = lock.namespace().unwrap_or_default();
     let settings = lock_settings(&lock.spec, &namespace, &lock.name_any(), &rules_of(&engine)).ok()?;
-    let policy = Policy::observe(ctx, lock, &settings, None, 0).ok();
+    let policy = Policy::observe(ctx, lock, &settings, vec![(None, 0)]).ok();
     Some((settings, policy))
 }
 
@@ -238,43 +238,15 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     if let Some(margin) = settings.fence_margin {
         keep.fence_margin = margin;
     }
-    if is_semaphore(lock) {
-        return apply_semaphore(lock, ctx, lref, settings, engine, keep).await;
-    }
-    let status = lock.status.as_ref().unwrap_or(DistributedLockStatus::none());
-    let held = ctx.keeper.view(&lref);
-    let current = current_holder(held.as_ref(), status);
-    let latest_token = known_floor(status, ctx.keeper.highest_token(&lref));
-    let mut policy = match Policy::observe(ctx, lock, &settings, current.as_deref(), latest_token) {
-        Ok(policy) => policy,
-        Err(message) => {
-            return actions::wait::invalid_spec(lock, ctx, "InvalidSelector", message).await;
-        }
-    };
-    policy.prepare(ctx).await?;
-    if let Some(at) = handover::settle(ctx, lock, &lref, Some(&policy)).await? {
-        // A key given up waits for the validity shown to its holder to end: nobody takes the lock meanwhile, and
-        // status says until when (written when it was given up).
-        return Ok(Action::requeue(handover::until(at)));
-    }
-    let turn = policy.turn(lock);
-    let target = Target {
-        lock,
-        lref,
-        permit: 0,
-        settings,
-        engine,
-        keep,
-        policy: &policy,
-    };
-    act(&target, ctx, turn, held, status, latest_token).await
+    apply_permits(lock, ctx, lref, settings, engine, keep).await
 }
 
-/// A semaphore (spec.permits above 1): the policy is observed for every permit at once (Job fencing plans the
-/// queue over the permits, leader election elects a pod per permit), then each permit goes through the one-permit
-/// steps on its own key with its own holder, token and status entry (`permit_status`), so one permit's loss,
-/// hand-over or wait touches no other.
-async fn apply_semaphore(
+/// Every permit of the lock: one for a plain lock (its permit 0, on the lock's own key and status), spec.permits
+/// for a semaphore. The policy is observed for every permit at once (Job fencing plans the queue over the
+/// permits, leader election elects a pod per permit), then each permit goes through the one-permit steps on its
+/// own key with its own holder, token and status entry (`permit_status`), so one permit's loss, hand-over or
+/// wait touches no other.
+async fn apply_permits(
     lock: &DistributedLock,
     ctx: &Context,
     lref: ObjectRef<DistributedLock>,
@@ -282,6 +254,7 @@ async fn apply_semaphore(
     engine: Arc<QuorumEngine>,
     keep: KeepPolicy,
 ) -> Result<Action, Error> {
+    let semaphore = is_semaphore(lock);
     // Permits above spec.permits, left from a higher count, are looked after until their holders are fenced
     // and their keys released: the policy hands them to nobody.
     let permits: Vec<PermitRef> = permits_of(lock).collect();
@@ -294,7 +267,7 @@ async fn apply_semaphore(
             (current, known_floor(&status, ctx.keeper.highest_token(permit)))
         })
         .collect();
-    let mut policy = match Policy::observe_permits(ctx, lock, &settings, states) {
+    let mut policy = match Policy::observe(ctx, lock, &settings, states) {
         Ok(policy) => policy,
         Err(message) => {
             return actions::wait::invalid_spec(lock, ctx, "InvalidSelector", message).await;
@@ -305,14 +278,17 @@ async fn apply_semaphore(
     // semaphore would be looked at once per permit per refresh, each look reading its whole pod or Job cache.
     // When one is due, every held permit's status is refreshed with it (showing a validity early is always
     // true), so their schedules line up and one look serves them all.
-    let refresh_all = permits
-        .iter()
-        .any(|permit| ctx.keeper.view(permit).is_some_and(|held| held.status_due));
+    let refresh_all = semaphore
+        && permits
+            .iter()
+            .any(|permit| ctx.keeper.view(permit).is_some_and(|held| held.status_due));
     let mut actions = Vec::with_capacity(permits.len());
     let mut due = Vec::new();
     let mut pending = permits;
     while let Some(permit) = next_permit(&mut pending, |permit| ctx.keeper.is_lost(permit)) {
         if let Some(at) = handover::settle(ctx, lock, &permit, Some(&policy)).await? {
+            // A key given up waits for the validity shown to its holder to end: nobody takes the permit
+            // meanwhile, and status says until when (written when it was given up).
             actions.push(Action::requeue(handover::until(at)));
             continue;
         }
@@ -322,8 +298,13 @@ async fn apply_semaphore(
             held
         });
         let turn = policy.permit_turn(lock, permit.permit);
-        if matches!(&turn, Turn::Wait(_)) && held.is_none() && acquisition_in_status(&status).is_none() {
-            // A free permit with nothing to do writes nothing: status shows the permits held.
+        if semaphore
+            && matches!(&turn, Turn::Wait(_))
+            && held.is_none()
+            && acquisition_in_status(&status).is_none()
+        {
+            // A free permit with nothing to do writes nothing: status shows the permits held. (A plain lock's
+            // status says why it waits.)
             continue;
         }
         let latest_token = known_floor(&status, ctx.keeper.highest_token(&permit));
@@ -338,7 +319,8 @@ async fn apply_semaphore(
             keep,
             policy: &policy,
         };
-        if let (Turn::Hold(holder), Some(held)) = (&turn, &held)
+        if semaphore
+            && let (Turn::Hold(holder), Some(held)) = (&turn, &held)
             && refresh_due(&target, holder, held, &status, latest_token)
         {
             due.push(DueRefresh {
@@ -348,11 +330,15 @@ async fn apply_semaphore(
             });
             continue;
         }
-        // The reconcile's span names the lock; this one the permit, for every line its steps log.
-        let span = tracing::info_span!("permit", permit = permit.permit);
-        let action =
-            tracing::Instrument::instrument(act(&target, ctx, turn, held, &status, latest_token), span);
-        actions.push(action.await?);
+        let steps = act(&target, ctx, turn, held, &status, latest_token);
+        let action = if semaphore {
+            // The reconcile's span names the lock; this one the permit, for every line its steps log.
+            let span = tracing::info_span!("permit", permit = permit.permit);
+            tracing::Instrument::instrument(steps, span).await?
+        } else {
+            steps.await?
+        };
+        actions.push(action);
     }
     // The held permits' refreshes go in one status write; a permit whose status no longer allows it goes through
     // the one-permit steps (it is given up and acquired again).
@@ -366,6 +352,10 @@ async fn apply_semaphore(
         }
     }
     forget_written(ctx, lock);
+    if !semaphore && let [only] = actions.as_slice() {
+        // A plain lock's one permit says when it is looked at again.
+        return Ok(only.clone());
+    }
     // What each permit asked for is not readable from an `Action`: a permit with something to do soon is looked
     // at again soon (a lost permit, a due status and every Job or pod change wake the lock anyway).
     let settled = actions

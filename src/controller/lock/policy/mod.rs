@@ -81,37 +81,20 @@ pub enum KeysAfterLoss {
 }
 
 impl Policy {
-    /// Observes the policy from the caches. `current`: who holds the lock per this replica or status;
-    /// `latest_token`: the highest token known for it. `Err`: a message for `Ready=False` (`InvalidSelector`).
+    /// Observes the holder policy of a lock of `permits.len()` permits (one for a plain lock): `permits[i]` is
+    /// permit i's holder and highest known token. `Err`: a selector that cannot be evaluated, or an identity given
+    /// more than one permit (refused before this, by the settings).
     pub fn observe(
-        ctx: &Context,
-        lock: &DistributedLock,
-        settings: &LockSettings,
-        current: Option<&str>,
-        latest_token: i64,
-    ) -> Result<Self, String> {
-        Ok(match &settings.holder {
-            HolderKind::Identity(holder) => Self::Identity(holder.clone()),
-            HolderKind::LeaderElection(election) => {
-                let current = vec![current.map(str::to_owned)];
-                Self::Leader(Box::new(Election::observe(ctx, lock, election, current)?))
-            }
-            HolderKind::Jobs => Self::Jobs(Box::new(JobQueue::observe(ctx, lock, current, latest_token))),
-        })
-    }
-
-    /// Observes a semaphore's policy: `permits[i]` is permit i's holder and highest known token. `Err` as for
-    /// [`Policy::observe`]; an identity holds one permit (refused before this).
-    pub fn observe_permits(
         ctx: &Context,
         lock: &DistributedLock,
         settings: &LockSettings,
         permits: Vec<(Option<String>, i64)>,
     ) -> Result<Self, String> {
         Ok(match &settings.holder {
-            HolderKind::Identity(_) => {
+            HolderKind::Identity(_) if permits.len() > 1 => {
                 return Err("one holder.identity holds one permit: set spec.permits to 1".to_owned());
             }
+            HolderKind::Identity(holder) => Self::Identity(holder.clone()),
             HolderKind::LeaderElection(election) => {
                 let current = permits.into_iter().map(|(holder, _)| holder).collect();
                 Self::Leader(Box::new(Election::observe(ctx, lock, election, current)?))
@@ -138,10 +121,6 @@ impl Policy {
                 jobs.recheck_pods(ctx).await
             }
         }
-    }
-
-    pub fn turn(&self, lock: &DistributedLock) -> Turn {
-        self.permit_turn(lock, 0)
     }
 
     /// Whose turn it is on `permit` (of a semaphore, or permit 0 of a plain lock).

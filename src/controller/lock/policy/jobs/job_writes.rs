@@ -41,11 +41,6 @@ pub struct JobQueue {
 }
 
 impl JobQueue {
-    /// The Jobs of a plain lock (one permit): `current` holds it, `latest_token` is the highest token known.
-    pub fn observe(ctx: &Context, lock: &DistributedLock, current: Option<&str>, latest_token: i64) -> Self {
-        Self::observe_permits(ctx, lock, vec![(current.map(str::to_owned), latest_token)])
-    }
-
     /// The Jobs of a lock of `permits.len()` permits: `permits[i]` is permit i's holder and highest token known.
     pub fn observe_permits(
         ctx: &Context,
