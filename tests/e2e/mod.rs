@@ -627,37 +627,11 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, St
     Some((code, body))
 }
 
-/// A service-account token of `pod` (running as `default`) for `audience`, bound to the pod: what the kubelet
-/// mounts from a projected `serviceAccountToken` volume, asked for as the kubelet asks (TokenRequest).
+/// A service-account token of `pod` for `audience`, bound to the pod, as the kubelet mounts one.
 pub async fn pod_token(env: &Env, pod: &str, audience: &str) -> String {
-    use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-    use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
-    let uid = Api::<Pod>::namespaced(env.client.clone(), &env.namespace)
-        .get(pod)
-        .await
-        .expect("the pod")
-        .metadata
-        .uid;
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![audience.to_owned()],
-            bound_object_ref: Some(BoundObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: Some(pod.to_owned()),
-                uid,
-            }),
-            expiration_seconds: Some(3600),
-        },
-        ..TokenRequest::default()
-    };
-    Api::<ServiceAccount>::namespaced(env.client.clone(), &env.namespace)
-        .create_token_request("default", &PostParams::default(), &request)
+    crate::support::pod_token::pod_token(&env.client, &env.namespace, pod, audience)
         .await
         .expect("a token for the pod")
-        .status
-        .expect("the token")
-        .token
 }
 
 /// Sends a report that a holder's work stopped to `url` (a lock's `status.handOverUrl`), as `elect` does, with

@@ -7,5 +7,6 @@ pub mod fixtures;
 pub mod history;
 pub mod job_controller;
 pub mod node;
+pub mod pod_token;
 pub mod redis_server;
 pub mod safety;
