@@ -146,7 +146,7 @@ lint_and_render monitoring \
 lint_and_render monitoring-tuned \
   --set metrics.prometheusRule.enabled=true --set metrics.prometheusRule.namespace=monitoring \
   --set metrics.prometheusRule.labels.release=prometheus --set metrics.prometheusRule.ruleLabels.team=platform \
-  --set metrics.prometheusRule.runbookUrl=https://git.example.com/platform/redlock-operator/blob/main/README.md \
+  --set metrics.prometheusRule.runbookUrl=https://git.example.com/platform/redlock-operator/blob/main/docs/how-to/runbook.md \
   --set-json 'metrics.prometheusRule.disabled=["RedlockQuorumDegraded"]' \
   --set-json metrics.prometheusRule.thresholds.extensionLagSeconds=0.25 \
   --set metrics.prometheusRule.thresholds.quorumUnavailableFor=30s --set metrics.prometheusRule.thresholds.locksLost=2 \
@@ -272,7 +272,7 @@ expect "monitoring-tuned: thresholds, labels, runbook links, a disabled alert an
      and rules['RedlockLocksLost']['expr'].rstrip().endswith('> 2')
      and rules['RedlockQuorumUnavailable']['for'] == '30s'
      and all(r['labels']['team'] == 'platform' and r['labels']['severity'] in ('critical', 'warning')
-             and r['annotations']['runbook_url'].endswith('README.md#' + name.lower())
+             and r['annotations']['runbook_url'].endswith('runbook.md#' + name.lower())
              for name, r in rules.items()))
    ({r['alert']: r for r in kind('PrometheusRule')[0]['spec']['groups'][0]['rules']})"
 

@@ -247,7 +247,7 @@ fn substitute_grafana_variables(expr: &str) -> String {
 }
 
 fn readme() -> String {
-    read("README.md")
+    read("docs/how-to/runbook.md")
 }
 
 #[test]
@@ -287,7 +287,7 @@ fn alerts_use_only_served_metrics_and_each_has_a_runbook_entry() {
             .any(|line| line.trim() == format!("#### {}", rule.alert))
         {
             problems.push(format!(
-                "{origin}: no runbook entry `#### {}` in README.md",
+                "{origin}: no runbook entry `#### {}` in docs/how-to/runbook.md",
                 rule.alert
             ));
         }

@@ -1,5 +1,5 @@
 //! The labels and annotations the operator reads and writes on pods and Jobs (and the finalizer on its own
-//! locks): the contract with holders, which users read as one API (the README documents each). Every one is
+//! locks): the contract with holders, which users read as one API (docs/reference/holder-contract.md documents each). Every one is
 //! defined here and nowhere else.
 
 /// The default leader label (`holder.leaderElection.leaderLabel`): on exactly the pods that lead.

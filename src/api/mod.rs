@@ -6,6 +6,7 @@ pub mod label_key;
 pub mod limits;
 pub mod lock;
 pub mod quorum;
+pub mod reasons;
 pub mod schema;
 
 pub use lock::{DistributedLock, DistributedLockSpec, DistributedLockStatus, HolderPolicy, LockPhase};

@@ -199,7 +199,7 @@ pub async fn run(args: GuardArgs) -> i32 {
         // Not reported: with restartPolicy OnFailure the container may start again in this pod.
         Ended::Exited(code) => code,
         Ended::Signalled(code) => {
-            // The pod is being deleted (the Job suspended on a loss or the lock's deletion): the report lets the
+            // The pod is being deleted (the Job suspended, as when its lock is being deleted): the report lets the
             // key go once the operator has recorded it as given up. A second signal ends the wait.
             report_stopped_unless_signalled(&reporter, &current, followed.latest.clone()).await;
             code

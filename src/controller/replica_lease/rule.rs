@@ -18,7 +18,7 @@ pub struct LeaseTiming {
 }
 
 impl LeaseTiming {
-    /// Short enough that a standby resumes 10 s locks before they lapse (see the README's HA section).
+    /// Short enough that a standby resumes 10 s locks before they lapse (docs/explanation/guarantees-and-limits.md: failover).
     pub fn for_lease_duration(lease_duration: Duration) -> Self {
         Self {
             lease_duration,

@@ -1,0 +1,212 @@
+//! The docs stay true: every relative link and `#anchor` in the Markdown a user reads (README, CHANGELOG, docs/,
+//! the chart's README) resolves, and every shell block is either run by a test (the README's `local-path`
+//! blocks, tests/readme_local_path.rs) or says why it is not (`<!-- not run: <reason> -->` on the line before
+//! its fence). The example manifests are validated against the CRDs and the chart's schema by
+//! scripts/chart-check.sh; docs/reference/ is checked against the code by tests/reference_docs.rs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The Markdown files users read.
+fn documents() -> Vec<PathBuf> {
+    let root = Path::new(ROOT);
+    let mut files = vec![
+        root.join("README.md"),
+        root.join("CHANGELOG.md"),
+        root.join("charts/redlock-operator/README.md"),
+    ];
+    let mut pending = vec![root.join("docs")];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).expect("docs/ exists") {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|ext| ext == "md") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// The lines outside fenced code blocks, with their numbers.
+fn prose(text: &str) -> Vec<(usize, &str)> {
+    let mut fenced = false;
+    let mut lines = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if !fenced {
+            lines.push((number + 1, line));
+        }
+    }
+    lines
+}
+
+/// GitHub's anchor for a heading: lower case, punctuation but `-` and `_` dropped, spaces made `-`.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            '-' | '_' => Some(c),
+            c if c.is_alphanumeric() => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The anchors a document's headings make, duplicates numbered as GitHub numbers them.
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut anchors = BTreeSet::new();
+    for (_, line) in prose(text) {
+        let trimmed = line.trim_start();
+        if !trimmed.starts_with('#') {
+            continue;
+        }
+        let heading = trimmed.trim_start_matches('#');
+        if !heading.starts_with(' ') {
+            continue;
+        }
+        // Inline code and links show their text.
+        let visible: String = heading.replace('`', "");
+        let base = slug(&visible);
+        let count = seen.entry(base.clone()).or_insert(0);
+        let anchor = if *count == 0 {
+            base.clone()
+        } else {
+            format!("{base}-{count}")
+        };
+        *count += 1;
+        anchors.insert(anchor);
+    }
+    anchors
+}
+
+/// The link targets of a line: `[text](target)` and `[text](target "title")`.
+fn link_targets(line: &str) -> Vec<String> {
+    let mut targets = Vec::new();
+    let mut rest = line;
+    while let Some(start) = rest.find("](") {
+        let after = &rest[start + 2..];
+        let Some(end) = after.find(')') else {
+            break;
+        };
+        let target = after[..end].split_whitespace().next().unwrap_or_default();
+        targets.push(target.trim_matches(|c| c == '<' || c == '>').to_owned());
+        rest = &after[end..];
+    }
+    targets
+}
+
+#[test]
+fn every_relative_link_and_anchor_resolves() {
+    let mut problems = Vec::new();
+    for file in documents() {
+        let text = std::fs::read_to_string(&file).expect("readable");
+        let shown = file.strip_prefix(ROOT).unwrap_or(&file).display().to_string();
+        for (number, line) in prose(&text) {
+            // Inline code is not a link.
+            let without_code: String = line
+                .split('`')
+                .enumerate()
+                .filter(|(index, _)| index % 2 == 0)
+                .map(|(_, part)| part)
+                .collect();
+            for target in link_targets(&without_code) {
+                if target.contains("://") || target.starts_with("mailto:") || target.is_empty() {
+                    continue;
+                }
+                let (path, anchor) = match target.split_once('#') {
+                    Some((path, anchor)) => (path, Some(anchor)),
+                    None => (target.as_str(), None),
+                };
+                let resolved = if path.is_empty() {
+                    file.clone()
+                } else {
+                    file.parent().expect("a directory").join(path)
+                };
+                if !resolved.exists() {
+                    problems.push(format!("{shown}:{number}: {target}: no such file"));
+                    continue;
+                }
+                if let Some(anchor) = anchor
+                    && resolved.extension().is_some_and(|ext| ext == "md")
+                {
+                    let target_text = std::fs::read_to_string(&resolved).expect("readable");
+                    if !anchors(&target_text).contains(anchor) {
+                        problems.push(format!("{shown}:{number}: {target}: no heading makes #{anchor}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "broken links:\n{}", problems.join("\n"));
+}
+
+#[test]
+fn every_shell_block_is_run_by_a_test_or_says_why_not() {
+    let mut problems = Vec::new();
+    for file in documents() {
+        let text = std::fs::read_to_string(&file).expect("readable");
+        let shown = file.strip_prefix(ROOT).unwrap_or(&file).display().to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        let mut fenced = false;
+        for (index, line) in lines.iter().enumerate() {
+            let trimmed = line.trim_start();
+            if !trimmed.starts_with("```") {
+                continue;
+            }
+            if fenced {
+                fenced = false;
+                continue;
+            }
+            fenced = true;
+            let language = trimmed.trim_start_matches('`').trim();
+            if !matches!(language, "sh" | "bash" | "shell" | "console") {
+                continue;
+            }
+            let before = index
+                .checked_sub(1)
+                .and_then(|previous| lines.get(previous))
+                .map(|line| line.trim())
+                .unwrap_or_default();
+            let marked = before.starts_with("<!-- local-path:")
+                || before
+                    .strip_prefix("<!-- not run:")
+                    .is_some_and(|reason| reason.trim_end_matches("-->").trim().len() > 3);
+            if !marked {
+                problems.push(format!(
+                    "{shown}:{}: a ```{language} block with neither `<!-- local-path: ... -->` (run by \
+                     tests/readme_local_path.rs) nor `<!-- not run: <reason> -->` on the line before",
+                    index + 1
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+// Negative controls: the checks find what they must.
+
+#[test]
+fn anchors_follow_githubs_rules() {
+    let text = "# Guarantees and limits\n## `lock --wait` (fair)\n```sh\n# not a heading\n```\n## Guarantees and limits\n";
+    let made = anchors(text);
+    assert!(made.contains("guarantees-and-limits"));
+    assert!(made.contains("lock---wait-fair"));
+    assert!(made.contains("guarantees-and-limits-1"), "{made:?}");
+    assert!(!made.contains("not-a-heading"));
+    assert_eq!(
+        link_targets("see [a](../a.md#x) and [b](b.md \"title\")"),
+        ["../a.md#x", "b.md"]
+    );
+}
