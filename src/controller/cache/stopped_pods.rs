@@ -1,6 +1,8 @@
-//! The pods that reported their work stopped under a given-up grant (taken by `lock::reports`), until its key is
-//! released. Kept in the active replica's memory only: a successor that never heard a report waits for the
-//! validity shown, as it would for a holder that does not report.
+//! The pods that reported their work stopped under a given-up grant (taken by `lock::reports`). A report stays
+//! true for good (the work never starts again under that grant), so it is kept past the key's release: a lock
+//! being deleted gives up what its status still shows after the key went, and finds the report again. Kept in
+//! the active replica's memory only, for an hour: a successor that never heard a report waits for the validity
+//! shown, as it would for a holder that does not report.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -10,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::controller::keeper::PermitRef;
 
-/// A report outlives its key's release by at most this: the longest validity a grant can show is far shorter.
+/// How long a report is kept: far longer than any validity a grant can show (and a hand-over waits no longer).
 const KEPT_FOR: Duration = Duration::from_secs(3600);
 
 #[derive(Default)]
@@ -57,15 +59,6 @@ impl StoppedPods {
     pub fn has(&self, permit: &PermitRef, token: i64, pod: &str) -> bool {
         self.pods(permit, token).iter().any(|known| known == pod)
     }
-
-    /// Drops what was reported under `token` of `permit`: its key is released.
-    pub fn forget(&self, permit: &PermitRef, token: i64) {
-        let mut reported = self
-            .reported
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        reported.remove(&(permit.clone(), token));
-    }
 }
 
 #[cfg(test)]
@@ -75,7 +68,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reports_are_kept_per_grant_until_forgotten() {
+    fn reports_are_kept_per_grant() {
         let stopped = StoppedPods::default();
         let permit = PermitRef::new(ObjectRef::new("web").within("shop"), 0);
         stopped.record(permit.clone(), 7, "web-0");
@@ -88,7 +81,5 @@ mod tests {
             !stopped.has(&PermitRef::new(permit.lock.clone(), 1), 7, "web-0"),
             "another permit"
         );
-        stopped.forget(&permit, 7);
-        assert!(stopped.pods(&permit, 7).is_empty());
     }
 }

@@ -65,7 +65,6 @@ pub async fn give_up(
     match release {
         Release::Now => {
             release_value(ctx, &given.quorum, &given.key, given.value).await;
-            ctx.stopped.forget(&lref, given.token);
             forget_recorded(ctx, lock, lref.permit, given.token).await?;
         }
         Release::At(release_at) => {
@@ -177,7 +176,6 @@ pub async fn settle(
     if let Some(retiring) = ctx.keeper.take_retiring(&lref) {
         tracing::info!(lock = %lref, holder = %retiring.holder, token = retiring.token, "the validity shown to the holder ended, or it stopped: key released");
         release_value(ctx, &retiring.quorum, &retiring.key, retiring.value).await;
-        ctx.stopped.forget(&lref, retiring.token);
         forget_recorded(ctx, lock, lref.permit, retiring.token).await?;
     }
     Ok(None)
