@@ -165,6 +165,12 @@ impl Default for Metrics {
             "Reports from elect or the Job guard that a holder's work stopped under a given-up grant, by outcome (taken: its key released at once)",
             stopped_reports.clone(),
         );
+        // Present at zero from the start, so that the dashboard shows no reports rather than no data.
+        stopped_reports
+            .get_or_create(&ReportLabels {
+                outcome: "taken".to_owned(),
+            })
+            .inc_by(0);
         // Present at zero from the start, so that alerts on their rate work before the first error.
         for resource in ["distributedlock", "redisquorum"] {
             reconcile_errors
