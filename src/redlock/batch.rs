@@ -8,9 +8,11 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use redis::Value;
 use tokio::time::Instant;
 
-use super::engine::{Op, Tail, extend_outcome, interpret, millis};
+use super::engine::Tail;
 use super::node::Ready;
 use super::quorum::Tally;
+use super::rules::{Op, extend_outcome, interpret};
+use super::scripts::millis;
 use super::{ExtendError, Lease, NodeOutcome, NodeReport, OperationReport, Redlock, scripts};
 
 /// Commands one pipeline may carry before it is split: keeps a single master's reply time, and so the time the

@@ -15,6 +15,7 @@ mod outcome;
 mod permits;
 mod quarantine;
 mod quorum;
+mod rules;
 mod schedule;
 mod scripts;
 mod value;

@@ -16,10 +16,11 @@ use rand::Rng;
 use redis::Value;
 use tokio::time::Instant;
 
-use super::engine::{PROPOSAL_ROUNDS, Tail, failed_attempt, millis};
+use super::engine::{PROPOSAL_ROUNDS, Tail};
 use super::lease::{Holding, next_token, validity_left};
 use super::node::{Node, Ready};
-use super::scripts::{self, MAX_PERMITS, counter_key, permit_key};
+use super::rules::failed_attempt;
+use super::scripts::{self, MAX_PERMITS, counter_key, millis, permit_key};
 use super::{
     AcquireError, AcquireOptions, Lease, LockValue, NodeOutcome, NodeReport, OperationReport, Redlock,
 };
