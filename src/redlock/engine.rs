@@ -1,10 +1,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rand::Rng;
-use redis::{ErrorKind, ServerErrorKind, Value};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -12,11 +10,12 @@ use tokio_util::task::TaskTracker;
 use super::lease::{Holding, Lease, next_token, validity_left};
 use super::node::{Node, Ready, maintain};
 use super::quorum::Tally;
-use super::rules::{Op, could_grant, extend_outcome, failed_attempt, interpret};
+use super::rules::{Op, could_grant, extend_outcome, failed_attempt};
+use super::script_call::{Keys, NodeFuture};
 use super::scripts::millis;
 use super::{
     AcquireError, ConfigError, ExtendError, KeepPolicy, KeptLock, LockValue, NodeHealth, NodeOutcome,
-    NodeReport, NodeStatus, OperationReport, RedlockConfig, scripts,
+    NodeReport, NodeStatus, OperationReport, RedlockConfig,
 };
 
 /// A Redlock client over N independent masters. Cheap to clone; every clone shares the connections.
@@ -62,29 +61,6 @@ pub struct AcquireOptions {
 /// Proposal rounds in one acquisition attempt: the first, and re-proposals above the counters masters reported.
 /// One re-proposal is enough unless contenders raise the counters at the same time.
 pub(super) const PROPOSAL_ROUNDS: u32 = 4;
-
-/// The keys one operation touches on every master; the counter's name is made once, not per master.
-#[derive(Clone)]
-struct Keys {
-    resource: Arc<str>,
-    /// Empty for a release, which leaves the counter alone.
-    counter: Arc<str>,
-}
-
-impl Keys {
-    fn of(op: Op, resource: &Arc<str>) -> Self {
-        let counter = match op {
-            Op::Release => Arc::from(""),
-            Op::Acquire { .. } | Op::Extend { .. } => scripts::counter_key(resource).into(),
-        };
-        Self {
-            resource: resource.clone(),
-            counter,
-        }
-    }
-}
-
-type NodeFuture = BoxFuture<'static, (usize, NodeOutcome, Option<Duration>)>;
 
 /// What a fan-out decided, and the masters that had not answered yet.
 struct FanOut {
@@ -651,76 +627,5 @@ impl Redlock {
             }
         };
         tokio::join!(unlock_answered, unlock_late);
-    }
-
-    fn run_on_node(
-        &self,
-        index: usize,
-        ready: Ready,
-        op: Op,
-        Keys { resource, counter }: Keys,
-        value: LockValue,
-    ) -> NodeFuture {
-        let node = self.inner.nodes[index].clone();
-        let Ready {
-            mut conn, generation, ..
-        } = ready;
-        let retention_ms = self.inner.retention_ms;
-        Box::pin(async move {
-            let started = Instant::now();
-            let command = async {
-                match op {
-                    Op::Acquire { ttl_ms, token } | Op::Extend { ttl_ms, token } => {
-                        let script = match op {
-                            Op::Acquire { .. } => &*scripts::ACQUIRE,
-                            _ => &*scripts::EXTEND,
-                        };
-                        // EVALSHA built once, straight into the command (the script's invocation helper
-                        // copies every argument twice); the text goes out only after a NOSCRIPT.
-                        let mut evalsha = redis::cmd("EVALSHA");
-                        evalsha
-                            .arg(script.get_hash())
-                            .arg(2)
-                            .arg(&*resource)
-                            .arg(&*counter)
-                            .arg(value.as_str())
-                            .arg(ttl_ms)
-                            .arg(token)
-                            .arg(retention_ms);
-                        match evalsha.query_async::<Value>(&mut conn).await {
-                            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                                // The master lost its script cache (SCRIPT FLUSH, or a restart not noticed
-                                // yet): load the script and run it.
-                                script
-                                    .key(&*resource)
-                                    .key(&*counter)
-                                    .arg(value.as_str())
-                                    .arg(ttl_ms)
-                                    .arg(token)
-                                    .arg(retention_ms)
-                                    .invoke_async::<Value>(&mut conn)
-                                    .await
-                            }
-                            other => other,
-                        }
-                    }
-                    Op::Release => {
-                        scripts::RELEASE_SCRIPT
-                            .key(&*resource)
-                            .arg(value.as_str())
-                            .invoke_async::<Value>(&mut conn)
-                            .await
-                    }
-                }
-            };
-            let outcome = match tokio::time::timeout(node.node_timeout(), command).await {
-                Err(_) => return (index, NodeOutcome::Timeout, None),
-                Ok(Err(err)) => node.record_error(generation, &err),
-                Ok(Ok(reply)) => interpret(op, reply),
-            };
-            let latency = started.elapsed();
-            node.record_latency(latency);
-            (index, outcome, Some(latency))
-        })
     }
 }

@@ -17,6 +17,7 @@ mod quarantine;
 mod quorum;
 mod rules;
 mod schedule;
+mod script_call;
 mod scripts;
 mod value;
 
