@@ -8,7 +8,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use redis::Value;
 use tokio::time::Instant;
 
-use super::engine::Tail;
+use super::fan_out::Tail;
 use super::node::Ready;
 use super::quorum::Tally;
 use super::rules::{Op, extend_outcome, interpret};

@@ -1,21 +1,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::stream::{FuturesUnordered, StreamExt};
 use rand::Rng;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::fan_out::{FanOut, Tail};
 use super::lease::{Holding, Lease, next_token, validity_left};
 use super::node::{Node, Ready, maintain};
-use super::quorum::Tally;
 use super::rules::{Op, could_grant, extend_outcome, failed_attempt};
-use super::script_call::{Keys, NodeFuture};
 use super::scripts::millis;
 use super::{
-    AcquireError, ConfigError, ExtendError, KeepPolicy, KeptLock, LockValue, NodeHealth, NodeOutcome,
-    NodeReport, NodeStatus, OperationReport, RedlockConfig,
+    AcquireError, ConfigError, ExtendError, KeepPolicy, KeptLock, LockValue, NodeHealth, NodeStatus,
+    OperationReport, RedlockConfig,
 };
 
 /// A Redlock client over N independent masters. Cheap to clone; every clone shares the connections.
@@ -30,7 +28,7 @@ pub(super) struct Inner {
     /// The fencing counters' retention, as the scripts take it.
     pub(super) retention_ms: u64,
     /// Work that outlives the call that started it: the deletes of a release decided at a majority.
-    background: TaskTracker,
+    pub(super) background: TaskTracker,
     shutdown: CancellationToken,
 }
 
@@ -61,51 +59,6 @@ pub struct AcquireOptions {
 /// Proposal rounds in one acquisition attempt: the first, and re-proposals above the counters masters reported.
 /// One re-proposal is enough unless contenders raise the counters at the same time.
 pub(super) const PROPOSAL_ROUNDS: u32 = 4;
-
-/// What a fan-out decided, and the masters that had not answered yet.
-struct FanOut {
-    report: OperationReport,
-    majority: bool,
-    pending: FuturesUnordered<NodeFuture>,
-}
-
-/// What the masters that had not answered when an operation was decided are still being sent.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Tail {
-    /// An acquisition's or extension's writes: without them a lock sits on a bare majority, and one more lost
-    /// master loses it.
-    Writes,
-    /// A release's deletes: without them those masters keep the key until it expires.
-    Deletes,
-}
-
-/// The unanswered part of one operation, finished in the background; says so if it is dropped unfinished (the
-/// runtime shut down before [`Redlock::settle`]).
-struct Straggler {
-    resource: Arc<str>,
-    tail: Tail,
-    left: usize,
-}
-
-impl Drop for Straggler {
-    fn drop(&mut self) {
-        if self.left == 0 {
-            return;
-        }
-        match self.tail {
-            Tail::Deletes => tracing::warn!(
-                resource = %self.resource,
-                masters = self.left,
-                "release abandoned before every master answered; the key expires there by its TTL"
-            ),
-            Tail::Writes => tracing::debug!(
-                resource = %self.resource,
-                masters = self.left,
-                "writes abandoned before every master answered; the next extension repairs them"
-            ),
-        }
-    }
-}
 
 impl Redlock {
     /// Validates the configuration and connects to every master at once; returns once every master's first
@@ -470,162 +423,8 @@ impl Redlock {
         report
     }
 
-    /// Waits until the work left to the background (the writes and deletes of operations decided at a
-    /// majority) is done: at most one per-node timeout after the last operation. A process that exits right
-    /// after releasing calls this first, so that a slow master still gets its delete instead of keeping the key
-    /// until it expires.
-    pub async fn settle(&self) {
-        let background = &self.inner.background;
-        background.close();
-        background.wait().await;
-        background.reopen();
-    }
-
-    /// Keeps the requests of a decided operation going until each master answered or timed out. Requests
-    /// already written to a connection run either way; the point is the ones not written yet, which the client
-    /// discards once nobody waits for them.
-    fn finish_in_background(&self, resource: Arc<str>, tail: Tail, pending: FuturesUnordered<NodeFuture>) {
-        self.finish_tail_in_background(resource, tail, pending, |(_, outcome, _)| outcome);
-    }
-
-    /// [`Redlock::finish_in_background`] for any per-master future; `outcome` says what one master answered.
-    pub(super) fn finish_tail_in_background<F, O>(
-        &self,
-        resource: Arc<str>,
-        tail: Tail,
-        mut pending: FuturesUnordered<F>,
-        outcome: fn(F::Output) -> O,
-    ) where
-        F: std::future::Future + Send + 'static,
-        F::Output: Send,
-        O: std::fmt::Debug + 'static,
-    {
-        if pending.is_empty() {
-            return;
-        }
-        let mut straggler = Straggler {
-            resource,
-            tail,
-            left: pending.len(),
-        };
-        // Runs on its own clones of the connections: dropping the engine does not cut it short.
-        self.inner.background.spawn(async move {
-            while let Some(answer) = pending.next().await {
-                straggler.left = straggler.left.saturating_sub(1);
-                let answer = outcome(answer);
-                tracing::debug!(resource = %straggler.resource, ?straggler.tail, ?answer, "late answer");
-            }
-        });
-    }
-
     /// Keeps `lease` extended in the background and tells the owner at once when it is lost.
     pub fn keep(&self, lease: Lease, policy: KeepPolicy) -> KeptLock {
         KeptLock::start(self.clone(), lease, policy)
-    }
-
-    /// Sends `op` to the masters selected by `only` (all when `None`) concurrently. With `decide_early`,
-    /// returns as soon as a majority voted yes or can no longer do so; the masters still answering are handed
-    /// back in `pending` (their outcome shows as `Pending`). An extension passes its lease as `extended`, whose
-    /// unconfirmed masters do not vote.
-    async fn fan_out(
-        &self,
-        op: Op,
-        resource: &Arc<str>,
-        value: &LockValue,
-        decide_early: bool,
-        only: Option<&[usize]>,
-        extended: Option<&Lease>,
-    ) -> FanOut {
-        let started = Instant::now();
-        let nodes = &self.inner.nodes;
-        let mut tally = Tally::new(nodes.len());
-        let mut reports: Vec<NodeReport> = nodes
-            .iter()
-            .map(|node| NodeReport {
-                endpoint: node.endpoint().display().to_owned(),
-                outcome: NodeOutcome::Pending,
-                latency: None,
-            })
-            .collect();
-        let mut pending = FuturesUnordered::new();
-        let keys = Keys::of(op, resource);
-        for (index, node) in nodes.iter().enumerate() {
-            if only.is_some_and(|only| !only.contains(&index)) {
-                continue;
-            }
-            let ready = match op {
-                Op::Release => node.connected(),
-                _ => node.ready(started),
-            };
-            match ready {
-                Ok(ready) => pending.push(self.run_on_node(index, ready, op, keys.clone(), value.clone())),
-                Err(outcome) => {
-                    tally.record(false);
-                    reports[index].outcome = outcome;
-                }
-            }
-        }
-        let mut decision = tally.decided();
-        while decision.is_none() || !decide_early {
-            let Some((index, outcome, latency)) = pending.next().await else {
-                break;
-            };
-            let outcome = match extended {
-                Some(lease) => lease.counted(index, outcome),
-                None => outcome,
-            };
-            tally.record(op.counts(&outcome));
-            reports[index].outcome = outcome;
-            reports[index].latency = latency;
-            decision = tally.decided();
-        }
-        FanOut {
-            report: OperationReport {
-                nodes: reports,
-                elapsed: started.elapsed(),
-                quorum: super::quorum_of(nodes.len()),
-            },
-            majority: decision == Some(true),
-            pending,
-        }
-    }
-
-    /// Removes a failed acquisition's key everywhere. A master whose SET is still unanswered gets its unlock
-    /// only once that SET has been answered or timed out: by then the SET is queued ahead of the unlock on the
-    /// same ordered connection, whatever order the futures happened to be polled in, so a late SET can never
-    /// land after its unlock. Bounded by two per-node timeouts.
-    async fn undo_acquire(&self, resource: &Arc<str>, value: &LockValue, fan_out: FanOut) {
-        let FanOut {
-            report, mut pending, ..
-        } = fan_out;
-        let answered: Vec<usize> = report
-            .nodes
-            .iter()
-            .enumerate()
-            .filter(|(_, node)| node.outcome != NodeOutcome::Pending)
-            .map(|(index, _)| index)
-            .collect();
-        let unlock_answered = self.fan_out(Op::Release, resource, value, false, Some(&answered), None);
-        let unlock_late = async {
-            let mut unlocks = FuturesUnordered::new();
-            loop {
-                tokio::select! {
-                    Some((index, _, _)) = pending.next() => {
-                        if let Ok(ready) = self.inner.nodes[index].connected() {
-                            unlocks.push(self.run_on_node(
-                            index,
-                            ready,
-                            Op::Release,
-                            Keys::of(Op::Release, resource),
-                            value.clone(),
-                        ));
-                        }
-                    }
-                    Some(_) = unlocks.next() => {}
-                    else => break,
-                }
-            }
-        };
-        tokio::join!(unlock_answered, unlock_late);
     }
 }

@@ -7,6 +7,7 @@ mod batch;
 mod config;
 mod engine;
 mod error;
+mod fan_out;
 mod info;
 mod keeper;
 mod lease;

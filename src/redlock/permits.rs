@@ -16,7 +16,8 @@ use rand::Rng;
 use redis::Value;
 use tokio::time::Instant;
 
-use super::engine::{PROPOSAL_ROUNDS, Tail};
+use super::engine::PROPOSAL_ROUNDS;
+use super::fan_out::Tail;
 use super::lease::{Holding, next_token, validity_left};
 use super::node::{Node, Ready};
 use super::rules::failed_attempt;
