@@ -16,10 +16,10 @@ use rand::Rng;
 use redis::Value;
 use tokio::time::Instant;
 
-use super::engine::PROPOSAL_ROUNDS;
 use super::fan_out::Tail;
 use super::lease::{Holding, next_token, validity_left};
 use super::node::{Node, Ready};
+use super::operations::PROPOSAL_ROUNDS;
 use super::rules::failed_attempt;
 use super::scripts::{self, MAX_PERMITS, counter_key, millis, permit_key};
 use super::{

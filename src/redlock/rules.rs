@@ -1,5 +1,5 @@
 //! The pure rules that turn what the masters answered into results, shared by the single-key operations
-//! (`engine.rs`), batched extensions (`batch.rs`) and semaphore permits (`permits.rs`): what a script's reply
+//! (`operations.rs`), batched extensions (`batch.rs`) and semaphore permits (`permits.rs`): what a script's reply
 //! means, which answers count towards a majority, and what a decided acquisition or extension attempt comes to.
 //! No I/O and no clock of their own (the callers pass the instants), so that one rule serves every path.
 
