@@ -231,29 +231,14 @@ impl Redlock {
         token: i64,
     ) -> Result<Lease, ExtendError> {
         self.inner.config.check_ttl(ttl)?;
-        let now = Instant::now();
-        let probe = Lease {
-            resource: resource.into(),
-            value,
-            ttl,
-            granted_at: now,
-            // Only bounds how long the attempt may take; the validity that counts is the one it returns.
-            valid_until: now + ttl,
-            token: 0,
-            report: Arc::new(OperationReport {
-                nodes: Vec::new(),
-                elapsed: Duration::ZERO,
-                quorum: self.quorum(),
-            }),
-            unconfirmed: None,
-            permit: 0,
-        };
+        // Its TTL only bounds how long the attempt may take; the validity that counts is the one it returns.
+        let probe = Lease::unproven(resource, value, ttl, Instant::now(), self.quorum());
         let result = self
             .extend_many_without_repair(std::slice::from_ref(&probe))
             .await
             .pop()
             .unwrap_or(Err(ExtendError::Expired { report: None }));
-        result.map(|lease| Lease { token, ..lease })
+        result.map(|lease| lease.with_token(token))
     }
 
     /// Deletes the key on every connected master where it still holds this lease's value, all at once. Returns

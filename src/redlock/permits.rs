@@ -20,7 +20,7 @@ use super::fan_out::Tail;
 use super::lease::{Holding, next_token, validity_left};
 use super::node::{Node, Ready};
 use super::operations::PROPOSAL_ROUNDS;
-use super::rules::failed_attempt;
+use super::rules::{failed_attempt, reported_counter};
 use super::scripts::{self, MAX_PERMITS, counter_key, millis, permit_key};
 use super::{
     AcquireError, AcquireOptions, Lease, LockValue, NodeOutcome, NodeReport, OperationReport, Redlock,
@@ -446,11 +446,7 @@ fn interpret_any(reply: Value, count: usize) -> Answer {
         [Value::Int(0), position, Value::BulkString(counter)] => match candidate(position) {
             Some(candidate) => Answer::Refused {
                 candidate,
-                // A counter that does not parse is beyond the largest token (the script answers decimals only).
-                counter: std::str::from_utf8(counter)
-                    .ok()
-                    .and_then(|counter| counter.parse().ok())
-                    .unwrap_or(i64::MAX),
+                counter: reported_counter(counter),
             },
             None => unexpected(&items),
         },

@@ -87,6 +87,16 @@ pub(super) fn extend_outcome(
     }
 }
 
+/// The fencing counter a master reported when it refused a proposal. The scripts answer only canonical
+/// decimals: one that does not parse is beyond the largest token, and the acquisition then says the token is
+/// exhausted instead of failing obscurely.
+pub(super) fn reported_counter(raw: &[u8]) -> i64 {
+    std::str::from_utf8(raw)
+        .ok()
+        .and_then(|counter| counter.parse().ok())
+        .unwrap_or(i64::MAX)
+}
+
 pub(super) fn interpret(op: Op, reply: Value) -> NodeOutcome {
     let other = |raw: &[u8]| NodeOutcome::HeldByOther {
         holder: LockValue::holder_of(raw),
@@ -94,13 +104,8 @@ pub(super) fn interpret(op: Op, reply: Value) -> NodeOutcome {
     match (op, reply) {
         (Op::Acquire { .. }, Value::Int(1)) => NodeOutcome::Granted,
         (Op::Acquire { .. }, Value::Array(items)) => match items.as_slice() {
-            // The script answers only canonical decimals: one that does not parse is beyond the largest
-            // token, and the acquisition then says the token is exhausted instead of failing obscurely.
             [Value::Int(0), Value::BulkString(counter)] => NodeOutcome::TokenTooLow {
-                counter: std::str::from_utf8(counter)
-                    .ok()
-                    .and_then(|counter| counter.parse().ok())
-                    .unwrap_or(i64::MAX),
+                counter: reported_counter(counter),
             },
             [Value::Int(2), Value::BulkString(raw)] => other(raw),
             unexpected => NodeOutcome::Error(format!("unexpected reply {unexpected:?}")),
@@ -126,4 +131,26 @@ pub(super) fn could_grant(report: &OperationReport) -> bool {
         .saturating_sub(held)
         .saturating_sub(report.unreachable())
         >= report.quorum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reported_counter_that_does_not_parse_is_beyond_the_largest_token() {
+        assert_eq!(reported_counter(b"41"), 41);
+        assert_eq!(reported_counter(b"9223372036854775807"), i64::MAX);
+        assert_eq!(reported_counter(b"9223372036854775808"), i64::MAX);
+        assert_eq!(reported_counter(b"x"), i64::MAX);
+    }
+
+    #[test]
+    fn a_refusal_reports_the_counter_it_has() {
+        let refused = Value::Array(vec![Value::Int(0), Value::BulkString(b"41".to_vec())]);
+        assert_eq!(
+            interpret(Op::Acquire { ttl_ms: 1, token: 1 }, refused),
+            NodeOutcome::TokenTooLow { counter: 41 }
+        );
+    }
 }
