@@ -9,9 +9,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::config::{ConfigError, RedlockConfig};
 use super::node::{Node, Ready, maintain};
+use super::node::{NodeHealth, NodeStatus};
 use super::scripts::millis;
-use super::{ConfigError, NodeHealth, NodeStatus, RedlockConfig};
 
 /// A Redlock client over N independent masters. Cheap to clone; every clone shares the connections.
 #[derive(Clone)]

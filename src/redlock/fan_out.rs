@@ -8,10 +8,13 @@ use std::sync::Arc;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
-use super::quorum::Tally;
+use super::client::Redlock;
+use super::lease::Lease;
+use super::outcome::{NodeOutcome, NodeReport, OperationReport};
+use super::quorum::{Tally, quorum_of};
 use super::rules::Op;
 use super::script_call::{Keys, NodeFuture};
-use super::{Lease, LockValue, NodeOutcome, NodeReport, OperationReport, Redlock};
+use super::value::LockValue;
 
 /// What a fan-out decided, and the masters that had not answered yet.
 pub(super) struct FanOut {
@@ -172,7 +175,7 @@ impl Redlock {
             report: OperationReport {
                 nodes: reports,
                 elapsed: started.elapsed(),
-                quorum: super::quorum_of(nodes.len()),
+                quorum: quorum_of(nodes.len()),
             },
             majority: decision == Some(true),
             pending,

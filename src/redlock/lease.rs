@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{AcquireError, LockValue, NodeOutcome, OperationReport};
+use super::error::AcquireError;
+use super::outcome::{NodeOutcome, OperationReport};
+use super::value::LockValue;
 
 /// The validity an operation leaves: the TTL less the time from the operation's start (before any write was sent)
 /// to its decision, less the clock-drift allowance, all on the monotonic clock. A master's key set or extended by

@@ -9,11 +9,16 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::time::Instant;
 
+use super::client::Redlock;
+use super::error::{AcquireError, ExtendError};
 use super::fan_out::{FanOut, Tail};
+use super::keeper::KeptLock;
 use super::lease::{Holding, Lease, next_token, validity_left};
+use super::outcome::OperationReport;
 use super::rules::{Op, could_grant, extend_outcome, failed_attempt};
+use super::schedule::KeepPolicy;
 use super::scripts::millis;
-use super::{AcquireError, ExtendError, KeepPolicy, KeptLock, LockValue, OperationReport, Redlock};
+use super::value::LockValue;
 
 /// How long and how often [`Redlock::acquire`] tries, and above which fencing token.
 #[derive(Clone, Copy, Debug, Default)]

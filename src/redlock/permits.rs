@@ -16,15 +16,19 @@ use rand::Rng;
 use redis::Value;
 use tokio::time::Instant;
 
+use super::client::Redlock;
+use super::config::ConfigError;
+use super::error::AcquireError;
 use super::fan_out::Tail;
+use super::lease::Lease;
 use super::lease::{Holding, next_token, validity_left};
 use super::node::{Node, Ready};
+use super::operations::AcquireOptions;
 use super::operations::PROPOSAL_ROUNDS;
+use super::outcome::{NodeOutcome, NodeReport, OperationReport};
 use super::rules::{failed_attempt, reported_counter};
 use super::scripts::{self, MAX_PERMITS, counter_key, millis, permit_key};
-use super::{
-    AcquireError, AcquireOptions, Lease, LockValue, NodeOutcome, NodeReport, OperationReport, Redlock,
-};
+use super::value::LockValue;
 
 /// What one master answered an attempt on several permits.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,7 +83,7 @@ fn check_permits(permits: u32) -> Result<(), AcquireError> {
     if (1..=MAX_PERMITS).contains(&permits) {
         Ok(())
     } else {
-        Err(AcquireError::Config(super::ConfigError::Invalid(format!(
+        Err(AcquireError::Config(ConfigError::Invalid(format!(
             "permits must be between 1 and {MAX_PERMITS}, not {permits}"
         ))))
     }

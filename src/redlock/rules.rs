@@ -8,8 +8,10 @@ use std::time::Duration;
 use redis::Value;
 use tokio::time::Instant;
 
+use super::error::{AcquireError, ExtendError, FailureKind};
 use super::lease::{Lease, validity_left};
-use super::{AcquireError, ExtendError, FailureKind, LockValue, NodeOutcome, OperationReport};
+use super::outcome::{NodeOutcome, OperationReport};
+use super::value::LockValue;
 
 /// An operation on one key, as the scripts take it.
 #[derive(Clone, Copy)]

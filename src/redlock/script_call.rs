@@ -10,9 +10,12 @@ use futures::future::BoxFuture;
 use redis::{ErrorKind, ServerErrorKind, Value};
 use tokio::time::Instant;
 
+use super::client::Redlock;
 use super::node::Ready;
+use super::outcome::NodeOutcome;
 use super::rules::{Op, interpret};
-use super::{LockValue, NodeOutcome, Redlock, scripts};
+use super::scripts;
+use super::value::LockValue;
 
 /// The keys one operation touches on every master; the counter's name is made once, not per master.
 #[derive(Clone)]
