@@ -23,6 +23,7 @@ pub mod permits;
 pub mod protected;
 pub mod recorder;
 pub mod replica;
+pub mod rules;
 pub mod semaphore;
 
 use std::path::PathBuf;
