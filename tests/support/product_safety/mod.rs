@@ -7,11 +7,11 @@
 //!
 //! Not part of `tests/support/mod.rs` (every test binary compiles that): the binaries that use it include it with
 //! `#[path]`, next to `tests/e2e/mod.rs`.
-#![allow(dead_code)]
 
 pub mod checker;
 pub mod cluster;
 pub mod controls;
+#[allow(dead_code)] // Run by the test (tests/operator_safety.rs) only; the bench includes this module too.
 pub mod findings;
 pub mod follow;
 pub mod identity;
