@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use product_safety::Scenario;
 use product_safety::{controls, semaphore};
+use redlock_operator::negative_controls::Control;
 
 fn main() {
     let seconds: u64 = std::env::var("OPERATOR_SAFETY_SECONDS")
@@ -74,7 +75,7 @@ fn main() {
         let mut detected = 0;
         let mut total = 0;
         let with_controls = std::env::var("OPERATOR_SAFETY_CONTROLS").map_or(true, |value| value != "none");
-        for control in controls::ALL.into_iter().filter(|_| with_controls) {
+        for control in Control::ALL.into_iter().filter(|_| with_controls) {
             total += 1;
             let outcome = controls::run(control, Scenario::seed_from_env()).await;
             detected += usize::from(outcome.caught());

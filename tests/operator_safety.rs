@@ -48,6 +48,26 @@ fn overlaps_are_counted_against_the_bound_per_key() {
 }
 
 #[test]
+fn holders_and_forced_faults_are_told_apart_by_their_names() {
+    use product_safety::rules::{floor_of, forced_fault, is_job_holder, is_leader_holder};
+    assert!(is_job_holder("east/jobs-0-first-01"));
+    assert!(!is_job_holder("east/leader-0-3"));
+    assert!(is_leader_holder("west/leader-1-2"));
+    assert!(!is_leader_holder("outside/outside-3"));
+    assert_eq!(floor_of("east/jobs-0-7"), Some("east"));
+    assert_eq!(
+        floor_of("outside/outside-3"),
+        None,
+        "the lock command keeps no floor record"
+    );
+    assert_eq!(
+        forced_fault("forced: master 2 SIGKILLed"),
+        Some("master 2 SIGKILLed")
+    );
+    assert_eq!(forced_fault("east cut from masters [0, 1, 2] for 5s"), None);
+}
+
+#[test]
 fn a_semaphore_is_checked_per_permit_and_per_key() {
     use product_safety::permits::{excess_holders, key_of, most_at_once, permit_resource};
     assert_eq!(permit_resource("shared:a", 0), "shared:a");

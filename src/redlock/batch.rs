@@ -8,10 +8,16 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use redis::Value;
 use tokio::time::Instant;
 
-use super::engine::{Op, Tail, extend_outcome, interpret, millis};
+use super::client::Redlock;
+use super::error::ExtendError;
+use super::fan_out::Tail;
+use super::lease::Lease;
 use super::node::Ready;
+use super::outcome::{NodeOutcome, NodeReport, OperationReport};
 use super::quorum::Tally;
-use super::{ExtendError, Lease, NodeOutcome, NodeReport, OperationReport, Redlock, scripts};
+use super::rules::{Op, extend_outcome, interpret};
+use super::scripts;
+use super::scripts::millis;
 
 /// Commands one pipeline may carry before it is split: keeps a single master's reply time, and so the time the
 /// whole batch takes to decide, small against the validity being extended.

@@ -288,7 +288,7 @@ impl RedlockConfig {
 
     /// A majority of the configured masters; down or quarantined masters still count in N.
     pub fn quorum(&self) -> usize {
-        super::quorum_of(self.endpoints.len())
+        super::quorum::quorum_of(self.endpoints.len())
     }
 
     /// The clock-drift allowance for a lock of this TTL.

@@ -1,7 +1,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::{ConfigError, OperationReport, QuarantineOutlook, ValueError};
+use super::config::ConfigError;
+use super::outcome::{OperationReport, QuarantineOutlook};
+use super::value::ValueError;
 
 /// Why an acquisition failed, in the terms a caller acts on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,7 +128,7 @@ pub enum ExtendError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::redlock::{NodeOutcome, NodeReport};
+    use crate::redlock::outcome::{NodeOutcome, NodeReport};
 
     fn report(outcomes: Vec<NodeOutcome>) -> OperationReport {
         let quorum = outcomes.len() / 2 + 1;

@@ -5,9 +5,12 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::client::Redlock;
+use super::error::ExtendError;
+use super::lease::Lease;
+use super::outcome::OperationReport;
 pub use super::schedule::KeepPolicy;
 use super::schedule::{KeepAction, fence_time, next_keep_action};
-use super::{ExtendError, Lease, OperationReport, Redlock};
 
 /// Why a kept lock stopped being safe to act on.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{AcquireError, LockValue, NodeOutcome, OperationReport};
+use super::error::AcquireError;
+use super::outcome::{NodeOutcome, OperationReport};
+use super::value::LockValue;
 
 /// The validity an operation leaves: the TTL less the time from the operation's start (before any write was sent)
 /// to its decision, less the clock-drift allowance, all on the monotonic clock. A master's key set or extended by
@@ -102,21 +104,40 @@ impl Lease {
     /// A lease that no engine granted, for tests of code that only reads leases.
     #[doc(hidden)]
     pub fn for_tests(resource: &str, value: LockValue, ttl: Duration, granted_at: Instant) -> Self {
+        Self::unproven(resource, value, ttl, granted_at, 1)
+    }
+
+    /// A lease no operation granted: `value` on `resource` for `ttl` from `at`, token 0 (unknown), on masters
+    /// whose majority is `quorum`. What a takeover ([`Redlock::reclaim`]) sends to be extended, and what tests
+    /// of code that only reads leases hold.
+    pub(super) fn unproven(
+        resource: &str,
+        value: LockValue,
+        ttl: Duration,
+        at: Instant,
+        quorum: usize,
+    ) -> Self {
         Self {
             resource: resource.into(),
             value,
             ttl,
-            granted_at,
-            valid_until: granted_at + ttl,
+            granted_at: at,
+            valid_until: at + ttl,
             token: 0,
             report: Arc::new(OperationReport {
                 nodes: Vec::new(),
                 elapsed: Duration::ZERO,
-                quorum: 1,
+                quorum,
             }),
             unconfirmed: None,
             permit: 0,
         }
+    }
+
+    /// This lease with fencing token `token`: what a takeover makes of its extended [`Lease::unproven`] probe
+    /// once a majority confirmed the predecessor's value.
+    pub(super) fn with_token(self, token: i64) -> Self {
+        Self { token, ..self }
     }
 
     /// The fencing token: higher than every token granted before for this key on these masters (see the

@@ -4,30 +4,35 @@
 //! it through [`Redlock`], [`Lease`] and [`KeptLock`].
 
 mod batch;
+mod client;
 mod config;
-mod engine;
 mod error;
+mod fan_out;
 mod info;
 mod keeper;
 mod lease;
 mod node;
+mod operations;
 mod outcome;
 mod permits;
 mod quarantine;
 mod quorum;
+mod rules;
 mod schedule;
+mod script_call;
 mod scripts;
 mod value;
 
 pub use batch::MAX_BATCH;
+pub use client::Redlock;
 pub use config::{
     ConfigError, DEFAULT_TOKEN_RETENTION, Endpoint, RedlockConfig, RetryPolicy, TlsOptions, with_credentials,
 };
-pub use engine::{AcquireOptions, Redlock};
 pub use error::{AcquireError, ExtendError, FailureKind, rounded_wait};
 pub use keeper::{KeepPolicy, KeepState, KeptLock, LossReason, kill_grace};
 pub use lease::Lease;
 pub use node::{NodeHealth, NodeStatus};
+pub use operations::AcquireOptions;
 pub use outcome::{NodeOutcome, NodeReport, OperationReport, QuarantineOutlook};
 pub use quarantine::quarantine_until;
 pub use quorum::quorum_of;

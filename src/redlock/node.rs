@@ -9,8 +9,11 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::config::{ConfigError, Endpoint, RedlockConfig};
 use super::info::{ServerInfo, parse_server_info};
-use super::{ConfigError, Endpoint, NodeOutcome, RedlockConfig, quarantine_until, scripts};
+use super::outcome::NodeOutcome;
+use super::quarantine::quarantine_until;
+use super::scripts;
 
 /// Large enough that bursts of pipelined operations never wait for room in redis-rs's request queue.
 const PIPELINE_BUFFER: usize = 8192;

@@ -16,13 +16,19 @@ use rand::Rng;
 use redis::Value;
 use tokio::time::Instant;
 
-use super::engine::{PROPOSAL_ROUNDS, Tail, failed_attempt, millis};
+use super::client::Redlock;
+use super::config::ConfigError;
+use super::error::AcquireError;
+use super::fan_out::Tail;
+use super::lease::Lease;
 use super::lease::{Holding, next_token, validity_left};
 use super::node::{Node, Ready};
-use super::scripts::{self, MAX_PERMITS, counter_key, permit_key};
-use super::{
-    AcquireError, AcquireOptions, Lease, LockValue, NodeOutcome, NodeReport, OperationReport, Redlock,
-};
+use super::operations::AcquireOptions;
+use super::operations::PROPOSAL_ROUNDS;
+use super::outcome::{NodeOutcome, NodeReport, OperationReport};
+use super::rules::{failed_attempt, reported_counter};
+use super::scripts::{self, MAX_PERMITS, counter_key, millis, permit_key};
+use super::value::LockValue;
 
 /// What one master answered an attempt on several permits.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,7 +83,7 @@ fn check_permits(permits: u32) -> Result<(), AcquireError> {
     if (1..=MAX_PERMITS).contains(&permits) {
         Ok(())
     } else {
-        Err(AcquireError::Config(super::ConfigError::Invalid(format!(
+        Err(AcquireError::Config(ConfigError::Invalid(format!(
             "permits must be between 1 and {MAX_PERMITS}, not {permits}"
         ))))
     }
@@ -444,11 +450,7 @@ fn interpret_any(reply: Value, count: usize) -> Answer {
         [Value::Int(0), position, Value::BulkString(counter)] => match candidate(position) {
             Some(candidate) => Answer::Refused {
                 candidate,
-                // A counter that does not parse is beyond the largest token (the script answers decimals only).
-                counter: std::str::from_utf8(counter)
-                    .ok()
-                    .and_then(|counter| counter.parse().ok())
-                    .unwrap_or(i64::MAX),
+                counter: reported_counter(counter),
             },
             None => unexpected(&items),
         },

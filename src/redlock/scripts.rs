@@ -276,6 +276,11 @@ pub fn counter_key(key: &str) -> String {
     }
 }
 
+/// A duration in whole milliseconds, as the scripts take TTLs and the counters' retention.
+pub(super) fn millis(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,12 +9,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::jobs::is_job_holder;
-use super::leaders::is_leader_holder;
-use super::nemesis::FORCED;
 use super::permits::{Bounds, excess_holders, most_at_once, per_key};
 use super::protected::{StaleWrite, stale_writes_accepted};
 use super::recorder::Recorder;
+use super::rules::{floor_of, forced_fault, is_job_holder, is_leader_holder};
 use crate::support::history::{self, Interval, Overlap, Repeats, TokenRegression};
 
 #[derive(Debug)]
@@ -61,13 +59,6 @@ impl Report {
     pub fn transitions_total(&self) -> usize {
         self.transitions.values().sum()
     }
-}
-
-/// The floor record a holder's tokens are kept above: its cluster's (holders are named `cluster/…`); the `lock`
-/// command (`outside/…`) keeps none.
-fn floor_of(holder: &str) -> Option<&str> {
-    let domain = holder.split('/').next().unwrap_or_default();
-    (domain != "outside").then_some(domain)
 }
 
 /// Whether a regression is one the guarantees leave open: a majority of the `masters` do not know the earlier
@@ -144,7 +135,7 @@ pub fn check(
         forced: recorder
             .nemesis_events()
             .into_iter()
-            .filter_map(|event| event.what.strip_prefix(FORCED).map(str::to_owned))
+            .filter_map(|event| forced_fault(&event.what).map(str::to_owned))
             .collect(),
         // A key is available while any of its permits is held.
         longest_unavailable: history::longest_unavailable_outside(

@@ -16,8 +16,6 @@ use super::{Scenario, World};
 use crate::support::fault_proxy::Direction;
 use crate::support::history::find_overlaps;
 
-pub const ALL: [Control; 4] = Control::ALL;
-
 /// A control's run with its switch on, and (when asked for) its clean twin.
 pub struct Outcome {
     /// The control's name: an operator switch's (`Control::name`), or a holder's that breaks a rule itself.
@@ -46,6 +44,7 @@ impl fmt::Display for Outcome {
 }
 
 /// Runs `control` with its switch on, and then without it.
+#[allow(dead_code)] // Only the bench (benches/operator_safety.rs) runs both twins; the test runs the broken one.
 pub async fn run(control: Control, seed: u64) -> Outcome {
     let broken = scenario_for(control, seed, true).await;
     let clean = Some(scenario_for(control, seed, false).await);
@@ -57,6 +56,7 @@ pub async fn run(control: Control, seed: u64) -> Outcome {
 }
 
 /// Runs `control` with its switch on only.
+#[allow(dead_code)] // Only the test (tests/operator_safety.rs) runs the broken twin alone; the bench runs `run`.
 pub async fn run_broken(control: Control, seed: u64) -> Outcome {
     Outcome {
         name: control.name(),

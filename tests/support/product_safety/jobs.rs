@@ -33,14 +33,6 @@ const TOKEN_ANNOTATION: &str = "redlock.io/fencing-token";
 /// The permit a semaphore's grant names (none for a plain lock's: permit 0).
 const PERMIT_ANNOTATION: &str = "redlock.io/permit";
 
-/// Whether `holder` (as the checker names holders: `cluster/name`) is a Job of this harness: every Job lock is
-/// named `jobs-…`, and its Jobs after it.
-pub fn is_job_holder(holder: &str) -> bool {
-    holder
-        .split_once('/')
-        .is_some_and(|(_, name)| name.starts_with("jobs-"))
-}
-
 /// The image of the Jobs' pods on a real cluster: it needs `sleep` and `false`.
 fn job_image() -> String {
     std::env::var("REDLOCK_E2E_JOB_IMAGE").unwrap_or_else(|_| "busybox:1.36".to_owned())

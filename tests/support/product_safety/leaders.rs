@@ -35,14 +35,6 @@ const PERMIT_ANNOTATION: &str = "redlock.io/permit";
 const KEY_ANNOTATION: &str = "safety.redlock.io/key";
 const ROLE_LABEL: &str = "safety.redlock.io/role";
 
-/// Whether `holder` (as the checker names holders: `cluster/name`) is a leader pod of this harness: every
-/// leader-election lock is named `leader-…`, and its pods after it.
-pub fn is_leader_holder(holder: &str) -> bool {
-    holder
-        .split_once('/')
-        .is_some_and(|(_, name)| name.starts_with("leader-"))
-}
-
 /// How long before the `valid-until` shown a pod's process stops acting (the `elect` helper's `--fence-margin`).
 pub const POD_FENCE_MARGIN: Duration = Duration::from_millis(500);
 

@@ -7,11 +7,11 @@
 //!
 //! Not part of `tests/support/mod.rs` (every test binary compiles that): the binaries that use it include it with
 //! `#[path]`, next to `tests/e2e/mod.rs`.
-#![allow(dead_code)]
 
 pub mod checker;
 pub mod cluster;
 pub mod controls;
+#[allow(dead_code)] // Run by the test (tests/operator_safety.rs) only; the bench includes this module too.
 pub mod findings;
 pub mod follow;
 pub mod identity;
@@ -23,6 +23,7 @@ pub mod permits;
 pub mod protected;
 pub mod recorder;
 pub mod replica;
+pub mod rules;
 pub mod semaphore;
 
 use std::path::PathBuf;
@@ -202,6 +203,247 @@ impl Side {
     }
 }
 
+impl Side {
+    /// Cluster `index` of the scenario (`east`, `west`): its API, its links to `masters`, its quorum, its
+    /// operator replicas and the Job runtime next to a test API server; and the tasks that follow its holders'
+    /// beliefs into `recorder` until `holders_stop`.
+    async fn start(
+        index: usize,
+        scenario: &Scenario,
+        masters: &RedisCluster,
+        recorder: &Arc<Recorder>,
+        holders_stop: &CancellationToken,
+    ) -> (Self, Vec<JoinHandle<()>>) {
+        let name = ["east", "west"][index % 2];
+        let kubeconfig = kubeconfig_of(index).filter(|_| scenario.real_clusters);
+        let cluster = Cluster::start(
+            name,
+            kubeconfig.as_deref(),
+            scenario.seed.wrapping_add(index as u64),
+        )
+        .await;
+        let links = links_to(masters).await;
+        let quorum = create_quorum(&cluster, &links, scenario.ttl).await;
+        let (secret_dir, secret_file) = write_installation_secret(name);
+        let mut replicas = Vec::new();
+        for replica in 0..scenario.replicas {
+            replicas.push(Replica::start(&cluster, replica, &secret_file, &scenario.controls).await);
+        }
+        let (_, holders_client, holders_link) = cluster.behind_proxy("holders").await;
+        let followers = follow_holders(name, &cluster, holders_client, recorder, holders_stop);
+        let job_runtime = cluster
+            .server
+            .as_ref()
+            .map(|server| FakeJobRuntime::start(server.controller_client(), Some(&cluster.namespace)));
+        let side = Self {
+            cluster,
+            quorum,
+            replicas,
+            links,
+            holders_link,
+            leaders: Vec::new(),
+            identities: Vec::new(),
+            jobs: Vec::new(),
+            _job_runtime: job_runtime,
+            _secret_dir: secret_dir,
+        };
+        (side, followers)
+    }
+
+    /// The scenario's leader-election locks (`leader-N` on `key-N`) with their pods, and its identity locks
+    /// (`ident-N`, on the leader locks' keys).
+    async fn create_leader_and_identity_locks(&mut self, scenario: &Scenario) {
+        for index in 0..scenario.leader_locks {
+            let set = LeaderSet::create(
+                &self.cluster,
+                &self.quorum,
+                (&format!("leader-{index}"), &format!("key-{index}")),
+                scenario.pods_per_lock,
+                scenario.leader_permits,
+            )
+            .await;
+            self.leaders.push(set);
+        }
+        for index in 0..scenario.identity_locks {
+            let key = format!("key-{}", index % scenario.leader_locks.max(1));
+            let lock =
+                IdentityLock::create(&self.cluster, &self.quorum, &format!("ident-{index}"), &key).await;
+            self.identities.push(lock);
+        }
+    }
+
+    /// The scenario's Job locks (`jobs-N` on `churn-N`) of this side (`side_index`, for the feeders' seeds), and
+    /// the tasks that keep their queues fed until `holders_stop`.
+    async fn create_job_locks(
+        &mut self,
+        side_index: usize,
+        scenario: &Scenario,
+        recorder: &Arc<Recorder>,
+        holders_stop: &CancellationToken,
+    ) -> Vec<JoinHandle<()>> {
+        let mut feeders = Vec::new();
+        for index in 0..scenario.job_locks {
+            let lock = format!("jobs-{index}");
+            let key = format!("churn-{index}");
+            let spec = jobs::JobSpec {
+                permits: scenario.permits,
+                ttl: scenario.ttl,
+                fence_margin: scenario.job_fence_margin,
+            };
+            let job_lock = JobLock::create(&self.cluster, &self.quorum, &lock, &key, &spec).await;
+            let feed = jobs::Feed {
+                client: self.cluster.client.clone(),
+                namespace: self.cluster.namespace.clone(),
+                cluster: self.cluster.name.clone(),
+                lock,
+                key: job_lock.key.clone(),
+                seconds: scenario.job_seconds.clone(),
+                seed: scenario.seed.wrapping_add(200 + (side_index * 10 + index) as u64),
+                first: scenario.first_jobs,
+                queue: scenario.queue,
+                recorder: recorder.clone(),
+            };
+            feeders.push(tokio::spawn(jobs::feed(feed, holders_stop.clone())));
+            self.jobs.push(job_lock);
+        }
+        feeders
+    }
+}
+
+/// One link per master, each through its own fault proxy (so that one cluster can be cut off a majority, not
+/// the other).
+async fn links_to(masters: &RedisCluster) -> Vec<FaultProxy> {
+    let mut links = Vec::new();
+    for server in masters.servers() {
+        links.push(FaultProxy::start(server.addr()).await.expect("link to a master"));
+    }
+    links
+}
+
+/// Creates the cluster's RedisQuorum on `links` (the locks' longest TTL, `ttl`, as its `maxTtl`; its namespace
+/// may share keys) and returns its name.
+async fn create_quorum(cluster: &Cluster, links: &[FaultProxy], ttl: Duration) -> String {
+    let quorum = format!("safety-{}", cluster.namespace);
+    let urls: Vec<String> = links.iter().map(FaultProxy::url).collect();
+    let object = serde_json::json!({
+        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
+        "spec": { "endpoints": urls, "maxTtl": duration_text(ttl), "nodeTimeout": "100ms",
+                  "sharedKeys": { "namespaces": [cluster.namespace] } }
+    });
+    let quorum_object: RedisQuorum = serde_json::from_value(object).expect("quorum");
+    cluster
+        .quorums()
+        .create(&PostParams::default(), &quorum_object)
+        .await
+        .expect("create the quorum");
+    quorum
+}
+
+/// The cluster's installation secret, in a file of a directory that lives as long as the side.
+fn write_installation_secret(cluster: &str) -> (tempfile::TempDir, PathBuf) {
+    let secret_dir = tempfile::tempdir().expect("tempdir");
+    let secret_file = secret_dir.path().join("installation-secret");
+    std::fs::write(
+        &secret_file,
+        format!("safety-installation-secret-{cluster}-0123456789abcdef"),
+    )
+    .expect("secret file");
+    (secret_dir, secret_file)
+}
+
+/// The tasks that follow the beliefs of the cluster's holders into `recorder` until `stop`: its leader pods and
+/// identity locks through `holders_client` (cut with the cluster's outages), its Jobs' pods through the
+/// harness's own client.
+fn follow_holders(
+    name: &str,
+    cluster: &Cluster,
+    holders_client: kube::Client,
+    recorder: &Arc<Recorder>,
+    stop: &CancellationToken,
+) -> Vec<JoinHandle<()>> {
+    vec![
+        tokio::spawn(leaders::follow_pods(
+            name.to_owned(),
+            holders_client.clone(),
+            cluster.namespace.clone(),
+            recorder.clone(),
+            stop.clone(),
+        )),
+        tokio::spawn(identity::follow_locks(
+            name.to_owned(),
+            holders_client,
+            cluster.namespace.clone(),
+            recorder.clone(),
+            stop.clone(),
+        )),
+        // A Job's pod runs until its kubelet stops it, whatever its own view of the API server: its belief is
+        // followed on the harness's own client, which outages do not cut.
+        tokio::spawn(jobs::follow_pods(
+            name.to_owned(),
+            cluster.client.clone(),
+            cluster.namespace.clone(),
+            recorder.clone(),
+            stop.clone(),
+        )),
+    ]
+}
+
+/// The keys the outside clients take, each with its permits: the churn keys, and first the clusters' leader and
+/// identity keys when the scenario puts the clients on them (a leader lock's key has its permits; an identity
+/// lock's key beyond them, one).
+fn outside_keys(scenario: &Scenario) -> Vec<(String, usize)> {
+    let cluster_keys = if scenario.outside_on_cluster_keys {
+        scenario.leader_locks.max(scenario.identity_locks)
+    } else {
+        0
+    };
+    let mut keys: Vec<(String, usize)> = (0..cluster_keys)
+        .map(|index| {
+            let permits = if index < scenario.leader_locks {
+                scenario.leader_permits
+            } else {
+                1
+            };
+            (format!("shared:key-{index}"), permits)
+        })
+        .collect();
+    let churn_keys = scenario.churn_keys.max(scenario.job_locks);
+    keys.extend((0..churn_keys).map(|index| (format!("shared:churn-{index}"), scenario.permits)));
+    keys
+}
+
+/// The scenario's outside clients, if it has any and keys for them: the FIFO their children write to, its
+/// reader (until `outside_stop`), and one task per client (until `holders_stop`).
+fn start_outside_clients(
+    scenario: &Scenario,
+    masters: &RedisCluster,
+    recorder: &Arc<Recorder>,
+    outside_stop: &CancellationToken,
+    holders_stop: &CancellationToken,
+) -> Option<(outside::Outside, JoinHandle<()>, Vec<JoinHandle<()>>)> {
+    let keys = outside_keys(scenario);
+    if scenario.outside_clients == 0 || keys.is_empty() {
+        return None;
+    }
+    let (outside, follower) = outside::Outside::start(recorder.clone(), outside_stop.clone());
+    let clients = (0..scenario.outside_clients)
+        .map(|index| {
+            outside.client(
+                outside::Client {
+                    index,
+                    masters: masters.urls(),
+                    keys: keys.clone(),
+                    seed: scenario.seed.wrapping_add(100 + index as u64),
+                    miscounting: scenario.miscounting_outside,
+                    ttl: scenario.ttl,
+                },
+                holders_stop.clone(),
+            )
+        })
+        .collect();
+    Some((outside, follower, clients))
+}
+
 /// Everything a run has.
 pub struct World {
     pub scenario: Scenario,
@@ -244,6 +486,8 @@ async fn first_queues_done(world: &World) {
 }
 
 impl World {
+    /// Starts the masters and every cluster's side, waits until every master votes, then creates the locks and
+    /// starts their holders and the outside clients.
     async fn start(scenario: Scenario) -> Self {
         let masters = tokio::task::block_in_place(|| RedisCluster::start(MASTERS)).expect("masters");
         let recorder = Arc::new(Recorder::default());
@@ -251,171 +495,33 @@ impl World {
         let mut sides = Vec::new();
         let mut holder_tasks = Vec::new();
         for index in 0..scenario.clusters {
-            let name = ["east", "west"][index % 2];
-            let kubeconfig = kubeconfig_of(index).filter(|_| scenario.real_clusters);
-            let cluster = Cluster::start(
-                name,
-                kubeconfig.as_deref(),
-                scenario.seed.wrapping_add(index as u64),
-            )
-            .await;
-            let mut links = Vec::new();
-            for server in masters.servers() {
-                links.push(FaultProxy::start(server.addr()).await.expect("link to a master"));
-            }
-            let quorum = format!("safety-{}", cluster.namespace);
-            let urls: Vec<String> = links.iter().map(FaultProxy::url).collect();
-            let object = serde_json::json!({
-                "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
-                "spec": { "endpoints": urls, "maxTtl": duration_text(scenario.ttl), "nodeTimeout": "100ms",
-                          "sharedKeys": { "namespaces": [cluster.namespace] } }
-            });
-            let quorum_object: RedisQuorum = serde_json::from_value(object).expect("quorum");
-            cluster
-                .quorums()
-                .create(&PostParams::default(), &quorum_object)
-                .await
-                .expect("create the quorum");
-            let secret_dir = tempfile::tempdir().expect("tempdir");
-            let secret_file = secret_dir.path().join("installation-secret");
-            std::fs::write(
-                &secret_file,
-                format!("safety-installation-secret-{name}-0123456789abcdef"),
-            )
-            .expect("secret file");
-            let mut replicas = Vec::new();
-            for replica in 0..scenario.replicas {
-                replicas.push(Replica::start(&cluster, replica, &secret_file, &scenario.controls).await);
-            }
-            let (_, holders_client, holders_link) = cluster.behind_proxy("holders").await;
-            holder_tasks.push(tokio::spawn(leaders::follow_pods(
-                name.to_owned(),
-                holders_client.clone(),
-                cluster.namespace.clone(),
-                recorder.clone(),
-                holders_stop.clone(),
-            )));
-            holder_tasks.push(tokio::spawn(identity::follow_locks(
-                name.to_owned(),
-                holders_client,
-                cluster.namespace.clone(),
-                recorder.clone(),
-                holders_stop.clone(),
-            )));
-            // A Job's pod runs until its kubelet stops it, whatever its own view of the API server: its belief is
-            // followed on the harness's own client, which outages do not cut.
-            holder_tasks.push(tokio::spawn(jobs::follow_pods(
-                name.to_owned(),
-                cluster.client.clone(),
-                cluster.namespace.clone(),
-                recorder.clone(),
-                holders_stop.clone(),
-            )));
-            let job_runtime = cluster
-                .server
-                .as_ref()
-                .map(|server| FakeJobRuntime::start(server.controller_client(), Some(&cluster.namespace)));
-            sides.push(Side {
-                cluster,
-                quorum,
-                replicas,
-                links,
-                holders_link,
-                leaders: Vec::new(),
-                identities: Vec::new(),
-                jobs: Vec::new(),
-                _job_runtime: job_runtime,
-                _secret_dir: secret_dir,
-            });
+            let (side, followers) = Side::start(index, &scenario, &masters, &recorder, &holders_stop).await;
+            sides.push(side);
+            holder_tasks.extend(followers);
         }
         for side in &sides {
             all_masters_voting(side).await;
         }
         for side in &mut sides {
-            for index in 0..scenario.leader_locks {
-                let set = LeaderSet::create(
-                    &side.cluster,
-                    &side.quorum,
-                    (&format!("leader-{index}"), &format!("key-{index}")),
-                    scenario.pods_per_lock,
-                    scenario.leader_permits,
-                )
-                .await;
-                side.leaders.push(set);
-            }
-            for index in 0..scenario.identity_locks {
-                let key = format!("key-{}", index % scenario.leader_locks.max(1));
-                let lock =
-                    IdentityLock::create(&side.cluster, &side.quorum, &format!("ident-{index}"), &key).await;
-                side.identities.push(lock);
-            }
+            side.create_leader_and_identity_locks(&scenario).await;
         }
         for (side_index, side) in sides.iter_mut().enumerate() {
-            for index in 0..scenario.job_locks {
-                let lock = format!("jobs-{index}");
-                let key = format!("churn-{index}");
-                let spec = jobs::JobSpec {
-                    permits: scenario.permits,
-                    ttl: scenario.ttl,
-                    fence_margin: scenario.job_fence_margin,
-                };
-                let job_lock = JobLock::create(&side.cluster, &side.quorum, &lock, &key, &spec).await;
-                let feed = jobs::Feed {
-                    client: side.cluster.client.clone(),
-                    namespace: side.cluster.namespace.clone(),
-                    cluster: side.cluster.name.clone(),
-                    lock,
-                    key: job_lock.key.clone(),
-                    seconds: scenario.job_seconds.clone(),
-                    seed: scenario.seed.wrapping_add(200 + (side_index * 10 + index) as u64),
-                    first: scenario.first_jobs,
-                    queue: scenario.queue,
-                    recorder: recorder.clone(),
-                };
-                holder_tasks.push(tokio::spawn(jobs::feed(feed, holders_stop.clone())));
-                side.jobs.push(job_lock);
-            }
+            let feeders = side
+                .create_job_locks(side_index, &scenario, &recorder, &holders_stop)
+                .await;
+            holder_tasks.extend(feeders);
         }
-        let cluster_keys = if scenario.outside_on_cluster_keys {
-            scenario.leader_locks.max(scenario.identity_locks)
-        } else {
-            0
-        };
-        // The leader locks' keys have their permits; an identity lock's key beyond them, one.
-        let mut outside_keys: Vec<(String, usize)> = (0..cluster_keys)
-            .map(|index| {
-                let permits = if index < scenario.leader_locks {
-                    scenario.leader_permits
-                } else {
-                    1
-                };
-                (format!("shared:key-{index}"), permits)
-            })
-            .collect();
-        let churn_keys = scenario.churn_keys.max(scenario.job_locks);
-        outside_keys.extend((0..churn_keys).map(|index| (format!("shared:churn-{index}"), scenario.permits)));
         // The FIFO's reader outlives the clients: a child that writes its last line to a FIFO nobody reads
         // would wait forever, and its `lock` process with it.
         let outside_stop = CancellationToken::new();
-        let mut outside_follower = None;
-        let outside = (scenario.outside_clients > 0 && !outside_keys.is_empty()).then(|| {
-            let (outside, follower) = outside::Outside::start(recorder.clone(), outside_stop.clone());
-            outside_follower = Some(follower);
-            for index in 0..scenario.outside_clients {
-                holder_tasks.push(outside.client(
-                    outside::Client {
-                        index,
-                        masters: masters.urls(),
-                        keys: outside_keys.clone(),
-                        seed: scenario.seed.wrapping_add(100 + index as u64),
-                        miscounting: scenario.miscounting_outside,
-                        ttl: scenario.ttl,
-                    },
-                    holders_stop.clone(),
-                ));
-            }
-            outside
-        });
+        let (outside, outside_follower) =
+            match start_outside_clients(&scenario, &masters, &recorder, &outside_stop, &holders_stop) {
+                Some((outside, follower, clients)) => {
+                    holder_tasks.extend(clients);
+                    (Some(outside), Some(follower))
+                }
+                None => (None, None),
+            };
         let rng = StdRng::seed_from_u64(scenario.seed);
         Self {
             _outside: outside,

@@ -12,6 +12,7 @@ use super::World;
 use super::leaders::set_ready;
 use super::permits::excess_holders;
 use super::replica::takeover_allowance;
+use super::rules::FORCED;
 use crate::support::fault_proxy::Direction;
 
 /// The longest TTL of the run's locks (the quorum's `maxTtl`), which the recovery from a fault may need.
@@ -79,9 +80,6 @@ pub enum Forced {
     /// The active operator replica of a cluster chosen by the seed SIGKILLed; restarted a moment later.
     KillActiveReplica,
 }
-
-/// What a forced fault's nemesis event starts with: the report lists these.
-pub const FORCED: &str = "forced: ";
 
 /// Faults until `until`, then heals everything. The scenario's forced faults come at their points (as soon as
 /// the fault in progress, if any, is over).

@@ -1,0 +1,272 @@
+//! What callers ask of a [`Redlock`]: acquire (the retry loop with its random pauses, and within one attempt the
+//! proposal rounds above the counters the masters report), extend, reclaim, release and keep. Each sends its
+//! script through the fan-out of `fan_out.rs` and decides by the rules of `rules.rs`; the lease it makes comes
+//! from `lease.rs`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::time::Instant;
+
+use super::client::Redlock;
+use super::error::{AcquireError, ExtendError};
+use super::fan_out::{FanOut, Tail};
+use super::keeper::KeptLock;
+use super::lease::{Holding, Lease, next_token, validity_left};
+use super::outcome::OperationReport;
+use super::rules::{Op, could_grant, extend_outcome, failed_attempt};
+use super::schedule::KeepPolicy;
+use super::scripts::millis;
+use super::value::LockValue;
+
+/// How long and how often [`Redlock::acquire`] tries, and above which fencing token.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AcquireOptions {
+    /// Attempts in all; `None` takes the configured retry policy, or unlimited when a deadline is set.
+    pub attempts: Option<u32>,
+    /// Keep trying until this instant; the last attempt starts at it at the latest.
+    pub deadline: Option<Instant>,
+    /// The highest fencing token the caller knows was granted for this key (0 if none): the first proposal
+    /// is the next one. The masters' counters raise it further where they know better.
+    pub token_floor: i64,
+}
+
+/// Proposal rounds in one acquisition attempt: the first, and re-proposals above the counters masters reported.
+/// One re-proposal is enough unless contenders raise the counters at the same time.
+pub(super) const PROPOSAL_ROUNDS: u32 = 4;
+
+impl Redlock {
+    /// Acquires `resource` for `holder`, retrying with random pauses as `options` allow.
+    pub async fn acquire(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        holder: &str,
+        options: AcquireOptions,
+    ) -> Result<Lease, AcquireError> {
+        self.inner.config.check_ttl(ttl)?;
+        self.retrying(resource, holder, options, |value, floor| {
+            self.try_acquire(resource, ttl, value, floor)
+        })
+        .await
+    }
+
+    /// The retry loop of an acquisition: `attempt` with a fresh value and the floor known so far, then a random
+    /// pause, as often and as long as `options` and the retry policy allow.
+    pub(super) async fn retrying<F, Fut>(
+        &self,
+        resource: &str,
+        holder: &str,
+        options: AcquireOptions,
+        mut attempt: F,
+    ) -> Result<Lease, AcquireError>
+    where
+        F: FnMut(LockValue, i64) -> Fut,
+        Fut: std::future::Future<Output = Result<Lease, AcquireError>>,
+    {
+        let retry = self.inner.config.retry;
+        let max_attempts = options
+            .attempts
+            .unwrap_or(if options.deadline.is_some() {
+                u32::MAX
+            } else {
+                retry.attempts
+            })
+            .max(1);
+        let mut attempts: u32 = 0;
+        let mut floor = options.token_floor;
+        loop {
+            attempts = attempts.saturating_add(1);
+            let value = LockValue::random(holder)?;
+            let error = match attempt(value, floor).await {
+                Ok(lease) => return Ok(lease),
+                Err(AcquireError::NotAcquired { kind, report, .. }) => AcquireError::NotAcquired {
+                    resource: resource.to_owned(),
+                    attempts,
+                    kind,
+                    report,
+                },
+                Err(other) => return Err(other),
+            };
+            if attempts >= max_attempts {
+                return Err(error);
+            }
+            // What the masters said their counters are saves the next attempt a refused round.
+            if let Some(counter) = error.report().and_then(OperationReport::highest_counter) {
+                floor = floor.max(counter);
+            }
+            let pause = if retry.delay_max > retry.delay_min {
+                rand::rng().random_range(retry.delay_min..=retry.delay_max)
+            } else {
+                retry.delay_min
+            };
+            let now = Instant::now();
+            let wake = match options.deadline {
+                // Waiting means trying until the deadline: the last pause ends on it, for one last attempt.
+                Some(deadline) if now >= deadline => return Err(error),
+                Some(deadline) => (now + pause).min(deadline),
+                None => now + pause,
+            };
+            tokio::time::sleep_until(wake).await;
+        }
+    }
+
+    /// One Redlock acquisition with the given value: an atomic check-and-set script on every eligible master
+    /// at once, decided as soon as a majority granted or can no longer grant. The script grants only if the
+    /// key is free *and* the master's fencing counter for it is below the proposed token, and then sets the
+    /// counter to the token. The first proposal is `token_floor + 1`; masters whose counter is not below it
+    /// refuse and report it, and the proposal is raised above the highest reported at once (no pause: this is
+    /// not contention), at most [`PROPOSAL_ROUNDS`] rounds in all. On failure the key is removed from every
+    /// master.
+    pub async fn try_acquire(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        value: LockValue,
+        token_floor: i64,
+    ) -> Result<Lease, AcquireError> {
+        let config = &self.inner.config;
+        config.check_ttl(ttl)?;
+        let resource: Arc<str> = resource.into();
+        let ttl_ms = millis(ttl);
+        // Validity counts from the first round: keys written then are the oldest this attempt may rely on.
+        let started = Instant::now();
+        let mut token = next_token(&resource, token_floor.max(0))?;
+        let mut round = 1;
+        let fan_out = loop {
+            let fan_out = self
+                .fan_out(Op::Acquire { ttl_ms, token }, &resource, &value, true, None, None)
+                .await;
+            // Even with a majority granted, a refusal means some master knows a higher token: propose above it
+            // while rounds are left, so that masters that forgot their counters cannot send tokens back.
+            match fan_out.report.highest_counter() {
+                Some(counter) if round < PROPOSAL_ROUNDS && could_grant(&fan_out.report) => {
+                    match next_token(&resource, counter.max(token)) {
+                        Ok(next) => token = next,
+                        Err(exhausted) => {
+                            self.undo_acquire(&resource, &value, fan_out).await;
+                            return Err(exhausted);
+                        }
+                    }
+                    round += 1;
+                }
+                _ => break fan_out,
+            }
+        };
+        let decided_at = Instant::now();
+        let granted = fan_out.majority;
+        let validity = validity_left(ttl, started, decided_at, config.drift(ttl));
+        match (granted, validity) {
+            (true, Some(validity)) => {
+                let FanOut { report, pending, .. } = fan_out;
+                // Decided at a majority, the rest still get the key (each write bounded by the per-node
+                // timeout, so within the validity): dropped, a write not sent yet would never be sent, and the
+                // lock would sit on a bare majority until its first extension.
+                self.finish_in_background(resource.clone(), Tail::Writes, pending);
+                let holding = Holding {
+                    resource,
+                    value,
+                    ttl,
+                    token,
+                    permit: 0,
+                };
+                Ok(Lease::granted(holding, started, validity, report))
+            }
+            (granted, _) => {
+                let report = fan_out.report.clone();
+                self.undo_acquire(&resource, &value, fan_out).await;
+                Err(failed_attempt(&resource, granted, report))
+            }
+        }
+    }
+
+    /// Extends the lease by its TTL from now. Succeeds only if a majority extended it before the current
+    /// validity ended; masters that lost the key get it back with NX, but only as repair, not as votes.
+    pub async fn extend(&self, lease: &Lease) -> Result<Lease, ExtendError> {
+        let started = Instant::now();
+        if started >= lease.valid_until {
+            return Err(ExtendError::Expired { report: None });
+        }
+        let ttl = lease.ttl;
+        let FanOut {
+            report,
+            majority: extended,
+            pending,
+        } = self
+            .fan_out(
+                Op::Extend {
+                    ttl_ms: millis(ttl),
+                    token: lease.token,
+                },
+                &lease.resource,
+                &lease.value,
+                true,
+                None,
+                Some(lease),
+            )
+            .await;
+        self.finish_in_background(lease.resource.clone(), Tail::Writes, pending);
+        extend_outcome(
+            lease,
+            started,
+            Instant::now(),
+            report,
+            extended,
+            self.inner.config.drift(ttl),
+        )
+    }
+
+    /// Takes over a lock whose value this process can rebuild but whose validity it does not know — a
+    /// restarted or standby controller resuming a lock its predecessor held. It succeeds only where a majority
+    /// of masters still hold `value`: such keys have been present continuously since the predecessor last wrote
+    /// them, which it only did while holding the lock, so nobody else can have held a majority in between.
+    /// The attempt compares and extends only, never re-creating a key: a key it re-created would be counted by
+    /// the next attempt as the predecessor's, and a master that did not answer in time still runs the request
+    /// when it wakes (so undoing what the attempt reported cannot catch them all). Extensions repair the
+    /// minority once the lock is taken back.
+    /// `token` is the predecessor's fencing token: once reclaimed, extensions raise counters that lost it back
+    /// to it. The attempt itself raises no counter: `token` comes from a status anyone allowed to may have
+    /// written, and only a majority holding `value` (derived from the token) shows it is the acquisition's.
+    pub async fn reclaim(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        value: LockValue,
+        token: i64,
+    ) -> Result<Lease, ExtendError> {
+        self.inner.config.check_ttl(ttl)?;
+        // Its TTL only bounds how long the attempt may take; the validity that counts is the one it returns.
+        let probe = Lease::unproven(resource, value, ttl, Instant::now(), self.quorum());
+        let result = self
+            .extend_many_without_repair(std::slice::from_ref(&probe))
+            .await
+            .pop()
+            .unwrap_or(Err(ExtendError::Expired { report: None }));
+        result.map(|lease| lease.with_token(token))
+    }
+
+    /// Deletes the key on every connected master where it still holds this lease's value, all at once. Returns
+    /// as soon as a majority answered — from then on no majority holds the value, and a contender can acquire —
+    /// while the deletes still on their way finish in the background, each bounded by the per-node timeout
+    /// (their outcomes show as `Pending`). Short-lived processes call [`Redlock::settle`] before they exit.
+    pub async fn release(&self, lease: &Lease) -> OperationReport {
+        self.release_value(&lease.resource, lease.value.clone()).await
+    }
+
+    /// Deletes `value` from `resource` wherever it is still the value, as [`Redlock::release`] does: for a lock
+    /// whose lease this process never had (a predecessor's acquisition, rebuilt from a derived value).
+    pub async fn release_value(&self, resource: &str, value: LockValue) -> OperationReport {
+        let resource: Arc<str> = resource.into();
+        let FanOut { report, pending, .. } = self
+            .fan_out(Op::Release, &resource, &value, true, None, None)
+            .await;
+        self.finish_in_background(resource, Tail::Deletes, pending);
+        report
+    }
+
+    /// Keeps `lease` extended in the background and tells the owner at once when it is lost.
+    pub fn keep(&self, lease: Lease, policy: KeepPolicy) -> KeptLock {
+        KeptLock::start(self.clone(), lease, policy)
+    }
+}

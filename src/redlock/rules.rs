@@ -1,0 +1,158 @@
+//! The pure rules that turn what the masters answered into results, shared by the single-key operations
+//! (`operations.rs`), batched extensions (`batch.rs`) and semaphore permits (`permits.rs`): what a script's reply
+//! means, which answers count towards a majority, and what a decided acquisition or extension attempt comes to.
+//! No I/O and no clock of their own (the callers pass the instants), so that one rule serves every path.
+
+use std::time::Duration;
+
+use redis::Value;
+use tokio::time::Instant;
+
+use super::error::{AcquireError, ExtendError, FailureKind};
+use super::lease::{Lease, validity_left};
+use super::outcome::{NodeOutcome, OperationReport};
+use super::value::LockValue;
+
+/// An operation on one key, as the scripts take it.
+#[derive(Clone, Copy)]
+pub(super) enum Op {
+    Acquire { ttl_ms: u64, token: i64 },
+    Extend { ttl_ms: u64, token: i64 },
+    Release,
+}
+
+impl Op {
+    /// Whether this answer counts towards the majority that decides the operation. A release is done on a
+    /// master that answered at all: it deleted our value, or the value was not there (expired, or never set).
+    pub(super) fn counts(self, outcome: &NodeOutcome) -> bool {
+        match self {
+            Self::Release => matches!(outcome, NodeOutcome::Granted | NodeOutcome::NotHeld),
+            Self::Acquire { .. } | Self::Extend { .. } => outcome.is_vote(),
+        }
+    }
+}
+
+/// Why one acquisition attempt, undone, failed: `granted` says a majority granted it too late to leave any
+/// validity.
+pub(super) fn failed_attempt(resource: &str, granted: bool, report: OperationReport) -> AcquireError {
+    if report.highest_counter() == Some(i64::MAX) {
+        return AcquireError::TokenExhausted {
+            resource: resource.to_owned(),
+            counter: i64::MAX,
+        };
+    }
+    let kind = if granted {
+        FailureKind::ValidityExhausted
+    } else if report.nodes.len() - report.unreachable() < report.quorum {
+        FailureKind::TooFewMasters
+    } else {
+        FailureKind::Contended
+    };
+    AcquireError::NotAcquired {
+        resource: resource.to_owned(),
+        attempts: 1,
+        kind,
+        report,
+    }
+}
+
+/// The one rule for every extension, single or batched: a majority confirmed our value before the current
+/// validity ended, and time is left after the drift allowance.
+pub(super) fn extend_outcome(
+    lease: &Lease,
+    started: Instant,
+    decided_at: Instant,
+    report: OperationReport,
+    extended: bool,
+    drift: Duration,
+) -> Result<Lease, ExtendError> {
+    if decided_at >= lease.valid_until {
+        return Err(ExtendError::Expired { report: Some(report) });
+    }
+    if let (true, Some(validity)) = (extended, validity_left(lease.ttl, started, decided_at, drift)) {
+        // The majority that voted held the key throughout, so every key this lease re-created since is its own:
+        // the new lease has no unconfirmed masters.
+        return Ok(Lease::granted(lease.holding(), started, validity, report));
+    }
+    let taken = report
+        .nodes
+        .iter()
+        .filter(|node| matches!(node.outcome, NodeOutcome::HeldByOther { .. }))
+        .count();
+    if report.nodes.len() - taken < report.quorum {
+        Err(ExtendError::Lost {
+            holder: report.blocking_holder(),
+            report,
+        })
+    } else {
+        Err(ExtendError::NoQuorum { report })
+    }
+}
+
+/// The fencing counter a master reported when it refused a proposal. The scripts answer only canonical
+/// decimals: one that does not parse is beyond the largest token, and the acquisition then says the token is
+/// exhausted instead of failing obscurely.
+pub(super) fn reported_counter(raw: &[u8]) -> i64 {
+    std::str::from_utf8(raw)
+        .ok()
+        .and_then(|counter| counter.parse().ok())
+        .unwrap_or(i64::MAX)
+}
+
+pub(super) fn interpret(op: Op, reply: Value) -> NodeOutcome {
+    let other = |raw: &[u8]| NodeOutcome::HeldByOther {
+        holder: LockValue::holder_of(raw),
+    };
+    match (op, reply) {
+        (Op::Acquire { .. }, Value::Int(1)) => NodeOutcome::Granted,
+        (Op::Acquire { .. }, Value::Array(items)) => match items.as_slice() {
+            [Value::Int(0), Value::BulkString(counter)] => NodeOutcome::TokenTooLow {
+                counter: reported_counter(counter),
+            },
+            [Value::Int(2), Value::BulkString(raw)] => other(raw),
+            unexpected => NodeOutcome::Error(format!("unexpected reply {unexpected:?}")),
+        },
+        (Op::Extend { .. }, Value::BulkString(raw)) => other(&raw),
+        (Op::Extend { .. }, Value::Int(1)) | (Op::Release, Value::Int(1)) => NodeOutcome::Granted,
+        (Op::Extend { .. }, Value::Int(2)) => NodeOutcome::Recreated,
+        (Op::Release | Op::Extend { .. }, Value::Int(0)) => NodeOutcome::NotHeld,
+        (_, unexpected) => NodeOutcome::Error(format!("unexpected reply {unexpected:?}")),
+    }
+}
+
+/// Whether a higher proposal could still win: enough masters answered neither "held by another" nor not at all.
+pub(super) fn could_grant(report: &OperationReport) -> bool {
+    let held = report
+        .nodes
+        .iter()
+        .filter(|node| matches!(node.outcome, NodeOutcome::HeldByOther { .. }))
+        .count();
+    report
+        .nodes
+        .len()
+        .saturating_sub(held)
+        .saturating_sub(report.unreachable())
+        >= report.quorum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reported_counter_that_does_not_parse_is_beyond_the_largest_token() {
+        assert_eq!(reported_counter(b"41"), 41);
+        assert_eq!(reported_counter(b"9223372036854775807"), i64::MAX);
+        assert_eq!(reported_counter(b"9223372036854775808"), i64::MAX);
+        assert_eq!(reported_counter(b"x"), i64::MAX);
+    }
+
+    #[test]
+    fn a_refusal_reports_the_counter_it_has() {
+        let refused = Value::Array(vec![Value::Int(0), Value::BulkString(b"41".to_vec())]);
+        assert_eq!(
+            interpret(Op::Acquire { ttl_ms: 1, token: 1 }, refused),
+            NodeOutcome::TokenTooLow { counter: 41 }
+        );
+    }
+}
