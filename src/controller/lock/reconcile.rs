@@ -60,6 +60,13 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
                 // Changed since it was read: its next version (another installation's claim, perhaps) decides.
                 return Ok(Action::requeue(CLAIM_RETRY));
             }
+            if lock.meta().deletion_timestamp.is_none()
+                && !lock.finalizers().iter().any(|name| name == FINALIZER)
+            {
+                // The claim added the finalizer too: the claimed version, which the watch brings (a finalizer
+                // change wakes the lock), goes on; the finalizer helper would add it again to the version read.
+                return Ok(Action::await_change());
+            }
         }
         Keeper::Other(other) => {
             claim::leave_alone(&lock, &ctx, other).await;
