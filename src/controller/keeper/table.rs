@@ -400,10 +400,24 @@ pub struct Holding {
     pub policy: KeepPolicy,
 }
 
-/// Status is refreshed when less than half a TTL is left of the validity it shows.
+/// What status shows of a validity is never left to run below this while extensions succeed (short TTLs
+/// excepted, where two thirds of the TTL is all an extension gives): the holders' own fence margin (`elect`'s
+/// and the guard's default, 1 s) and a second for the status write and the holders' watch to reach them. Less
+/// made a guarded Job at a 3 s TTL stop its work on every other extension, though the lock was kept.
+const SHOWN_VALIDITY_FLOOR: Duration = Duration::from_secs(2);
+
+/// Status is refreshed when less than half a TTL is left of the validity it shows, or when what it shows would
+/// fall below [`SHOWN_VALIDITY_FLOOR`] before the next extension (a third of the TTL later). At the default 10 s
+/// TTL the first rule decides (one write every two extensions); below 9 s the second makes it more often, at
+/// 3 s every extension.
 fn status_due(held: &HeldLock, now: Instant) -> bool {
+    let refresh_below = status_refresh_below(held.lease.ttl());
     held.status_valid_until
-        .is_none_or(|until| until.saturating_duration_since(now) < held.lease.ttl() / 2)
+        .is_none_or(|until| until.saturating_duration_since(now) < refresh_below)
+}
+
+fn status_refresh_below(ttl: Duration) -> Duration {
+    (ttl / 2).max((ttl / 3).saturating_add(SHOWN_VALIDITY_FLOOR))
 }
 
 #[cfg(test)]
@@ -563,6 +577,38 @@ mod tests {
         );
         let applied = table.apply("slow", vec![slow], vec![Err(no_quorum())], now);
         assert_eq!(applied.extended, 0);
+    }
+
+    /// Extensions come a third of the TTL apart, each when two thirds are left; status shows what the last write
+    /// gave. Whatever the TTL, what it shows never runs below the floor (or, where the TTL is too short for that,
+    /// below what one extension leaves) before the extension that refreshes it.
+    #[test]
+    fn what_status_shows_stays_above_the_holders_margin_at_every_ttl() {
+        for millis in (300..=60_000).step_by(100) {
+            let ttl = Duration::from_millis(millis);
+            // Just written: status shows a whole TTL.
+            let mut shown_left = ttl;
+            let mut lowest = shown_left;
+            for _ in 0..10 {
+                // The next extension, a third of the TTL later.
+                shown_left = shown_left.saturating_sub(ttl / 3);
+                lowest = lowest.min(shown_left);
+                if shown_left < status_refresh_below(ttl) {
+                    shown_left = ttl;
+                }
+            }
+            let floor = SHOWN_VALIDITY_FLOOR.min(ttl * 2 / 3);
+            assert!(lowest + Duration::from_millis(1) >= floor, "{ttl:?}: {lowest:?}");
+        }
+        assert_eq!(
+            status_refresh_below(Duration::from_secs(10)),
+            Duration::from_secs(2) + Duration::from_secs(10) / 3,
+            "at the default TTL, one write every two extensions, as before"
+        );
+        assert_eq!(
+            status_refresh_below(Duration::from_secs(3)),
+            Duration::from_secs(3)
+        );
     }
 
     #[tokio::test(start_paused = true)]
