@@ -5,7 +5,9 @@
 //! `OPERATOR_SAFETY_CONTROLS=none` skips the controls (for more runs of the main one in the same time);
 //! `OPERATOR_SAFETY_MODE=semaphore` makes the main run the semaphore mode's (Job locks of three permits with a
 //! first queue of ten Jobs per cluster, `lock --permits 3` processes, a master and an active replica killed at
-//! fixed points). The last line is `SUMMARY transitions=N overlaps=N excess_holders=N token_regressions=N
+//! fixed points); in both modes the long run also forces no replica of a cluster for twice the TTL, a Job lock
+//! deleted while its Jobs run, and an API-server outage of a cluster with its cut from a majority of masters
+//! (issue 29). The last line is `SUMMARY transitions=N overlaps=N excess_holders=N token_regressions=N
 //! stale_writes_accepted=N nemesis_events=N longest_unavailable_ms=N negative_controls_detected=K/K`.
 
 #[path = "../tests/e2e/mod.rs"]
@@ -18,7 +20,8 @@ mod support;
 use std::time::Duration;
 
 use product_safety::Scenario;
-use product_safety::{controls, semaphore};
+use product_safety::nemesis::Forced;
+use product_safety::{controls, semaphore, unguarded};
 use redlock_operator::negative_controls::Control;
 
 fn main() {
@@ -67,6 +70,15 @@ fn main() {
             ..Scenario::default()
             }
         };
+        // Issue 29's faults, at fixed points of the long run whatever the nemesis does: no replica of a cluster
+        // for twice the TTL, a Job lock deleted while its Jobs run, and a cluster's API-server outage together
+        // with its cut from a majority of masters.
+        let mut scenario = scenario;
+        scenario.forced.extend([
+            (duration / 2, Forced::LongFailover),
+            (duration * 2 / 3, Forced::JobLockDeleted),
+            (duration * 5 / 6, Forced::OutageAndCut),
+        ]);
         let mode = if semaphore_mode { "semaphore mode, " } else { "" };
         println!("the operator under the nemesis for {seconds}s ({mode}seed {seed})…");
         let main = product_safety::run(scenario).await;
@@ -82,10 +94,14 @@ fn main() {
             println!("{outcome}");
         }
         if with_controls {
-            total += 1;
-            let outcome = semaphore::miscounting_client(Scenario::seed_from_env()).await;
-            detected += usize::from(outcome.caught());
-            println!("{outcome}");
+            for outcome in [
+                semaphore::miscounting_client(Scenario::seed_from_env()).await,
+                unguarded::unguarded_jobs(Scenario::seed_from_env()).await,
+            ] {
+                total += 1;
+                detected += usize::from(outcome.caught());
+                println!("{outcome}");
+            }
         }
         println!(
             "SUMMARY transitions={} overlaps={} excess_holders={} token_regressions={} stale_writes_accepted={} nemesis_events={} longest_unavailable_ms={} negative_controls_detected={detected}/{total}",

@@ -224,6 +224,36 @@ async fn the_checker_catches_a_client_that_counts_permits_wrongly() {
     );
 }
 
+/// Issue 29's negative control: Job pods running their work without the guard, through a failover longer than
+/// the TTL (no replica can suspend the Job while its lock lapses), must be caught beside the `lock` process that
+/// takes the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checker_catches_job_pods_without_the_guard_in_a_failover_longer_than_the_ttl() {
+    use product_safety::unguarded::failover_run;
+    caught(|seed| async move {
+        Outcome {
+            name: "unguarded-jobs",
+            broken: failover_run(seed, false).await,
+            clean: None,
+        }
+    })
+    .await;
+}
+
+/// Its clean twin, issue 29's promise: the same run with the Job pods under the guard (at its default margin,
+/// the lock at 3 s with the operator's default fence margin) passes, because each pod stops its work on its own
+/// clock before the validity it was shown ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guarded_job_pods_stop_on_their_own_clock_through_a_failover_longer_than_the_ttl() {
+    let seed = Scenario::seed_from_env();
+    let report = product_safety::unguarded::failover_run(seed, true).await;
+    println!("seed {seed}: {report}");
+    assert!(report.is_safe(), "seed {seed}: {report}");
+    assert!(report.transitions_total() >= 2, "seed {seed}: {report}");
+    let forced = report.forced.join("; ");
+    assert!(forced.contains("no replica"), "seed {seed}: {report}");
+}
+
 /// What the checker found, as a run built to show it (it fails without the fix).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_leader_lock_stops_its_leader_before_another_cluster_leads() {

@@ -28,6 +28,10 @@ use super::term::{Term, current_term, follow_lock, run_in_term, term_of};
 use crate::api::DistributedLock;
 use crate::api::holder_contract::REPORT_TOKEN_PATH;
 
+/// `--fence-margin` unless given: a second covers a loaded node's scheduling delays and the child's exit
+/// between the guard's SIGTERM and the validity's end (the product checker runs Job locks at a 3 s TTL with it).
+pub const DEFAULT_FENCE_MARGIN: &str = "1s";
+
 #[derive(Debug, Args)]
 #[command(after_help = concat!(durations_help!(), "
 
@@ -67,7 +71,7 @@ pub struct GuardArgs {
     )]
     pub permit: String,
     /// Stop the command this long before the validity shown in status ends.
-    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = crate::duration::parse)]
+    #[arg(long, default_value = DEFAULT_FENCE_MARGIN, value_name = "DURATION", value_parser = crate::duration::parse)]
     pub fence_margin: Duration,
     /// The projected service-account token (audience redlock-operator) that proves this pod's reports that its
     /// command stopped; without it, a hand-over waits for the validity shown.

@@ -7,7 +7,10 @@
 //!   `status.startTime` is set when it first runs and reset when it is resumed.
 //! - A suspended Job's active pods are deleted (gracefully: their termination grace period applies), and
 //!   `status` counts them as `terminating` until they are gone (JobPodReplacementPolicy, on by default).
-//! - A Succeeded pod completes the Job (`Complete`); Failed pods past `backoffLimit` fail it (`Failed`).
+//! - A Succeeded pod completes the Job (`Complete`); Failed pods past `backoffLimit` fail it (`Failed`). A
+//!   `podFailurePolicy` rule `Ignore` on a container's exit code (`onExitCodes`, `In` or `NotIn`) keeps a failed
+//!   pod from counting, and the Job gets a new pod (the guard's exit 76 in the README's examples); the first
+//!   matching rule decides, as in the real controller.
 //! - Pods are bound to a node at once, one registered and kept Ready first (`support::node`: the test server's
 //!   pod garbage collector deletes pods bound to a node that does not exist, as a real one does); the kubelet
 //!   runs `sleep N` for N seconds and `false` fails at once.
@@ -15,7 +18,8 @@
 //!   command is PID 1 in its container and ignores SIGTERM, as a real `sleep` there does.
 //! - Pods whose owner Job is gone are deleted (background propagation).
 //!
-//! Left out: parallelism, indexed Jobs, pod failure policies, backoff delays, `activeDeadlineSeconds`,
+//! Left out: parallelism, indexed Jobs, `podFailurePolicy` actions other than `Ignore` (`FailJob`, `FailIndex`) and
+//! rules on pod conditions, backoff delays, `activeDeadlineSeconds`,
 //! readiness, the `job-tracking` finalizer and finished-pod counting beyond one pod.
 
 use std::collections::HashSet;
@@ -225,7 +229,10 @@ async fn sync_job(jobs: &Api<Job>, pods: &Api<Pod>, job: &Job, all_pods: &[Pod])
         .filter(|pod| job_owner(pod).as_deref() == Some(uid.as_str()))
         .collect();
     let succeeded = owned.iter().filter(|pod| phase(pod) == Some("Succeeded")).count();
-    let failed = owned.iter().filter(|pod| phase(pod) == Some("Failed")).count();
+    let failed = owned
+        .iter()
+        .filter(|pod| phase(pod) == Some("Failed") && !ignored_by_policy(job, pod))
+        .count();
     let mut terminating = owned
         .iter()
         .filter(|pod| pod.metadata.deletion_timestamp.is_some() && !finished(pod))
@@ -299,6 +306,45 @@ async fn sync_job(jobs: &Api<Job>, pods: &Api<Pod>, job: &Job, all_pods: &[Pod])
         .replace_status(&job.name_any(), &PostParams::default(), &updated)
         .await;
     ignore_gone(replaced.map(drop))
+}
+
+/// Whether the Job's `podFailurePolicy` ignores this failed pod: the first rule matching one of its containers'
+/// exit codes says `Ignore`.
+fn ignored_by_policy(job: &Job, pod: &Pod) -> bool {
+    let rules = job
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.pod_failure_policy.as_ref())
+        .map(|policy| policy.rules.as_slice())
+        .unwrap_or_default();
+    let exits: Vec<(String, i32)> = pod
+        .status
+        .as_ref()
+        .and_then(|status| status.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|container| {
+            let code = container.state.as_ref()?.terminated.as_ref()?.exit_code;
+            (code != 0).then(|| (container.name.clone(), code))
+        })
+        .collect();
+    let matches = |rule: &k8s_openapi::api::batch::v1::PodFailurePolicyRule| {
+        let Some(on) = rule.on_exit_codes.as_ref() else {
+            return false;
+        };
+        exits.iter().any(|(name, code)| {
+            on.container_name.as_ref().is_none_or(|wanted| wanted == name)
+                && match on.operator.as_str() {
+                    "In" => on.values.contains(code),
+                    "NotIn" => !on.values.contains(code),
+                    _ => false,
+                }
+        })
+    };
+    rules
+        .iter()
+        .find(|rule| matches(rule))
+        .is_some_and(|rule| rule.action == "Ignore")
 }
 
 /// Whether a status write would change nothing but times.

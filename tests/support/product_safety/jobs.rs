@@ -3,10 +3,12 @@
 //! fails at once), and removes finished ones. The Job controller and kubelet are the simulated ones next to the
 //! test server (`job_controller.rs`), or the real ones.
 //!
-//! A Job's pod believes it holds the permit its grant names (`redlock.io/permit`; permit 0 of a plain lock) while
-//! it runs (see [`follow_pods`] for how that is timed). A Job's pod has no fence time of its own: the operator must
-//! suspend its Job (and the kubelet stop it) before its permit's validity ends. Its kubelet, not its view of the
-//! API server, ends it: the pods are followed through the harness's own client, which the nemesis never cuts.
+//! A Job's pod runs its work under the guard (`guard.rs`, as the README's examples do): from when the grant it
+//! was created under shows current until its guard stops it or the pod stops running. Without the guard (a
+//! negative control's run), its work runs as long as the pod does, with no fence time of its own: the operator
+//! must suspend its Job (and the kubelet stop it) before its permit's validity ends, and the pod's kubelet, not
+//! its view of the API server, ends it; such a pod is followed through the harness's own client, which the
+//! nemesis never cuts.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -20,15 +22,20 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use redlock_operator::cli::exit_code;
+use redlock_operator::cli::guard::{Grant, grant_of};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::cluster::Cluster;
+use super::guard::{GuardedPod, Guarding};
 use super::permits::permit_resource;
 use super::recorder::{ACT_INTERVAL, Belief, Recorder};
 
 const ROLE_LABEL: &str = "safety.redlock.io/role";
 const KEY_ANNOTATION: &str = "safety.redlock.io/key";
+/// The lock a Job's pod was queued on (its guard's `--lock`).
+const LOCK_ANNOTATION: &str = "safety.redlock.io/lock";
 const TOKEN_ANNOTATION: &str = "redlock.io/fencing-token";
 /// The permit a semaphore's grant names (none for a plain lock's: permit 0).
 const PERMIT_ANNOTATION: &str = "redlock.io/permit";
@@ -51,6 +58,7 @@ pub struct JobLock {
     pub lock: String,
     pub key: String,
     failing: usize,
+    object: serde_json::Value,
 }
 
 impl JobLock {
@@ -72,19 +80,37 @@ impl JobLock {
             "spec": { "quorum": quorum, "ttl": super::duration_text(spec.ttl), "resourceKey": resource_key,
                       "permits": spec.permits, "holder": { "jobs": jobs } }
         });
+        let job_lock = Self {
+            lock: lock.to_owned(),
+            key: format!("shared:{resource_key}"),
+            failing: 0,
+            object,
+        };
+        job_lock.create_object(cluster).await;
+        job_lock
+    }
+
+    async fn create_object(&self, cluster: &Cluster) {
         cluster
             .locks()
             .create(
                 &PostParams::default(),
-                &serde_json::from_value(object).expect("lock"),
+                &serde_json::from_value(self.object.clone()).expect("lock"),
             )
             .await
             .expect("create the Job lock");
-        Self {
-            lock: lock.to_owned(),
-            key: format!("shared:{resource_key}"),
-            failing: 0,
+    }
+
+    /// Deletes the lock while its Jobs run (it goes once they are fenced: suspended and their pods gone, or the
+    /// validity shown to them ended), then creates it again: its Jobs queue on it anew.
+    pub async fn recreate(&self, cluster: &Cluster) {
+        let _ = cluster.locks().delete(&self.lock, &DeleteParams::default()).await;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while cluster.locks().get_opt(&self.lock).await.ok().flatten().is_some() && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        self.create_object(cluster).await;
     }
 
     /// Queues a Job that fails at once, ahead of the others (a higher priority): the next grant goes to it.
@@ -203,8 +229,16 @@ fn job(name: &str, lock: &str, key: &str, fails: bool, seconds: f64) -> Job {
         "spec": {
             "suspend": true,
             "backoffLimit": 0,
+            // As the README's examples: a pod whose guard stopped its work does not count as the Job's failure.
+            "podFailurePolicy": { "rules": [{
+                "action": "Ignore",
+                "onExitCodes": { "containerName": "main", "operator": "In", "values": [exit_code::LOCK_LOST] },
+            }] },
             "template": {
-                "metadata": { "labels": { ROLE_LABEL: "job" }, "annotations": { KEY_ANNOTATION: key } },
+                "metadata": {
+                    "labels": { ROLE_LABEL: "job" },
+                    "annotations": { KEY_ANNOTATION: key, LOCK_ANNOTATION: lock },
+                },
                 "spec": {
                     "restartPolicy": "Never",
                     "terminationGracePeriodSeconds": 0,
@@ -235,41 +269,65 @@ fn completed(job: &Job) -> bool {
     has_condition(job, &["Complete"])
 }
 
-/// What a Job's pod holds while it runs: its grant's permit of its key (that permit's resource), with the
-/// permit's token. The holder is its Job: a Job resumed with its own token (a new pod, the same grant) holds
-/// again what it held.
-fn running(cluster: &str, pod: &Pod) -> Option<(String, String, i64)> {
-    if pod.status.as_ref()?.phase.as_deref() != Some("Running") {
-        return None;
-    }
+/// What a Job's pod was created under: its grant's permit of its key (that permit's resource), with the permit's
+/// token. The holder is its Job: a Job resumed with its own token (a new pod, the same grant) holds again what
+/// it held.
+struct Granted {
+    resource: String,
+    holder: String,
+    lock: String,
+    job: String,
+    token: i64,
+    permit: Option<u32>,
+}
+
+fn granted(cluster: &str, pod: &Pod) -> Option<Granted> {
     let annotations = pod.metadata.annotations.as_ref()?;
-    let token = annotations.get(TOKEN_ANNOTATION)?.parse().ok()?;
-    // A grant of a plain lock names no permit: permit 0. A number the pod cannot read holds nothing it knows.
-    let permit = match annotations.get(PERMIT_ANNOTATION) {
-        None => 0,
-        Some(permit) => permit.parse().ok()?,
-    };
-    let job = &pod
+    let token = annotations.get(TOKEN_ANNOTATION).map_or("", String::as_str);
+    let permit = annotations.get(PERMIT_ANNOTATION).map_or("", String::as_str);
+    // A grant the pod cannot read holds nothing it knows (the guard would not start its work).
+    let grant = grant_of(token, permit).ok()??;
+    let job = pod
         .owner_references()
         .iter()
         .find(|owner| owner.kind == "Job")?
-        .name;
-    Some((
-        permit_resource(annotations.get(KEY_ANNOTATION)?, permit),
-        format!("{cluster}/{job}"),
-        token,
-    ))
+        .name
+        .clone();
+    Some(Granted {
+        // A grant of a plain lock names no permit: permit 0.
+        resource: permit_resource(annotations.get(KEY_ANNOTATION)?, grant.permit.unwrap_or(0)),
+        holder: format!("{cluster}/{job}"),
+        lock: annotations.get(LOCK_ANNOTATION)?.clone(),
+        job,
+        token: grant.token,
+        permit: grant.permit,
+    })
 }
 
-/// The pods of every Job of `cluster`, through `client`, until `stop`. A pod's belief starts when it is seen
-/// running (late, never early) and ends at the last moment it is known to have been running: the start of the
-/// last direct read (every 25 ms, when it also acts) that still showed it running. A pod cannot run again once
-/// it stopped, so it ran at least that long: the interval is never longer than the pod's run, and an overlap
-/// it shows is one the pod really had, however late a watch tells of the pod's end.
+fn is_running(pod: &Pod) -> bool {
+    pod.status.as_ref().and_then(|status| status.phase.as_deref()) == Some("Running")
+}
+
+/// What an unguarded Job's pod holds while it runs.
+fn running(cluster: &str, pod: &Pod) -> Option<(String, String, i64)> {
+    if !is_running(pod) {
+        return None;
+    }
+    let granted = granted(cluster, pod)?;
+    Some((granted.resource, granted.holder, granted.token))
+}
+
+/// The pods of every Job of `cluster`, through `client`, until `stop`: each runs its work under its guard when
+/// `guarding` says how (see `guard.rs`), or else for as long as it runs. An unguarded pod's belief starts when it
+/// is seen running (late, never early) and ends at the last moment it is known to have been running: the start
+/// of the last direct read (every 25 ms, when it also acts) that still showed it running. A pod cannot run again
+/// once it stopped, so it ran at least that long: the interval is never longer than the pod's run, and an
+/// overlap it shows is one the pod really had, however late a watch tells of the pod's end.
 pub async fn follow_pods(
     cluster: String,
     client: Client,
     namespace: String,
+    guarding: Option<Guarding>,
     recorder: Arc<Recorder>,
     stop: CancellationToken,
 ) {
@@ -289,13 +347,44 @@ pub async fn follow_pods(
             Some(_) => continue,
             None => break,
         };
-        let Some((key, holder, token)) = running(&cluster, &pod) else {
+        if !is_running(&pod) {
+            continue;
+        }
+        let Some(granted) = granted(&cluster, &pod) else {
             continue;
         };
         if !followed.insert(pod.uid().unwrap_or_default()) {
             continue;
         }
         let (api, recorder, stop) = (api.clone(), recorder.clone(), stop.clone());
+        if let Some(guarding) = &guarding {
+            let guarded = GuardedPod {
+                name: pod.name_any(),
+                namespace: namespace.clone(),
+                lock: granted.lock,
+                job: granted.job,
+                grant: Grant {
+                    token: granted.token,
+                    permit: granted.permit,
+                },
+                resource: granted.resource,
+                holder: granted.holder,
+            };
+            probes.push(tokio::spawn(super::guard::run(
+                guarded,
+                guarding.clone(),
+                api,
+                recorder,
+                stop,
+            )));
+            continue;
+        }
+        let Granted {
+            resource: key,
+            holder,
+            token,
+            ..
+        } = granted;
         let cluster = cluster.clone();
         probes.push(tokio::spawn(async move {
             let start = Instant::now();
@@ -330,4 +419,55 @@ pub async fn follow_pods(
     for probe in probes {
         let _ = probe.await;
     }
+}
+
+/// What a Job that did not complete shows: its status, its pods (phase, grant, exit) and its lock's status, for
+/// the report of a run whose first queue did not run through.
+pub async fn describe(cluster: &Cluster, job: &str) -> String {
+    let jobs: Api<Job> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
+    let mut lines = vec![format!("Job {}/{job} did not complete:", cluster.name)];
+    let Ok(object) = jobs.get(job).await else {
+        lines.push("  (gone)".into());
+        return lines.join("\n");
+    };
+    let spec = object.spec.as_ref();
+    lines.push(format!(
+        "  suspend={:?} template annotations={:?} status={}",
+        spec.and_then(|spec| spec.suspend),
+        spec.and_then(|spec| spec.template.metadata.as_ref())
+            .and_then(|meta| meta.annotations.as_ref()),
+        serde_json::to_string(&object.status).unwrap_or_default()
+    ));
+    if let Ok(list) = pods
+        .list(&ListParams::default().labels(&format!("{ROLE_LABEL}=job")))
+        .await
+    {
+        for pod in list
+            .items
+            .iter()
+            .filter(|pod| pod.owner_references().iter().any(|owner| owner.name == job))
+        {
+            let status = pod.status.as_ref();
+            lines.push(format!(
+                "  pod {} deleting={} phase={:?} annotations={:?} containers={}",
+                pod.name_any(),
+                pod.metadata.deletion_timestamp.is_some(),
+                status.and_then(|status| status.phase.as_deref()),
+                pod.metadata.annotations,
+                serde_json::to_string(&status.and_then(|status| status.container_statuses.as_ref()))
+                    .unwrap_or_default()
+            ));
+        }
+    }
+    if let Some(lock) = object.labels().get("redlock.io/lock")
+        && let Ok(lock) = cluster.locks().get(lock).await
+    {
+        lines.push(format!(
+            "  lock {}: {}",
+            lock.name_any(),
+            serde_json::to_string(&lock.status).unwrap_or_default()
+        ));
+    }
+    lines.join("\n")
 }

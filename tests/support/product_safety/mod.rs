@@ -14,6 +14,7 @@ pub mod controls;
 #[allow(dead_code)] // Run by the test (tests/operator_safety.rs) only; the bench includes this module too.
 pub mod findings;
 pub mod follow;
+pub mod guard;
 pub mod identity;
 pub mod jobs;
 pub mod leaders;
@@ -25,6 +26,7 @@ pub mod recorder;
 pub mod replica;
 pub mod rules;
 pub mod semaphore;
+pub mod unguarded;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -64,6 +66,12 @@ pub fn quarantine(max_ttl: Duration) -> Duration {
     Duration::from_millis(u64::try_from(millis.div_ceil(100) * 100).unwrap_or(u64::MAX))
 }
 
+/// The guard's `--fence-margin` unless given.
+pub fn guard_default_margin() -> Duration {
+    redlock_operator::duration::parse(redlock_operator::cli::guard::DEFAULT_FENCE_MARGIN)
+        .expect("the guard's default margin")
+}
+
 /// A duration as the API and the `lock` command take it.
 pub fn duration_text(duration: Duration) -> String {
     redlock_operator::duration::format(duration)
@@ -97,6 +105,9 @@ pub struct Scenario {
     pub ttl: Duration,
     /// The Job locks' `fenceMargin` (the operator's default, a fifth of the TTL, when `None`).
     pub job_fence_margin: Option<Duration>,
+    /// The `--fence-margin` of the guard the Jobs' pods run their work under (the guard's default unless a run
+    /// says otherwise); `None`: the pods run their work without it, and only the operator fences them.
+    pub job_guard: Option<Duration>,
     /// Jobs queued on each Job lock at the start, all at once (`<lock>-first-NN`, none failing): the report
     /// counts how many completed.
     pub first_jobs: usize,
@@ -144,6 +155,7 @@ impl Default for Scenario {
             job_locks: 0,
             ttl: DEFAULT_TTL,
             job_fence_margin: None,
+            job_guard: Some(guard_default_margin()),
             first_jobs: 0,
             queue: 2,
             outside_clients: 0,
@@ -230,7 +242,12 @@ impl Side {
             replicas.push(Replica::start(&cluster, replica, &secret_file, &scenario.controls).await);
         }
         let (_, holders_client, holders_link) = cluster.behind_proxy("holders").await;
-        let followers = follow_holders(name, &cluster, holders_client, recorder, holders_stop);
+        let guarding = scenario.job_guard.map(|margin| guard::Guarding {
+            client: holders_client.clone(),
+            margin,
+            ends_pods: cluster.server.is_some(),
+        });
+        let followers = follow_holders(name, &cluster, (holders_client, guarding), recorder, holders_stop);
         let job_runtime = cluster
             .server
             .as_ref()
@@ -351,13 +368,13 @@ fn write_installation_secret(cluster: &str) -> (tempfile::TempDir, PathBuf) {
     (secret_dir, secret_file)
 }
 
-/// The tasks that follow the beliefs of the cluster's holders into `recorder` until `stop`: its leader pods and
-/// identity locks through `holders_client` (cut with the cluster's outages), its Jobs' pods through the
-/// harness's own client.
+/// The tasks that follow the beliefs of the cluster's holders into `recorder` until `stop`: its leader pods,
+/// identity locks and Job pods' guards through `holders_client` (cut with the cluster's outages), its Jobs' pods
+/// through the harness's own client.
 fn follow_holders(
     name: &str,
     cluster: &Cluster,
-    holders_client: kube::Client,
+    (holders_client, guarding): (kube::Client, Option<guard::Guarding>),
     recorder: &Arc<Recorder>,
     stop: &CancellationToken,
 ) -> Vec<JoinHandle<()>> {
@@ -376,12 +393,13 @@ fn follow_holders(
             recorder.clone(),
             stop.clone(),
         )),
-        // A Job's pod runs until its kubelet stops it, whatever its own view of the API server: its belief is
-        // followed on the harness's own client, which outages do not cut.
+        // A Job's pod runs until its kubelet stops it, whatever its own view of the API server: it is followed
+        // on the harness's own client, which outages do not cut; its guard's watch goes through the holders'.
         tokio::spawn(jobs::follow_pods(
             name.to_owned(),
             cluster.client.clone(),
             cluster.namespace.clone(),
+            guarding,
             recorder.clone(),
             stop.clone(),
         )),
@@ -482,6 +500,14 @@ async fn first_queues_done(world: &World) {
     let recorder = &world.recorder;
     while recorder.first_queue_completed().len() < recorder.first_queue().len() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let completed = recorder.first_queue_completed();
+    for waiting in recorder.first_queue().difference(&completed) {
+        if let Some((cluster, job)) = waiting.split_once('/')
+            && let Some(side) = world.sides.iter().find(|side| side.cluster.name == cluster)
+        {
+            eprintln!("{}", jobs::describe(&side.cluster, job).await);
+        }
     }
 }
 

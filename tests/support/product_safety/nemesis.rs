@@ -13,7 +13,7 @@ use super::leaders::set_ready;
 use super::permits::excess_holders;
 use super::replica::takeover_allowance;
 use super::rules::FORCED;
-use crate::support::fault_proxy::Direction;
+use crate::support::fault_proxy::{Direction, FaultProxy};
 
 /// The longest TTL of the run's locks (the quorum's `maxTtl`), which the recovery from a fault may need.
 fn ttl(world: &World) -> Duration {
@@ -79,6 +79,16 @@ pub enum Forced {
     KillMaster,
     /// The active operator replica of a cluster chosen by the seed SIGKILLed; restarted a moment later.
     KillActiveReplica,
+    /// No replica of a cluster active for twice the TTL: the active one SIGKILLed, the others SIGSTOPped, then
+    /// restarted and continued. Its Job locks lapse while nobody can suspend a Job.
+    LongFailover,
+    /// A Job lock of a cluster deleted while its Jobs run, and created again once it is gone.
+    #[allow(dead_code)] // Forced in the long run only (benches/operator_safety.rs).
+    JobLockDeleted,
+    /// A cluster's API server unreachable, and the cluster cut from a majority of masters, at once, for twice
+    /// the TTL: its locks cannot be extended, and neither its operator nor its holders can see status.
+    #[allow(dead_code)] // Forced in the long run only (benches/operator_safety.rs).
+    OutageAndCut,
 }
 
 /// Faults until `until`, then heals everything. The scenario's forced faults come at their points (as soon as
@@ -363,7 +373,7 @@ async fn inject(world: &mut World, fault: Fault, side: usize) {
 }
 
 /// A forced fault, now.
-async fn force(world: &mut World, fault: Forced) {
+pub async fn force(world: &mut World, fault: Forced) {
     let started = Instant::now();
     let recovery = match fault {
         Forced::KillMaster => {
@@ -408,6 +418,75 @@ async fn force(world: &mut World, fault: Forced) {
             tokio::time::sleep(hold).await;
             replica.restart();
             takeover_allowance() + ttl(world)
+        }
+        Forced::LongFailover => {
+            let side = world.rng.random_range(0..world.sides.len());
+            let active = world.sides[side].active().await;
+            let hold = ttl(world) * 2;
+            let cluster = world.sides[side].cluster.name.clone();
+            world.recorder.nemesis(format!(
+                "{FORCED}no replica of {cluster} for {hold:?}: the active one SIGKILLed, the others SIGSTOPped"
+            ));
+            for (index, replica) in world.sides[side].replicas.iter_mut().enumerate() {
+                if Some(index) == active {
+                    replica.kill();
+                } else {
+                    replica.stop();
+                }
+            }
+            tokio::time::sleep(hold).await;
+            for (index, replica) in world.sides[side].replicas.iter_mut().enumerate() {
+                if Some(index) == active {
+                    replica.restart();
+                } else {
+                    replica.cont();
+                }
+            }
+            takeover_allowance() + ttl(world) * 2
+        }
+        Forced::JobLockDeleted => {
+            let side = world.rng.random_range(0..world.sides.len());
+            let side = &world.sides[side];
+            let Some(lock) = side.jobs.first() else {
+                return;
+            };
+            world.recorder.nemesis(format!(
+                "{FORCED}{}/{} deleted while its Jobs run, created again once gone",
+                side.cluster.name, lock.lock
+            ));
+            lock.recreate(&side.cluster).await;
+            ttl(world) * 2
+        }
+        Forced::OutageAndCut => {
+            let side = world.rng.random_range(0..world.sides.len());
+            let hold = ttl(world) * 2;
+            let targets = some_masters(world, world.masters.len() / 2 + 1);
+            let side = &world.sides[side];
+            world.recorder.nemesis(format!(
+                "{FORCED}API server of {} unreachable and {} cut from masters {targets:?}, for {hold:?}",
+                side.cluster.name, side.cluster.name
+            ));
+            let proxies: Vec<&FaultProxy> = side
+                .replicas
+                .iter()
+                .map(|replica| &replica.proxy)
+                .chain(std::iter::once(&side.holders_link))
+                .collect();
+            for proxy in &proxies {
+                proxy.refuse(true);
+                proxy.cut_all();
+            }
+            for &index in &targets {
+                side.links[index].hold(Direction::Both, true);
+            }
+            tokio::time::sleep(hold).await;
+            for &index in &targets {
+                side.links[index].hold(Direction::Both, false);
+            }
+            for proxy in &proxies {
+                proxy.refuse(false);
+            }
+            takeover_allowance() + ttl(world) * 2
         }
     };
     world.recorder.excuse(started, Instant::now() + recovery);

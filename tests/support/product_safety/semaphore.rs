@@ -18,15 +18,11 @@ use super::{Scenario, World};
 pub const PERMITS: usize = 3;
 /// The Jobs queued at once on each cluster's Job lock at the start.
 pub const FIRST_QUEUE: usize = 10;
-/// The Job locks' and `lock` processes' TTL. A failover (the replicas' 2 s lease, then the standby's takeover)
-/// must fit in what is left of a validity when the active replica dies, or the lock lapses while nobody can
-/// suspend its Job (the README's "Failover costs time": a TTL at least the lease duration plus two seconds);
-/// at 3 s it did not always, on this 2-core machine.
-pub const TTL: Duration = Duration::from_secs(6);
-/// The Job locks' `fenceMargin`: on loss the operator suspends the Job this long before the validity ends, and
-/// the harness's Job controller and kubelet, at the test API server's realistic latency on a loaded machine,
-/// took longer than the default (a fifth of the TTL) to stop its pod.
-pub const FENCE_MARGIN: Duration = Duration::from_secs(2);
+/// The Job locks' and `lock` processes' TTL, with the operator's default `fenceMargin` (a fifth of it) and the
+/// guard's default `--fence-margin`: a failover longer than what is left of a validity (the replicas' 2 s lease,
+/// then the standby's takeover) lets the lock lapse while nobody can suspend its Job, and the Job's pods stop
+/// on their guards' clocks. (Before the guard, this mode ran at 6 s with a 2 s margin to stay green.)
+pub const TTL: Duration = super::DEFAULT_TTL;
 
 /// Two clusters of two replicas, each with a Job lock of `PERMITS` permits on one shared key and a first queue
 /// of `FIRST_QUEUE` Jobs (then a few more kept queued) and a leader-election lock of `PERMITS` permits over one
@@ -44,7 +40,8 @@ pub fn scenario(seed: u64, duration: Duration) -> Scenario {
         identity_locks: 0,
         job_locks: 1,
         ttl: TTL,
-        job_fence_margin: Some(FENCE_MARGIN),
+        job_fence_margin: None,
+        job_guard: Some(super::guard_default_margin()),
         first_jobs: FIRST_QUEUE,
         queue: PERMITS + 1,
         outside_clients: 2,
@@ -82,7 +79,6 @@ async fn miscounting_run(seed: u64, miscounting: bool) -> Report {
     let world = World::start(Scenario {
         job_locks: 1,
         ttl: TTL,
-        job_fence_margin: Some(FENCE_MARGIN),
         queue: PERMITS + 1,
         job_seconds: 15.0..20.0,
         outside_clients: 1,
