@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use product_safety::Scenario;
 use product_safety::nemesis::Forced;
-use product_safety::{controls, semaphore, unguarded};
+use product_safety::{controls, guard_controls, semaphore};
 use redlock_operator::negative_controls::Control;
 
 fn main() {
@@ -96,7 +96,8 @@ fn main() {
         if with_controls {
             for outcome in [
                 semaphore::miscounting_client(Scenario::seed_from_env()).await,
-                unguarded::unguarded_jobs(Scenario::seed_from_env()).await,
+                guard_controls::unguarded_jobs(Scenario::seed_from_env()).await,
+                guard_controls::report_before_stop(Scenario::seed_from_env()).await,
             ] {
                 total += 1;
                 detected += usize::from(outcome.caught());

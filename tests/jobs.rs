@@ -335,7 +335,17 @@ async fn jobs_run_one_at_a_time_in_queue_order_and_hand_over() {
         late.message
     );
     assert!(late.message.contains("low (30s)"), "{}", late.message);
+    // Issue 29: these Jobs' pods are not handed their grant (no downward API), so none can run the guard.
+    assert_eq!(late.reason, "GrantNotPassedToPods", "{}", late.message);
+    assert!(late.message.contains("high"), "{}", late.message);
     assert!(job_events(&env, "high").await.contains(&"Granted".to_owned()));
+    eventually("a warning that `high` cannot run under the guard", || async {
+        job_events(&env, "high")
+            .await
+            .contains(&"GrantNotPassedToPods".to_owned())
+            .then_some(())
+    })
+    .await;
     assert!(
         !job_events(&env, "high")
             .await

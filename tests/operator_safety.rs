@@ -229,7 +229,7 @@ async fn the_checker_catches_a_client_that_counts_permits_wrongly() {
 /// takes the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checker_catches_job_pods_without_the_guard_in_a_failover_longer_than_the_ttl() {
-    use product_safety::unguarded::failover_run;
+    use product_safety::guard_controls::failover_run;
     caught(|seed| async move {
         Outcome {
             name: "unguarded-jobs",
@@ -246,12 +246,29 @@ async fn the_checker_catches_job_pods_without_the_guard_in_a_failover_longer_tha
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guarded_job_pods_stop_on_their_own_clock_through_a_failover_longer_than_the_ttl() {
     let seed = Scenario::seed_from_env();
-    let report = product_safety::unguarded::failover_run(seed, true).await;
+    let report = product_safety::guard_controls::failover_run(seed, true).await;
     println!("seed {seed}: {report}");
     assert!(report.is_safe(), "seed {seed}: {report}");
     assert!(report.transitions_total() >= 2, "seed {seed}: {report}");
     let forced = report.forced.join("; ");
     assert!(forced.contains("no replica"), "seed {seed}: {report}");
+}
+
+/// Issue 29's second guard control: a guard that reports its work stopped before the work has exited lets the
+/// operator release the key beside the running work, and must be caught. (Its clean twin, reported after the work
+/// exited as `guard` does, runs in `cargo bench --bench operator_safety`; every other run here reports that way.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checker_catches_a_report_sent_before_the_work_stopped() {
+    use product_safety::guard::Reports;
+    use product_safety::guard_controls::deletion_run;
+    caught(|seed| async move {
+        Outcome {
+            name: "report-before-stop",
+            broken: deletion_run(seed, Reports::BeforeTheWorkStopped).await,
+            clean: None,
+        }
+    })
+    .await;
 }
 
 /// What the checker found, as a run built to show it (it fails without the fix).

@@ -270,13 +270,26 @@ pub const REASONS: &[Reason] = &[
             spec.holder.jobs.fenceMargin.",
     },
     Reason {
+        name: "GrantNotPassedToPods",
+        shown: Shown::Condition {
+            kind: "DistributedLock",
+            condition: "FencingMayBeLate",
+            status: "True",
+        },
+        meaning: "Job fencing: a queued Job's pod template hands the grant (the annotation \
+            redlock.io/fencing-token) to no container through the downward API, so its pods cannot run their work \
+            under redlock-operator guard and only the operator stops them: a failover or an API-server outage can \
+            leave them running past the validity. Run the work under the guard, as examples/job-fencing.yaml does.",
+    },
+    Reason {
         name: "GracePeriodsFit",
         shown: Shown::Condition {
             kind: "DistributedLock",
             condition: "FencingMayBeLate",
             status: "False",
         },
-        meaning: "Job fencing: every queued Job's pods stop within the fence margin. Nothing to do.",
+        meaning: "Job fencing: every queued Job's pods are handed their grant (so can run under the guard) and \
+            stop within the fence margin. Nothing to do.",
     },
     Reason {
         name: "Held",
@@ -667,6 +680,16 @@ pub const REASONS: &[Reason] = &[
         meaning: "On its grant: the Job's pods may take longer to stop than the lock's fence margin, so if \
             the lock is lost they may outlive its validity. Lower terminationGracePeriodSeconds or raise \
             spec.holder.jobs.fenceMargin.",
+    },
+    Reason {
+        name: "GrantNotPassedToPods",
+        shown: Shown::Event {
+            kind: "Job",
+            warning: true,
+        },
+        meaning: "On its grant: the Job's pod template hands the grant (redlock.io/fencing-token) to no \
+            container through the downward API, so its pods cannot run under redlock-operator guard and only the \
+            operator stops them. Run the work under the guard, as examples/job-fencing.yaml does.",
     },
     Reason {
         name: "Granted",

@@ -14,7 +14,7 @@ pub mod elect;
 pub mod exit_code;
 pub mod guard;
 pub mod lock;
-mod report;
+pub mod report;
 pub mod run;
 mod supervise;
 pub mod term;

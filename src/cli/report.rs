@@ -26,7 +26,7 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 const RETRY_PAUSE: Duration = Duration::from_millis(250);
 
 /// What a holder reports, and with which credentials.
-pub(crate) struct Reporter<'a> {
+pub struct Reporter<'a> {
     /// Who status names as the holder: the pod (`elect`) or its Job (the guard).
     pub holder: &'a str,
     /// The lock's name (its namespace is the pod's).
@@ -40,7 +40,7 @@ pub(crate) struct Reporter<'a> {
 /// Reports that the work under `term` has stopped, once status shows its key given up; gives up when the
 /// validity shown has ended (the operator releases the key then anyway), the lock is gone, or the operator
 /// refuses the report for good.
-pub(crate) async fn report_stopped(
+pub async fn report_stopped(
     reporter: &Reporter<'_>,
     term: &Term,
     mut latest: watch::Receiver<Option<Arc<DistributedLock>>>,

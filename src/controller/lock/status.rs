@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::policy::{Decoration, Waiting};
 use crate::api::conditions::{self, Stamp, Update};
+use crate::api::holder_contract::TOKEN_ANNOTATION;
 use crate::api::lock::MasterOutcome;
 use crate::api::{DistributedLockStatus, LockPhase};
 use crate::redlock::OperationReport;
@@ -224,30 +225,40 @@ fn not_held(reason: &'static str, message: &str) -> Update {
     Update::new("Held", false, reason, message)
 }
 
-/// `FencingMayBeLate`: whether a queued Job's pods may take longer to stop than the fence margin leaves.
-fn fencing_may_be_late(slow: &[(String, Duration)], margin: Duration) -> Update {
-    if slow.is_empty() {
-        return Update::new(
-            "FencingMayBeLate",
-            false,
-            "GracePeriodsFit",
-            "every queued Job's pods stop within the fence margin",
-        );
-    }
-    let names: Vec<String> = slow
-        .iter()
-        .map(|(job, grace)| format!("{job} ({}s)", grace.as_secs()))
-        .collect();
-    Update::new(
-        "FencingMayBeLate",
-        true,
-        "GracePeriodTooLong",
+/// `FencingMayBeLate`: whether a queued Job's pods may outlive the validity shown to them: they are not handed
+/// their grant (so they cannot run under the guard, and only the operator stops them), or they may take longer
+/// to stop than the fence margin leaves.
+fn fencing_may_be_late(slow: &[(String, Duration)], unguarded: &[String], margin: Duration) -> Update {
+    let slow_message = (!slow.is_empty()).then(|| {
+        let names: Vec<String> = slow
+            .iter()
+            .map(|(job, grace)| format!("{job} ({}s)", grace.as_secs()))
+            .collect();
         format!(
             "the termination grace period of {} exceeds the fence margin ({}): their pods may outlive the lock's validity; lower terminationGracePeriodSeconds or raise spec.holder.jobs.fenceMargin",
             names.join(", "),
             crate::duration::format(margin)
+        )
+    });
+    if !unguarded.is_empty() {
+        let mut message = format!(
+            "the pods of {} are not handed their grant (no container gets the annotation {TOKEN_ANNOTATION} through the downward API), so they cannot run their work under `redlock-operator guard` and only the operator stops them: a failover between replicas or an API-server outage can leave them running past the lock's validity; run the work under the guard (examples/job-fencing.yaml)",
+            unguarded.join(", ")
+        );
+        if let Some(slow) = slow_message {
+            message = format!("{message}; and {slow}");
+        }
+        return Update::new("FencingMayBeLate", true, "GrantNotPassedToPods", message);
+    }
+    match slow_message {
+        None => Update::new(
+            "FencingMayBeLate",
+            false,
+            "GracePeriodsFit",
+            "every queued Job's pods are handed their grant and stop within the fence margin",
         ),
-    )
+        Some(message) => Update::new("FencingMayBeLate", true, "GracePeriodTooLong", message),
+    }
 }
 
 fn decorate(status: &mut DistributedLockStatus, decoration: &Decoration, margin: Duration, stamp: Stamp) {
@@ -258,7 +269,12 @@ fn decorate(status: &mut DistributedLockStatus, decoration: &Decoration, margin:
         status.queue = queue.clone();
     }
     if let Some(slow) = &decoration.slow_jobs {
-        conditions::set(&mut status.conditions, fencing_may_be_late(slow, margin), stamp);
+        let unguarded = decoration.unguarded_jobs.as_deref().unwrap_or_default();
+        conditions::set(
+            &mut status.conditions,
+            fencing_may_be_late(slow, unguarded, margin),
+            stamp,
+        );
     }
 }
 
@@ -433,22 +449,26 @@ mod tests {
         assert_eq!(next.fencing_token, Some(4));
     }
 
-    #[test]
-    fn job_fencing_shows_the_queue_without_the_holder_and_warns_of_slow_jobs() {
+    /// Status of a Job lock held with `decoration`, at a 10 s fence margin.
+    fn held_with(decoration: &Decoration) -> DistributedLockStatus {
         let granted = report(vec![NodeOutcome::Granted, NodeOutcome::Granted]);
-        let decoration = Decoration {
-            queue: Some(vec!["next".into()]),
-            slow_jobs: Some(vec![("slow".into(), Duration::from_secs(30))]),
-            ..Decoration::default()
-        };
-        let status = held(
+        held(
             &DistributedLockStatus::default(),
             &facts(4, true, &granted),
-            &decoration,
+            decoration,
             Duration::from_secs(10),
             stamp(100),
         )
-        .expect("held");
+        .expect("held")
+    }
+
+    #[test]
+    fn job_fencing_shows_the_queue_without_the_holder_and_warns_of_slow_jobs() {
+        let status = held_with(&Decoration {
+            queue: Some(vec!["next".into()]),
+            slow_jobs: Some(vec![("slow".into(), Duration::from_secs(30))]),
+            ..Decoration::default()
+        });
         assert_eq!(status.queue, ["next"]);
         let late = condition(&status, "FencingMayBeLate");
         assert_eq!(
@@ -459,6 +479,37 @@ mod tests {
             late.message.contains("slow (30s)") && late.message.contains("(10s)"),
             "{}",
             late.message
+        );
+    }
+
+    #[test]
+    fn job_fencing_warns_of_jobs_whose_pods_are_not_handed_their_grant() {
+        let with = |unguarded: Vec<String>, slow: Vec<(String, Duration)>| {
+            let status = held_with(&Decoration {
+                queue: Some(Vec::new()),
+                slow_jobs: Some(slow),
+                unguarded_jobs: Some(unguarded),
+                ..Decoration::default()
+            });
+            condition(&status, "FencingMayBeLate").clone()
+        };
+        let fine = with(Vec::new(), Vec::new());
+        assert_eq!(
+            (fine.status.as_str(), fine.reason.as_str()),
+            ("False", "GracePeriodsFit")
+        );
+        let bare = with(
+            vec!["report".into()],
+            vec![("slow".into(), Duration::from_secs(30))],
+        );
+        assert_eq!(
+            (bare.status.as_str(), bare.reason.as_str()),
+            ("True", "GrantNotPassedToPods")
+        );
+        assert!(
+            bare.message.contains("report") && bare.message.contains("slow (30s)"),
+            "both are told: {}",
+            bare.message
         );
     }
 

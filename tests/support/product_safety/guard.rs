@@ -1,9 +1,12 @@
 //! A Job pod's `redlock-operator guard`, as the harness plays it: the guard's own functions (`term::follow`,
-//! `guard::granted_term`, `term::current_term`, `term::watch_term`), composed as `guard::run` composes them, on
-//! a watch of the lock through the holders' link to the API server (which the nemesis cuts with the cluster's
-//! outages). The guard's command is the pod's work: it starts once the pod runs and the grant the pod was created
-//! under shows current, and stops when the guard's watch fires (the grant gone, or its fence time come, whatever
-//! the API server or the operator do) or when the pod stops running, whichever comes first.
+//! `guard::granted_term`, `term::current_term`, `term::watch_term`, `report::report_stopped`), composed as
+//! `guard::run` composes them, on a watch of the lock through the holders' link to the API server (which the
+//! nemesis cuts with the cluster's outages). The guard's command is the pod's work: it starts once the pod runs
+//! and the grant the pod was created under shows current, and stops when the guard's watch fires (the grant gone,
+//! or its fence time come, whatever the API server or the operator do; SIGKILLed half a margin later if it takes
+//! longer), when the pod is deleted (the kubelet's SIGTERM, passed on: the work takes `work_stop_delay` to exit),
+//! or when the pod stops running, whichever comes first. Then the guard reports the work stopped to the operator,
+//! with a token bound to the pod, as the real one does.
 //!
 //! Played in the harness, not run as a process in the pod, so that the same run works on a real cluster, whose
 //! Job pods run an image without the binary; the functions are the binary's. What the harness cannot play there
@@ -11,6 +14,7 @@
 //! harness is its kubelet), as a real guarded pod does, and the Job's `podFailurePolicy` ignores it; on a real
 //! cluster its container runs on, idle, until it ends by itself.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,14 +22,26 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use redlock_operator::api::DistributedLock;
+use redlock_operator::api::holder_contract::REPORT_TOKEN_AUDIENCE;
 use redlock_operator::cli::exit_code;
 use redlock_operator::cli::guard::{Grant, granted_term};
+use redlock_operator::cli::report::{Reporter, report_stopped};
 use redlock_operator::cli::term::{Sinks, Term, current_term, follow, watch_term};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::recorder::{ACT_INTERVAL, Belief, Recorder};
+use crate::support::pod_token::pod_token;
+
+/// When a guard tells the operator that its work stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reports {
+    /// Once the work has exited, as `guard` does.
+    AfterTheWorkStopped,
+    /// A negative control: as soon as it passes the stop on, while the work still runs.
+    BeforeTheWorkStopped,
+}
 
 /// How the harness plays the guards of one cluster's Job pods.
 #[derive(Clone)]
@@ -34,9 +50,14 @@ pub struct Guarding {
     pub client: Client,
     /// The guards' `--fence-margin`.
     pub margin: Duration,
+    pub reports: Reports,
+    /// How long the work takes to exit once the guard passed SIGTERM on (0: at once, as `sleep` does).
+    pub work_stop_delay: Duration,
     /// Whether the harness is the Job pods' kubelet (a test API server's), and ends a pod whose guard stopped
     /// its work with exit status 76.
     pub ends_pods: bool,
+    /// Where the pods' report tokens are written (the projected volume of a real pod).
+    pub token_dir: Arc<tempfile::TempDir>,
 }
 
 /// The pod a guard runs in, and what it was created under.
@@ -51,8 +72,20 @@ pub struct GuardedPod {
     pub holder: String,
 }
 
+/// Why the work ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stopped {
+    /// The guard stopped it: its grant ended or was not shown current in time (exit 76, reported).
+    OnLoss,
+    /// The pod is being deleted: the kubelet's SIGTERM, passed on (reported).
+    Signalled,
+    /// The pod stopped running otherwise (the work ended by itself), or the run ended: not reported.
+    Otherwise,
+}
+
 /// Runs the pod's guard until the pod stops running, its guard stopped the work, or `stop`; records the work's
-/// interval (if it ever started). `pods` reads the pod directly (the harness's own client).
+/// interval (if it ever started) and reports it stopped. `pods` reads the pod directly (the harness's own
+/// client).
 pub async fn run(
     pod: GuardedPod,
     guarding: Guarding,
@@ -62,7 +95,7 @@ pub async fn run(
 ) {
     let locks: Api<DistributedLock> = Api::namespaced(guarding.client.clone(), &pod.namespace);
     let (terms_sender, mut terms) = watch::channel(None::<Term>);
-    let (seen, _latest) = watch::channel(None);
+    let (seen, latest) = watch::channel(None);
     let watching = CancellationToken::new();
     let _stop_watching = watching.clone().drop_guard();
     let (job, grant) = (pod.job.clone(), pod.grant);
@@ -76,6 +109,7 @@ pub async fn run(
         },
         watching.clone(),
     ));
+    let token_file = write_report_token(&pods, &pod, &guarding).await;
 
     // The command starts once the grant shows current, if the pod still runs then.
     let current = {
@@ -89,7 +123,7 @@ pub async fn run(
                 },
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep(ACT_INTERVAL) => {
-                    if !still_running(&pods, &pod).await {
+                    if read(&pods, &pod.name).await != PodState::Running {
                         return;
                     }
                 }
@@ -115,38 +149,133 @@ pub async fn run(
             pod.name, current.token
         ),
     };
+    let report = |token_file: PathBuf| {
+        let (job, lock, current, latest) =
+            (pod.job.clone(), pod.lock.clone(), current.clone(), latest.clone());
+        async move {
+            let reporter = Reporter {
+                holder: &job,
+                lock: &lock,
+                token_file: &token_file,
+                tool: "guard (product checker)",
+            };
+            report_stopped(&reporter, &current, latest).await;
+        }
+    };
+    let mut early_report = None;
     let mut last_running = belief.start;
-    let (end, why) = loop {
+    // When the guard passed the kubelet's SIGTERM on, and when its own fence fired (SIGTERM to the work, SIGKILL
+    // half a margin later).
+    let (mut signalled_at, mut lost_at): (Option<Instant>, Option<Instant>) = (None, None);
+    let far = Instant::now() + Duration::from_secs(24 * 3600);
+    let (end, stopped) = loop {
         belief.act(&recorder);
+        let exits_at = [
+            signalled_at.map(|at| at + guarding.work_stop_delay),
+            lost_at.map(|at| at + guarding.work_stop_delay.min(guarding.margin / 2)),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let why = if lost_at.is_some() {
+            Stopped::OnLoss
+        } else {
+            Stopped::Signalled
+        };
+        let early = |token_file: &Option<PathBuf>, early_report: &mut Option<_>| {
+            if guarding.reports == Reports::BeforeTheWorkStopped
+                && let Some(file) = token_file.clone()
+            {
+                early_report.get_or_insert_with(|| tokio::spawn(report(file)));
+            }
+        };
         tokio::select! {
-            () = lost.cancelled() => break (Instant::now(), "its guard stopped it"),
-            () = stop.cancelled() => break (Instant::now(), "the run ended"),
+            () = lost.cancelled(), if lost_at.is_none() => {
+                lost_at = Some(Instant::now());
+                early(&token_file, &mut early_report);
+                continue;
+            }
+            () = tokio::time::sleep_until(exits_at.unwrap_or(far)), if exits_at.is_some() => {
+                break (exits_at.unwrap_or(far), why);
+            }
+            () = stop.cancelled() => break (Instant::now(), Stopped::Otherwise),
             () = tokio::time::sleep(ACT_INTERVAL) => {}
         }
         let asked = Instant::now();
-        if !still_running(&pods, &pod).await {
-            break (last_running, "the last read that showed its pod running");
+        match read(&pods, &pod.name).await {
+            PodState::Running => last_running = asked,
+            // The kubelet's SIGTERM came after the last read that showed the pod not being deleted.
+            PodState::Deleting => {
+                if signalled_at.is_none() {
+                    signalled_at = Some(last_running);
+                    early(&token_file, &mut early_report);
+                }
+            }
+            PodState::Ended => {
+                let why = if lost_at.is_some() || signalled_at.is_some() {
+                    why
+                } else {
+                    Stopped::Otherwise
+                };
+                break (last_running, why);
+            }
         }
-        last_running = asked;
     };
     fence.abort();
-    belief.end(&recorder, end, why);
-    if lost.is_cancelled() && guarding.ends_pods {
+    belief.end(&recorder, end, "its work exited");
+    if stopped != Stopped::Otherwise
+        && guarding.reports == Reports::AfterTheWorkStopped
+        && let Some(file) = token_file
+    {
+        report(file).await;
+    }
+    if let Some(early) = early_report {
+        let _ = early.await;
+    }
+    if stopped == Stopped::OnLoss && guarding.ends_pods {
         fail_with_lock_lost(&pods, &pod.name).await;
     }
 }
 
-/// Whether the pod still runs (a direct read; an error counts as running, as a kubelet's container goes on). A
-/// pod being deleted does not: its kubelet sent the guard SIGTERM, which stops the work at once.
-async fn still_running(pods: &Api<Pod>, pod: &GuardedPod) -> bool {
-    match pods.get_opt(&pod.name).await {
-        Ok(Some(seen)) => {
-            seen.metadata.deletion_timestamp.is_none()
-                && seen.status.and_then(|status| status.phase).as_deref() == Some("Running")
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PodState {
+    Running,
+    /// Being deleted: its kubelet sent SIGTERM.
+    Deleting,
+    /// Gone, or no longer running.
+    Ended,
+}
+
+/// The pod as the API server shows it now (a direct read; an error counts as running, as a kubelet's container
+/// goes on).
+async fn read(pods: &Api<Pod>, name: &str) -> PodState {
+    match pods.get_opt(name).await {
+        Ok(Some(seen))
+            if seen.status.as_ref().and_then(|status| status.phase.as_deref()) != Some("Running") =>
+        {
+            PodState::Ended
         }
-        Ok(None) => false,
-        Err(_) => true,
+        Ok(Some(seen)) if seen.metadata.deletion_timestamp.is_some() => PodState::Deleting,
+        Ok(Some(_)) | Err(_) => PodState::Running,
+        Ok(None) => PodState::Ended,
     }
+}
+
+/// The pod's projected token for the operator's audience, asked for as its kubelet asks (bound to the pod), in a
+/// file of its own; `None` when the API server gave none (the guard then does not report).
+async fn write_report_token(pods: &Api<Pod>, pod: &GuardedPod, guarding: &Guarding) -> Option<PathBuf> {
+    let client: Client = pods.clone().into_client();
+    for _ in 0..5 {
+        if let Ok(token) = pod_token(&client, &pod.namespace, &pod.name, REPORT_TOKEN_AUDIENCE).await
+            && !token.is_empty()
+        {
+            let file = guarding.token_dir.path().join(&pod.name);
+            std::fs::write(&file, token).ok()?;
+            return Some(file);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    None
 }
 
 /// The pod's container exited with the guard's status for a grant that ended: the Job's `podFailurePolicy`

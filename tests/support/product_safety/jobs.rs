@@ -102,14 +102,15 @@ impl JobLock {
     }
 
     /// Deletes the lock while its Jobs run (it goes once they are fenced: suspended and their pods gone, or the
-    /// validity shown to them ended), then creates it again: its Jobs queue on it anew.
-    pub async fn recreate(&self, cluster: &Cluster) {
+    /// validity shown to them ended), then, `pause` after it went, creates it again: its Jobs queue on it anew.
+    pub async fn recreate(&self, cluster: &Cluster, pause: Duration) {
         let _ = cluster.locks().delete(&self.lock, &DeleteParams::default()).await;
         let deadline = Instant::now() + Duration::from_secs(60);
         while cluster.locks().get_opt(&self.lock).await.ok().flatten().is_some() && Instant::now() < deadline
         {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        tokio::time::sleep(pause).await;
         self.create_object(cluster).await;
     }
 
@@ -117,10 +118,9 @@ impl JobLock {
     pub async fn queue_failing_job(&mut self, cluster: &Cluster) {
         let mut failing = job(
             &format!("{}-fails-{}", self.lock, self.failing),
-            &self.lock,
-            &self.key,
+            (&self.lock, &self.key),
             true,
-            0.0,
+            (0.0, 0),
         );
         self.failing += 1;
         failing
@@ -148,6 +148,8 @@ pub struct Feed {
     pub first: usize,
     /// Jobs kept waiting or running afterwards, at least.
     pub queue: usize,
+    /// The pods' `terminationGracePeriodSeconds`.
+    pub grace_seconds: u32,
     pub recorder: Arc<Recorder>,
 }
 
@@ -164,6 +166,7 @@ pub async fn feed(feed: Feed, stop: CancellationToken) {
         seed,
         first,
         queue,
+        grace_seconds,
         recorder,
     } = feed;
     let jobs: Api<Job> = Api::namespaced(client, &namespace);
@@ -181,7 +184,10 @@ pub async fn feed(feed: Feed, stop: CancellationToken) {
         for name in first_queue.drain(..) {
             let seconds = rng.random_range(seconds.clone());
             match jobs
-                .create(&PostParams::default(), &job(&name, &lock, &key, false, seconds))
+                .create(
+                    &PostParams::default(),
+                    &job(&name, (&lock, &key), false, (seconds, grace_seconds)),
+                )
                 .await
             {
                 Ok(_) => {}
@@ -206,7 +212,10 @@ pub async fn feed(feed: Feed, stop: CancellationToken) {
                 let name = format!("{lock}-{created}");
                 created += 1;
                 let _ = jobs
-                    .create(&PostParams::default(), &job(&name, &lock, &key, fails, seconds))
+                    .create(
+                        &PostParams::default(),
+                        &job(&name, (&lock, &key), fails, (seconds, grace_seconds)),
+                    )
                     .await;
             }
         }
@@ -217,7 +226,8 @@ pub async fn feed(feed: Feed, stop: CancellationToken) {
     }
 }
 
-fn job(name: &str, lock: &str, key: &str, fails: bool, seconds: f64) -> Job {
+/// A Job of `lock` on `key` whose pods work for `seconds` (or fail at once) and have `grace` seconds to stop.
+fn job(name: &str, (lock, key): (&str, &str), fails: bool, (seconds, grace): (f64, u32)) -> Job {
     let command = if fails {
         serde_json::json!(["false"])
     } else {
@@ -241,7 +251,7 @@ fn job(name: &str, lock: &str, key: &str, fails: bool, seconds: f64) -> Job {
                 },
                 "spec": {
                     "restartPolicy": "Never",
-                    "terminationGracePeriodSeconds": 0,
+                    "terminationGracePeriodSeconds": grace,
                     "containers": [{ "name": "main", "image": job_image(), "command": command }]
                 }
             }

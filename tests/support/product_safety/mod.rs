@@ -15,6 +15,7 @@ pub mod controls;
 pub mod findings;
 pub mod follow;
 pub mod guard;
+pub mod guard_controls;
 pub mod identity;
 pub mod jobs;
 pub mod leaders;
@@ -26,7 +27,6 @@ pub mod recorder;
 pub mod replica;
 pub mod rules;
 pub mod semaphore;
-pub mod unguarded;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -108,6 +108,13 @@ pub struct Scenario {
     /// The `--fence-margin` of the guard the Jobs' pods run their work under (the guard's default unless a run
     /// says otherwise); `None`: the pods run their work without it, and only the operator fences them.
     pub job_guard: Option<Duration>,
+    /// When the Jobs' guards report their work stopped (after it stopped, as `guard` does, unless a run says
+    /// otherwise).
+    pub guard_reports: guard::Reports,
+    /// How long a Job's work takes to exit once its guard passed SIGTERM on (0: at once, as `sleep` does).
+    pub work_stop_delay: Duration,
+    /// The Jobs' pods' `terminationGracePeriodSeconds`.
+    pub job_grace_seconds: u32,
     /// Jobs queued on each Job lock at the start, all at once (`<lock>-first-NN`, none failing): the report
     /// counts how many completed.
     pub first_jobs: usize,
@@ -156,6 +163,9 @@ impl Default for Scenario {
             ttl: DEFAULT_TTL,
             job_fence_margin: None,
             job_guard: Some(guard_default_margin()),
+            guard_reports: guard::Reports::AfterTheWorkStopped,
+            work_stop_delay: Duration::ZERO,
+            job_grace_seconds: 0,
             first_jobs: 0,
             queue: 2,
             outside_clients: 0,
@@ -242,10 +252,14 @@ impl Side {
             replicas.push(Replica::start(&cluster, replica, &secret_file, &scenario.controls).await);
         }
         let (_, holders_client, holders_link) = cluster.behind_proxy("holders").await;
+        let token_dir = Arc::new(tempfile::tempdir().expect("a directory for the pods' report tokens"));
         let guarding = scenario.job_guard.map(|margin| guard::Guarding {
             client: holders_client.clone(),
             margin,
+            reports: scenario.guard_reports,
+            work_stop_delay: scenario.work_stop_delay,
             ends_pods: cluster.server.is_some(),
+            token_dir,
         });
         let followers = follow_holders(name, &cluster, (holders_client, guarding), recorder, holders_stop);
         let job_runtime = cluster
@@ -318,6 +332,7 @@ impl Side {
                 seed: scenario.seed.wrapping_add(200 + (side_index * 10 + index) as u64),
                 first: scenario.first_jobs,
                 queue: scenario.queue,
+                grace_seconds: scenario.job_grace_seconds,
                 recorder: recorder.clone(),
             };
             feeders.push(tokio::spawn(jobs::feed(feed, holders_stop.clone())));

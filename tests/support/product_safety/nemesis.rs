@@ -454,7 +454,7 @@ pub async fn force(world: &mut World, fault: Forced) {
                 "{FORCED}{}/{} deleted while its Jobs run, created again once gone",
                 side.cluster.name, lock.lock
             ));
-            lock.recreate(&side.cluster).await;
+            lock.recreate(&side.cluster, Duration::ZERO).await;
             ttl(world) * 2
         }
         Forced::OutageAndCut => {

@@ -40,8 +40,6 @@ pub fn scenario(seed: u64, duration: Duration) -> Scenario {
         identity_locks: 0,
         job_locks: 1,
         ttl: TTL,
-        job_fence_margin: None,
-        job_guard: Some(super::guard_default_margin()),
         first_jobs: FIRST_QUEUE,
         queue: PERMITS + 1,
         outside_clients: 2,
@@ -58,6 +56,7 @@ pub fn scenario(seed: u64, duration: Duration) -> Scenario {
         miscounting_outside: false,
         controls: String::new(),
         progress: Some(Duration::from_secs(30)),
+        ..Scenario::default()
     }
 }
 

@@ -66,6 +66,8 @@ pub struct Decoration {
     pub queue: Option<Vec<String>>,
     /// Jobs whose pods may take longer to stop than the fence margin, with that time.
     pub slow_jobs: Option<Vec<(String, Duration)>>,
+    /// Jobs whose pods are not handed their grant, so cannot run under the guard.
+    pub unguarded_jobs: Option<Vec<String>>,
 }
 
 /// What happens to the keys of a lost lock once its holder is fenced.
@@ -182,6 +184,7 @@ impl Policy {
                         .collect(),
                 ),
                 slow_jobs: Some(jobs.slow(fence_margin)),
+                unguarded_jobs: Some(jobs.unguarded()),
                 ..Decoration::default()
             },
         }

@@ -186,6 +186,15 @@ impl JobQueue {
             .collect()
     }
 
+    /// Unfinished Jobs whose pod template hands the grant to no container: their pods cannot run the guard.
+    pub fn unguarded(&self) -> Vec<String> {
+        self.views
+            .iter()
+            .filter(|job| !job.finished && !job.receives_grant)
+            .map(|job| job.name.clone())
+            .collect()
+    }
+
     /// Suspends every Job that runs without holding the lock (any of its permits), as the API server shows it
     /// (the cache may show a Job unsuspended that was suspended, or granted, a moment ago).
     pub async fn suspend_strays(&self, ctx: &Context) -> Result<(), Error> {
@@ -256,6 +265,13 @@ impl JobQueue {
                 crate::duration::format(margin)
             );
             self.event(ctx, job, EventType::Warning, "GracePeriodTooLong", note)
+                .await;
+        }
+        if view.is_some_and(|view| !view.receives_grant) {
+            let note = format!(
+                "its pods are not handed their grant (no container gets the annotation {TOKEN_ANNOTATION} through the downward API): they cannot run their work under redlock-operator guard, and only the operator stops them, which a failover or an API-server outage can delay past the lock's validity"
+            );
+            self.event(ctx, job, EventType::Warning, "GrantNotPassedToPods", note)
                 .await;
         }
         Ok(())

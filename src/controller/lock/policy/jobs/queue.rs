@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::holder_contract::{
@@ -34,6 +34,8 @@ pub struct JobView {
     pub grace: Duration,
     /// The permit its grant named (0 when it names none).
     pub permit: u32,
+    /// Whether its pod template hands the grant's token to a container (what the guard needs to run the work).
+    pub receives_grant: bool,
 }
 
 impl JobView {
@@ -98,6 +100,11 @@ impl JobView {
             pods,
             grace: Duration::from_secs(u64::try_from(grace).unwrap_or(0)),
             permit: permit_of(&template_annotations),
+            receives_grant: job
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.template.spec.as_ref())
+                .is_some_and(receives_grant),
         }
     }
 
@@ -273,6 +280,41 @@ fn wait_for_pods(pods: &[GrantedPod]) -> JobStep {
     JobStep::WaitForPods(pods.iter().map(GrantedPod::describe).collect())
 }
 
+/// Whether a pod spec hands the grant's fencing token (the `redlock.io/fencing-token` annotation the operator
+/// writes into a granted Job's pod template) to one of its containers, through the downward API: an environment
+/// variable, or a `downwardAPI` volume (or projected volume) item of that annotation or of all annotations.
+/// Without it no container can know which grant it runs under, so none runs the guard (which refuses to start
+/// the work without the token); with it, one most likely does — the operator cannot tell the guard from other
+/// code that reads the token, so only the absence is warned about.
+pub fn receives_grant(pod: &PodSpec) -> bool {
+    let annotation_path = format!("metadata.annotations['{TOKEN_ANNOTATION}']");
+    let names_it = |path: &str| path == annotation_path || path == "metadata.annotations";
+    let in_env = pod
+        .containers
+        .iter()
+        .chain(pod.init_containers.iter().flatten())
+        .flat_map(|container| container.env.iter().flatten())
+        .filter_map(|var| var.value_from.as_ref()?.field_ref.as_ref())
+        .any(|field| names_it(&field.field_path));
+    let in_volume = pod.volumes.iter().flatten().any(|volume| {
+        let direct = volume
+            .downward_api
+            .iter()
+            .flat_map(|downward| downward.items.iter().flatten());
+        let projected = volume
+            .projected
+            .iter()
+            .flat_map(|projected| projected.sources.iter().flatten())
+            .filter_map(|source| source.downward_api.as_ref())
+            .flat_map(|downward| downward.items.iter().flatten());
+        direct
+            .chain(projected)
+            .filter_map(|item| item.field_ref.as_ref())
+            .any(|field| names_it(&field.field_path))
+    });
+    in_env || in_volume
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
@@ -294,6 +336,7 @@ pub(super) mod tests {
             pods: 0,
             grace: Duration::from_secs(30),
             permit: 0,
+            receives_grant: true,
         }
     }
 
@@ -528,5 +571,37 @@ pub(super) mod tests {
     #[test]
     fn no_jobs_is_idle() {
         assert_eq!(next_step(&[], &[], None, 0), JobStep::Idle);
+    }
+
+    #[test]
+    fn a_pod_receives_its_grant_through_the_downward_api_only() {
+        let spec = |value: serde_json::Value| -> PodSpec { serde_json::from_value(value).unwrap() };
+        let env = |path: &str| {
+            spec(serde_json::json!({ "containers": [{ "name": "work", "env": [
+                { "name": "REDLOCK_GRANTED_TOKEN", "valueFrom": { "fieldRef": { "fieldPath": path } } },
+            ] }] }))
+        };
+        assert!(receives_grant(&env(
+            "metadata.annotations['redlock.io/fencing-token']"
+        )));
+        assert!(!receives_grant(&env("metadata.annotations['redlock.io/permit']")));
+        assert!(!receives_grant(&env("metadata.name")));
+        assert!(!receives_grant(&spec(
+            serde_json::json!({ "containers": [{ "name": "work" }] })
+        )));
+        let volume = spec(serde_json::json!({
+            "containers": [{ "name": "work" }],
+            "volumes": [{ "name": "grant", "downwardAPI": { "items": [
+                { "path": "annotations", "fieldRef": { "fieldPath": "metadata.annotations" } },
+            ] } }],
+        }));
+        assert!(receives_grant(&volume));
+        let projected = spec(serde_json::json!({
+            "containers": [{ "name": "work" }],
+            "volumes": [{ "name": "grant", "projected": { "sources": [{ "downwardAPI": { "items": [
+                { "path": "token", "fieldRef": { "fieldPath": "metadata.annotations['redlock.io/fencing-token']" } },
+            ] } }] } }],
+        }));
+        assert!(receives_grant(&projected));
     }
 }

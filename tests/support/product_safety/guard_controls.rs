@@ -1,0 +1,109 @@
+//! The guard's negative controls (issue 29), each with its clean twin:
+//! - `unguarded-jobs`: Job pods that run their work without the guard, through a failover longer than the TTL.
+//!   No replica can suspend the Job while its lock lapses, so its pod runs on past the validity it was shown,
+//!   and a `lock` process outside Kubernetes takes the key beside it. The twin runs the same with the guard,
+//!   which stops the work on its own clock before that validity ends.
+//! - `report-before-stop`: a guard that reports its work stopped as soon as it passes the stop on, while the work
+//!   still runs. The operator releases the key on the word, and a `lock` process takes it beside the work. The
+//!   twin reports once the work has exited, as `guard` does.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::checker::Report;
+use super::controls::{Outcome, base, held, overlapped};
+use super::guard::Reports;
+use super::nemesis::{Forced, force};
+use super::{Scenario, World, guard_default_margin};
+
+/// Both twins: without the guard (caught) and with it (passes).
+#[allow(dead_code)] // Only the bench (benches/operator_safety.rs) runs both twins; the test runs them apart.
+pub async fn unguarded_jobs(seed: u64) -> Outcome {
+    Outcome {
+        name: "unguarded-jobs",
+        broken: failover_run(seed, false).await,
+        clean: Some(failover_run(seed, true).await),
+    }
+}
+
+/// One cluster of two replicas, a Job lock whose Jobs run long and a `lock` process on its key; while a Job
+/// holds it, no replica is active for twice the TTL (the active one killed, the other stopped). Repeated (at
+/// most three times) until the checker has an overlap to show.
+pub async fn failover_run(seed: u64, guarded: bool) -> Report {
+    let mut world = World::start(Scenario {
+        replicas: 2,
+        job_locks: 1,
+        job_guard: guarded.then(guard_default_margin),
+        outside_clients: 1,
+        churn_keys: 1,
+        ..base(seed, None)
+    })
+    .await;
+    let from = Instant::now();
+    for _ in 0..3 {
+        held(&world, 0, "jobs-0").await;
+        // The Job's pod runs by then, however slow the machine: it was created when the Job was granted.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        force(&mut world, Forced::LongFailover).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        if overlapped(&world) {
+            break;
+        }
+    }
+    world.finish(from).await
+}
+
+/// Both twins of `report-before-stop`: reported before the work exited (caught) and after (passes).
+#[allow(dead_code)] // Only the bench (benches/operator_safety.rs) runs both twins; the test runs them apart.
+pub async fn report_before_stop(seed: u64) -> Outcome {
+    Outcome {
+        name: "report-before-stop",
+        broken: deletion_run(seed, Reports::BeforeTheWorkStopped).await,
+        clean: Some(deletion_run(seed, Reports::AfterTheWorkStopped).await),
+    }
+}
+
+/// The TTL of [`deletion_run`]'s lock: long enough that what status shows of the validity (at least 4 s) stays
+/// above the guard's margin below.
+const DELETION_TTL: Duration = Duration::from_secs(12);
+/// Its guards' margin: once status stops showing the grant they SIGKILL the work half of it later, which bounds
+/// how long a report sent too early can leave the work running beside the next holder.
+const DELETION_GUARD_MARGIN: Duration = Duration::from_secs(3);
+
+/// One cluster, a Job lock whose Jobs run long (their work takes 8 s to exit after SIGTERM, their pods have 20 s
+/// of grace) and two `lock` processes on its key. While a Job holds the lock, the lock is deleted: the operator
+/// suspends the Job and gives its grant up, and the pod's guard stops the work and reports, as `reports` says;
+/// the `lock` processes take the key once it is released.
+/// Repeated (at most four times) until the checker has an overlap to show.
+pub async fn deletion_run(seed: u64, reports: Reports) -> Report {
+    let world = World::start(Scenario {
+        job_locks: 1,
+        ttl: DELETION_TTL,
+        job_guard: Some(DELETION_GUARD_MARGIN),
+        guard_reports: reports,
+        work_stop_delay: Duration::from_secs(8),
+        job_grace_seconds: 20,
+        outside_clients: 2,
+        churn_keys: 1,
+        ..base(seed, None)
+    })
+    .await;
+    let from = Instant::now();
+    for _ in 0..4 {
+        held(&world, 0, "jobs-0").await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Created again only a while after it went: the `lock` processes, not its next Job, take the key.
+        world
+            .recorder
+            .nemesis("jobs-0 deleted while its Job runs, created again 10s after it went".into());
+        let side = &world.sides[0];
+        side.jobs[0]
+            .recreate(&side.cluster, Duration::from_secs(10))
+            .await;
+        if overlapped(&world) {
+            break;
+        }
+    }
+    world.finish(from).await
+}
