@@ -415,3 +415,37 @@ fn a_master_quarantined_at_the_earlier_grant_counts_as_not_knowing_its_token() {
     assert!(checked.token_regressions.is_empty(), "{checked}");
     assert_eq!(checked.forgotten_token_regressions.len(), 1);
 }
+
+#[test]
+fn the_operators_fences_are_read_from_its_log_lines() {
+    use product_safety::fences::{Fence, Fences, parse};
+    let log = "\
+2026-11-27T01:00:00.100Z  WARN reconcile{lock=ns/a}:permit{permit=2}: lock lost reason=the lock could not be extended in time (3 of 5 masters x=1) looked_at_after_fence_time_ms=12 fence_write_ms=310 validity_left_ms=278
+2026-11-27T01:00:00.200Z  WARN reconcile{lock=ns/b}: lock lost reason=taken over
+2026-11-27T01:00:00.300Z  INFO reconcile{lock=ns/c}: acquired validity_left_ms=5
+2026-11-27T01:00:00.400Z  WARN reconcile{lock=ns/d}: lock lost reason=gone looked_at_after_fence_time_ms=-800 fence_write_ms=900 validity_left_ms=-70
+";
+    let fences = Fences(parse(log));
+    assert_eq!(
+        fences.0,
+        [
+            Fence {
+                looked_at_after_fence_time_ms: 12,
+                fence_write_ms: 310,
+                validity_left_ms: 278
+            },
+            Fence {
+                looked_at_after_fence_time_ms: -800,
+                fence_write_ms: 900,
+                validity_left_ms: -70
+            },
+        ]
+    );
+    assert_eq!(fences.closest().map(|fence| fence.validity_left_ms), Some(-70));
+    let shown = fences.to_string();
+    assert!(
+        shown.starts_with("operator fences: 2 (validity left when written: min -70 p50 -70 ms"),
+        "{shown}"
+    );
+    assert_eq!(Fences::default().to_string(), "operator fences: none logged");
+}

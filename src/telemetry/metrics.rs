@@ -59,6 +59,8 @@ pub struct Metrics {
     pub extensions: Counter,
     pub locks_held: Gauge,
     pub locks_lost: Counter,
+    /// How much of a lost lock's validity was left when its holder's fence was written.
+    pub fence_validity_left_seconds: Histogram,
     /// Locks left alone because another installation keeps them, each counted once per process.
     pub foreign_locks: Counter,
     pub master_state: Family<MasterLabels, Gauge>,
@@ -89,6 +91,9 @@ impl Default for Metrics {
         let extensions = Counter::default();
         let locks_held = Gauge::default();
         let locks_lost = Counter::default();
+        // 0 counts the fences written after the validity ended; the fence margin is a fifth of the TTL by default.
+        let fence_validity_left_seconds =
+            Histogram::new([0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]);
         let foreign_locks = Counter::default();
         let master_state = Family::<MasterLabels, Gauge>::default();
         let quorum_masters_configured = Family::<QuorumLabels, Gauge>::default();
@@ -123,6 +128,11 @@ impl Default for Metrics {
             "locks_lost",
             "Locks that could not be extended in time or were taken over",
             locks_lost.clone(),
+        );
+        registry.register(
+            "fence_validity_left_seconds",
+            "How much of a lost lock's validity was left when the operator's fence of its holder was written (its Job suspended, its leader label removed); 0 when it was written after the validity ended. Holders that run under elect or guard stop on their own clock, margin before the validity they were shown ends",
+            fence_validity_left_seconds.clone(),
         );
         registry.register(
             "foreign_locks",
@@ -188,6 +198,7 @@ impl Default for Metrics {
             extensions,
             locks_held,
             locks_lost,
+            fence_validity_left_seconds,
             foreign_locks,
             master_state,
             quorum_masters_configured,

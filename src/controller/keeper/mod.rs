@@ -258,6 +258,7 @@ impl Keeper {
         let fenced = self.table().signal_fenced(now);
         self.metrics.locks_lost.inc_by(fenced.len() as u64);
         for permit in fenced {
+            tracing::debug!(lock = %permit.lock, permit = permit.permit, "fence time reached: the reconciler is woken");
             self.wake(permit.lock);
         }
         let (due, lags) = self.table().take_due(now);
@@ -330,6 +331,7 @@ impl Keeper {
         self.metrics.extensions.inc_by(applied.extended);
         self.metrics.locks_lost.inc_by(applied.lost);
         for permit in applied.wake {
+            tracing::debug!(lock = %permit.lock, permit = permit.permit, "after an extension round: the reconciler is woken");
             self.wake(permit.lock);
         }
     }

@@ -47,6 +47,7 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         tracing::debug!(lock = %lref, "standby: not reconciling");
         return Ok(Action::await_change());
     }
+    tracing::debug!(lock = %lref, "reconciling");
     if !ctx.caches_synced() {
         // A Job or pod missing from a cache that has not received its first list is not gone: deciding on it
         // would release a running Job's lock and suspend the Job (seen on a real cluster after a restart).

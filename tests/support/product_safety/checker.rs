@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::fences::Fences;
 use super::permits::{Bounds, excess_holders, most_at_once, per_key};
 use super::protected::{StaleWrite, stale_writes_accepted};
 use super::recorder::Recorder;
@@ -46,6 +47,8 @@ pub struct Report {
     /// The faults the scenario forced at fixed points, as the nemesis recorded them.
     pub forced: Vec<String>,
     pub longest_unavailable: Duration,
+    /// The operator's fences of lost locks, from its replicas' logs (filled in once the run is over).
+    pub fences: Fences,
 }
 
 impl Report {
@@ -145,6 +148,7 @@ pub fn check(
             to,
             &recorder.excused(),
         ),
+        fences: Fences::default(),
     }
 }
 
@@ -165,6 +169,7 @@ impl fmt::Display for Report {
             self.writes_refused,
             self.forgotten_token_regressions.len(),
         )?;
+        write!(f, "\n  {}", self.fences)?;
         for (key, count) in &self.transitions {
             write!(f, "\n  {key}: {count} transitions")?;
         }

@@ -11,6 +11,7 @@
 pub mod checker;
 pub mod cluster;
 pub mod controls;
+pub mod fences;
 #[allow(dead_code)] // Run by the test (tests/operator_safety.rs) only; the bench includes this module too.
 pub mod findings;
 pub mod follow;
@@ -598,6 +599,14 @@ impl World {
             (from, to),
             &self.bounds(),
             (self.masters.len(), quarantine(self.scenario.ttl)),
+        );
+        let mut report = report;
+        report.fences = fences::Fences(
+            self.sides
+                .iter()
+                .flat_map(|side| &side.replicas)
+                .flat_map(|replica| fences::parse(&replica.log()))
+                .collect(),
         );
         let verbose = std::env::var_os("REDLOCK_SAFETY_LOG").is_some();
         if !report.is_safe() || verbose {

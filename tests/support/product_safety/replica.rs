@@ -128,9 +128,14 @@ impl Replica {
         self.stopped = false;
     }
 
+    /// The replica's whole log (empty when it cannot be read).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     /// The end of the replica's log, to explain a finding.
     pub fn log_tail(&self, lines: usize) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let text = self.log();
         let all: Vec<&str> = text.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use rand::Rng;
+use tokio::time::Instant;
 
 use super::handover::{give_up, give_up_kept, rebuilt};
 use super::holding::{show_held, take_back};
@@ -36,12 +37,24 @@ pub async fn report_lost(
     // A Job is fenced by the name its turn gives.
     let kept = ctx.keeper.view(target.permit_ref());
     let token = kept.as_ref().map_or(0, |held| held.token);
+    let timing = kept
+        .as_ref()
+        .map(|held| FenceTiming::start(held.lease.valid_until(), target.keep.fence_margin));
     let fenced = match (target.policy, &kept) {
         (Policy::Jobs(_), _) | (_, None) => holder.to_owned(),
         (_, Some(held)) => held.lease.holder().to_owned(),
     };
     let mut gave_up = None;
-    match target.policy.before_lost(ctx, &fenced, token, reason).await? {
+    let keys_after = target.policy.before_lost(ctx, &fenced, token, reason).await?;
+    // The holder is fenced (its Job suspended, its label removed): how much of its validity was left then is
+    // what the fence margin is for.
+    let timing = timing.map(|timing| timing.fenced(Instant::now()));
+    if let Some(timing) = &timing {
+        ctx.metrics
+            .fence_validity_left_seconds
+            .observe(timing.validity_left.as_secs_f64());
+    }
+    match keys_after {
         KeysAfterLoss::ReleaseAfterShownValidity => {
             let policy = Some(target.policy);
             gave_up = give_up_kept(ctx, target.lock, target.permit_ref(), policy).await?;
@@ -73,7 +86,16 @@ pub async fn report_lost(
     })
     .await?;
     if written {
-        tracing::warn!(%reason, "lock lost");
+        match timing {
+            Some(timing) => tracing::warn!(
+                %reason,
+                looked_at_after_fence_time_ms = timing.looked_at_after_fence_time_ms,
+                fence_write_ms = timing.fence_write_ms,
+                validity_left_ms = timing.validity_left_ms,
+                "lock lost"
+            ),
+            None => tracing::warn!(%reason, "lock lost"),
+        }
         target.publish(ctx, EventType::Warning, "Lost", message).await;
     }
     Ok(Action::requeue(contended_retry(
@@ -124,4 +146,89 @@ pub async fn requeue(target: &Target<'_>, ctx: &Context, job: &str, token: i64) 
         jobs.requeue_or_mark_stale(ctx, job, token).await?;
     }
     Ok(Action::requeue(Duration::from_millis(10)))
+}
+
+/// Where the time between a lost lock's fence time and its holder's fence went: the keeper's signal and the wait
+/// for the reconciler, then the fence's own writes. Logged with the loss and the remaining validity measured, so
+/// that a fence that used up its margin says which step took it.
+struct FenceTiming {
+    valid_until: Instant,
+    fence_time: Instant,
+    looked_at: Instant,
+}
+
+/// A fence as measured once written; the millisecond figures are signed (negative: before the fence time, or
+/// after the validity ended).
+struct Fenced {
+    looked_at_after_fence_time_ms: i64,
+    fence_write_ms: i64,
+    validity_left_ms: i64,
+    /// Zero when the fence was written after the validity ended.
+    validity_left: Duration,
+}
+
+impl FenceTiming {
+    fn start(valid_until: Instant, fence_margin: Duration) -> Self {
+        Self {
+            valid_until,
+            fence_time: valid_until.checked_sub(fence_margin).unwrap_or(valid_until),
+            looked_at: Instant::now(),
+        }
+    }
+
+    fn fenced(&self, at: Instant) -> Fenced {
+        Fenced {
+            looked_at_after_fence_time_ms: signed_millis(self.fence_time, self.looked_at),
+            fence_write_ms: signed_millis(self.looked_at, at),
+            validity_left_ms: signed_millis(at, self.valid_until),
+            validity_left: self.valid_until.saturating_duration_since(at),
+        }
+    }
+}
+
+/// `to - from` in milliseconds, negative when `to` comes first; saturating far beyond any lease.
+fn signed_millis(from: Instant, to: Instant) -> i64 {
+    let millis = |duration: Duration| i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
+    if to >= from {
+        millis(to - from)
+    } else {
+        -millis(from - to)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fence_says_how_late_it_was_looked_at_how_long_its_writes_took_and_what_validity_was_left() {
+        let valid_until = Instant::now() + Duration::from_secs(3);
+        let margin = Duration::from_millis(600);
+        // Looked at 100 ms after the fence time; the writes take 300 ms.
+        tokio::time::advance(Duration::from_millis(2_500)).await;
+        let timing = FenceTiming::start(valid_until, margin);
+        let fenced = timing.fenced(Instant::now() + Duration::from_millis(300));
+        assert_eq!(fenced.looked_at_after_fence_time_ms, 100);
+        assert_eq!(fenced.fence_write_ms, 300);
+        assert_eq!(fenced.validity_left_ms, 200);
+        assert_eq!(fenced.validity_left, Duration::from_millis(200));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fence_written_after_the_validity_shows_a_negative_lead_and_no_validity_left() {
+        let valid_until = Instant::now() + Duration::from_secs(1);
+        // Found lost early (taken over), fenced late: before the fence time, written after the validity.
+        let timing = FenceTiming::start(valid_until, Duration::from_millis(200));
+        let fenced = timing.fenced(valid_until + Duration::from_millis(70));
+        assert_eq!(fenced.looked_at_after_fence_time_ms, -800);
+        assert_eq!(fenced.validity_left_ms, -70);
+        assert_eq!(fenced.validity_left, Duration::ZERO);
+    }
+
+    #[test]
+    fn a_margin_longer_than_the_validity_fences_at_once() {
+        let valid_until = Instant::now();
+        let timing = FenceTiming::start(valid_until, Duration::from_secs(u64::MAX / 4));
+        assert!(timing.fence_time <= valid_until);
+    }
 }

@@ -118,9 +118,14 @@ impl Policy {
                 election.unlabel_all_but_kept(ctx).await
             }
             Self::Jobs(jobs) => {
+                let started = tokio::time::Instant::now();
                 jobs.confirm().await?;
+                let confirmed = started.elapsed();
                 jobs.suspend_strays(ctx).await?;
-                jobs.recheck_pods(ctx).await
+                let suspended = started.elapsed();
+                let result = jobs.recheck_pods(ctx).await;
+                tracing::debug!(?confirmed, ?suspended, rechecked = ?started.elapsed(), "prepared");
+                result
             }
         }
     }
