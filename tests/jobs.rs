@@ -623,6 +623,28 @@ async fn an_invalid_edit_keeps_the_running_job_holding_under_the_last_valid_spec
     env.cleanup(&[&quorum]).await;
 }
 
+/// The operator, and the `batch` Job semaphore of `permits` with `ttl` on a new quorum of `masters` whose `maxTtl`
+/// is `max_ttl`.
+async fn start_semaphore(
+    (masters, max_ttl): (&RedisCluster, &str),
+    env: &Env,
+    seed: u8,
+    ttl: &str,
+    permits: usize,
+) -> (String, Running, CancellationToken) {
+    let quorum = env.unique("q");
+    env.create_quorum(&quorum, &masters.urls(), max_ttl).await;
+    let (running, shutdown) = operator(env, &installation_secret(seed), None).await;
+    quorum_available(env, &quorum).await;
+    env.create_lock_from(serde_json::json!({
+        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+        "metadata": { "name": "batch" },
+        "spec": { "quorum": quorum, "ttl": ttl, "permits": permits, "holder": { "jobs": {} } }
+    }))
+    .await;
+    (quorum, running, shutdown)
+}
+
 /// A Job of a semaphore's queue: its name, whether it finished, whether it may run, and the grant its pod
 /// template shows (permit, token).
 type SemaphoreJob = (String, bool, bool, Option<(u32, i64)>);
@@ -697,16 +719,7 @@ async fn a_job_semaphore_runs_its_queue_at_most_permits_at_a_time_each_with_its_
     for index in 0..JOBS {
         create_job(&env, &format!("job-{index:02}"), None, true, 0, Work::Seconds(2)).await;
     }
-    let quorum = env.unique("q");
-    env.create_quorum(&quorum, &masters.urls(), "6s").await;
-    let (running, shutdown) = operator(&env, &installation_secret(41), None).await;
-    quorum_available(&env, &quorum).await;
-    env.create_lock_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
-        "metadata": { "name": "batch" },
-        "spec": { "quorum": quorum, "ttl": "3s", "permits": PERMITS, "holder": { "jobs": {} } }
-    }))
-    .await;
+    let (quorum, running, shutdown) = start_semaphore((&masters, "6s"), &env, 41, "3s", PERMITS).await;
     // Every grant seen, in the order seen: (permit, token) per Job.
     let mut granted: Vec<(String, u32, i64)> = Vec::new();
     let mut most_at_once = 0;
@@ -788,16 +801,7 @@ async fn a_job_semaphore_lowered_under_its_jobs_lets_them_finish_and_then_runs_o
     for name in ["next-0", "next-1"] {
         create_job(&env, name, None, true, 0, Work::Seconds(1)).await;
     }
-    let quorum = env.unique("q");
-    env.create_quorum(&quorum, &masters.urls(), "6s").await;
-    let (running, shutdown) = operator(&env, &installation_secret(43), None).await;
-    quorum_available(&env, &quorum).await;
-    env.create_lock_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
-        "metadata": { "name": "batch" },
-        "spec": { "quorum": quorum, "ttl": "3s", "permits": 3, "holder": { "jobs": {} } }
-    }))
-    .await;
+    let (quorum, running, shutdown) = start_semaphore((&masters, "6s"), &env, 43, "3s", 3).await;
     lock_where(&env, "batch", "3/3 held", |lock| {
         lock.status.as_ref().and_then(|status| status.held.as_deref()) == Some("3/3")
     })
@@ -1109,6 +1113,90 @@ async fn deleting_a_job_lock_suspends_its_running_job_before_the_key_is_released
         !job_state(&env, "second").await.0,
         "a waiting Job stays suspended"
     );
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
+
+/// Issue 29's late fence: a Job semaphore's lost permit is fenced without waiting for the reconcile's re-list of
+/// the lock's pods, which it makes whenever a Job is about to be let run (here always: permit 1's key is held
+/// outside Kubernetes, so the second Job's grant is tried again and again). Pod lists are made slower than the
+/// TTL (the test server's `slow_lists`; a real API server listing a large resource); the cluster is then cut
+/// from a majority of masters, and the Job on permit 0 must be suspended before the validity status showed it
+/// ends. Before the fix the fence waited for the list in flight, and then for its own. Needs the test server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_permit_is_fenced_without_waiting_for_a_slow_pod_list() {
+    const SLOW_LIST: Duration = Duration::from_secs(15);
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let Some(server) = env.server.as_ref() else {
+        eprintln!("skipped on a real cluster: its pod lists cannot be slowed down on demand");
+        return;
+    };
+    let _runtime = job_runtime(&env);
+    create_job(&env, "a", None, true, 0, Work::Seconds(600)).await;
+    create_job(&env, "c", None, true, 0, Work::Seconds(600)).await;
+    let outsider = format!("permit:1:{}/batch", env.namespace);
+    for master in masters.urls() {
+        let mut conn = redis_connection(&master).await;
+        let _: () = redis::cmd("SET")
+            .arg(&outsider)
+            .arg("held-outside-kubernetes")
+            .arg("PX")
+            .arg(600_000)
+            .query_async(&mut conn)
+            .await
+            .expect("hold permit 1's key");
+    }
+    let (quorum, running, shutdown) = start_semaphore((&masters, "10s"), &env, 47, "10s", 2).await;
+    let holder = eventually("a Job running on permit 0", || async {
+        semaphore_grants(&env)
+            .await
+            .into_iter()
+            .find(|(_, done, runs, grant)| *runs && !done && matches!(grant, Some((0, _))))
+            .map(|(job, ..)| job)
+    })
+    .await;
+
+    let lists_before = server.request_count("list", "pods");
+    server.slow_lists("pods", SLOW_LIST);
+    eventually("a reconcile re-listing the lock's pods", || async {
+        (server.request_count("list", "pods") > lists_before).then_some(())
+    })
+    .await;
+    let urls = masters.urls();
+    lock_out(&urls[0]).await;
+    lock_out(&urls[1]).await;
+    let mut valid_until = None;
+    let suspended_at = loop {
+        let lock = env.locks().get("batch").await.expect("lock");
+        let shown = lock
+            .status
+            .as_ref()
+            .and_then(|status| {
+                status
+                    .holders
+                    .iter()
+                    .find(|held| held.permit == 0 && held.holder == holder)
+            })
+            .and_then(|held| held.valid_until.clone())
+            .map(|until| until.0);
+        if shown.is_some() {
+            valid_until = shown;
+        }
+        let now = k8s_openapi::jiff::Timestamp::now();
+        if !job_state(&env, &holder).await.0 {
+            break now;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let valid_until = valid_until.expect("a validity was shown");
+    assert!(
+        suspended_at < valid_until,
+        "{holder} suspended at {suspended_at}, after the validity shown to it ({valid_until})"
+    );
+    server.slow_lists("pods", Duration::ZERO);
+    let_in(&urls[0]).await;
+    let_in(&urls[1]).await;
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }

@@ -35,6 +35,9 @@ pub struct Keeper {
     /// Keys given up and waiting for the validity shown to their holder to end before they are released.
     retiring: Mutex<HashMap<PermitRef, Retiring>>,
     batch_done: Notify,
+    /// Notified whenever a held lock is found lost, so that a reconcile busy reading the API server can stop and
+    /// fence first.
+    losses: Notify,
     wake_reconciler: mpsc::UnboundedSender<LockRef>,
     metrics: Arc<Metrics>,
     /// Lock values are shared with the other replicas: a successor can stop this replica's extensions by
@@ -63,6 +66,7 @@ impl Keeper {
             tokens: Mutex::new(HashMap::new()),
             retiring: Mutex::new(HashMap::new()),
             batch_done: Notify::new(),
+            losses: Notify::new(),
             wake_reconciler,
             metrics,
             extend_when_unconfirmed,
@@ -120,6 +124,12 @@ impl Keeper {
     /// Whether the lock is held here and found lost (taken over, or not extended in time).
     pub fn is_lost(&self, lock: &PermitRef) -> bool {
         self.table().is_lost(lock)
+    }
+
+    /// Completes at the next loss of any held lock found after this call (its creation, not its first poll,
+    /// starts the watch: take it before looking at `is_lost`, so that a loss in between is not missed).
+    pub fn loss_found(&self) -> tokio::sync::futures::Notified<'_> {
+        self.losses.notified()
     }
 
     /// Records that status now shows the validity ending at `valid_until`.
@@ -257,6 +267,9 @@ impl Keeper {
         let now = Instant::now();
         let fenced = self.table().signal_fenced(now);
         self.metrics.locks_lost.inc_by(fenced.len() as u64);
+        if !fenced.is_empty() {
+            self.losses.notify_waiters();
+        }
         for permit in fenced {
             tracing::debug!(lock = %permit.lock, permit = permit.permit, "fence time reached: the reconciler is woken");
             self.wake(permit.lock);
@@ -330,6 +343,9 @@ impl Keeper {
     fn report(&self, applied: Applied) {
         self.metrics.extensions.inc_by(applied.extended);
         self.metrics.locks_lost.inc_by(applied.lost);
+        if applied.lost > 0 {
+            self.losses.notify_waiters();
+        }
         for permit in applied.wake {
             tracing::debug!(lock = %permit.lock, permit = permit.permit, "after an extension round: the reconciler is woken");
             self.wake(permit.lock);

@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
+use std::time::Duration;
 
 use super::Shared;
 use super::errors::ApiError;
@@ -21,6 +22,8 @@ pub(super) struct Control {
     counts: HashMap<(&'static str, String), u64>,
     /// (API group, resource[/status], verb) the operator's client asked for.
     operator_requests: HashSet<(&'static str, String, &'static str)>,
+    /// Lists of these resources (plural) answered this much later, from now on (besides the realistic mode's).
+    slow_lists: HashMap<String, Duration>,
 }
 
 /// Marks the operator's own client in the end-to-end tests: its requests are recorded.
@@ -44,6 +47,14 @@ impl Control {
             code,
             remaining: count,
         });
+    }
+
+    pub fn slow_lists(&mut self, plural: &str, delay: Duration) {
+        self.slow_lists.insert(plural.to_owned(), delay);
+    }
+
+    pub fn list_delay(&self, plural: &str) -> Duration {
+        self.slow_lists.get(plural).copied().unwrap_or_default()
     }
 
     pub fn count_of(&self, verb: &str, resource: &str) -> u64 {

@@ -241,6 +241,12 @@ impl TestApiServer {
         self.shared.control().add_fault(verb, plural, code, count);
     }
 
+    /// From now on, lists of `plural` (other than the simulated controllers') are answered `delay` later, showing
+    /// the state as of the request: an API server slow to list a large resource.
+    pub fn slow_lists(&self, plural: &str, delay: Duration) {
+        self.shared.control().slow_lists(plural, delay);
+    }
+
     /// While down, every request gets 503 and every open watch is ended (an API server that answers but
     /// cannot serve: its storage is unavailable).
     pub fn set_down(&self, down: bool) {

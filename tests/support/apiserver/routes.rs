@@ -222,7 +222,8 @@ pub(super) async fn handle(AxumState(shared): AxumState<Arc<Shared>>, request: R
     let reply = shared.serve(verb, &route, &query, content_type, &body);
     // A slow list shows the state as of the request, so its answer is held after it was taken.
     if verb == "list" && query.get("continue").is_none_or(str::is_empty) && !synced_controller {
-        pause(shared.realism.list_delay(route.kind.plural)).await;
+        let slowed = shared.control().list_delay(route.kind.plural);
+        pause(shared.realism.list_delay(route.kind.plural).max(slowed)).await;
     }
     match reply {
         // Reads as `kubectl get` asks for them: a Table, when it can be made (table.rs).
