@@ -376,6 +376,7 @@ async fn core(cluster: &RedisCluster, run: &str) -> Result<Core, BoxError> {
             let floor = if round % 2 == 0 { last_token } else { 0 };
             let options = AcquireOptions {
                 token_floor: floor,
+                fair: false,
                 ..AcquireOptions::default()
             };
             let started = Instant::now();

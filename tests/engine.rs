@@ -60,6 +60,7 @@ fn once() -> AcquireOptions {
         attempts: Some(1),
         deadline: None,
         token_floor: 0,
+        fair: false,
     }
 }
 
@@ -169,6 +170,7 @@ async fn acquire_extend_release_and_contention() {
                 attempts: None,
                 deadline: Some(Instant::now() + Duration::from_secs(30)),
                 token_floor: 0,
+                fair: false,
             },
         )
         .await
@@ -352,6 +354,7 @@ async fn sixteen_tasks_on_one_key_never_overlap() {
                     attempts: None,
                     deadline: Some(stop_at),
                     token_floor: 0,
+                    fair: false,
                 };
                 let Ok(lease) = engine
                     .acquire("shared", ttl, &format!("task-{task}"), options)
@@ -448,6 +451,7 @@ async fn restarted_masters_are_quarantined_even_for_a_fresh_client() {
         attempts: None,
         deadline: Some(Instant::now() + Duration::from_secs(60)),
         token_floor: 0,
+        fair: false,
     };
     let lease = fresh
         .acquire("payments", ttl, "fresh", options)
@@ -733,6 +737,7 @@ async fn a_majority_connection_starts_work_without_the_hung_masters() {
         attempts: None,
         deadline: Some(Instant::now() + Duration::from_secs(30)),
         token_floor: 0,
+        fair: false,
     };
     let lease = engine
         .acquire("hung-minority", ttl, "a", patiently)

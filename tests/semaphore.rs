@@ -33,6 +33,7 @@ fn once() -> AcquireOptions {
         attempts: Some(1),
         deadline: None,
         token_floor: 0,
+        fair: false,
     }
 }
 

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::exit_code;
 use super::supervise::{Child, Ended};
+use super::wait_progress::WaitProgress;
 use crate::redlock::{
     AcquireError, AcquireOptions, Endpoint, FailureKind, KeepPolicy, MAX_PERMITS, OperationReport, Redlock,
     RedlockConfig, kill_grace, shortest_ttl, with_credentials,
@@ -41,7 +42,9 @@ pub struct LockArgs {
     /// Lock time to live; the lock is extended while the command runs.
     #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = crate::duration::parse)]
     pub ttl: Duration,
-    /// How long to keep trying to acquire; 0 = a single attempt.
+    /// How long to keep trying to acquire; 0 = a single attempt. A waiting command joins the key's fair queue:
+    /// the key goes to the waiters in the order they asked (see the README); a single attempt is refused while
+    /// anyone waits.
     #[arg(long, default_value = "0s", value_name = "DURATION", value_parser = crate::duration::parse)]
     pub wait: Duration,
     /// The longest TTL any client of these masters uses; a master restarted less than this ago does not vote.
@@ -76,6 +79,10 @@ pub struct LockArgs {
     /// Print per-master outcomes on stderr.
     #[arg(short, long)]
     pub verbose: bool,
+    /// Print nothing on stderr while waiting (by default: the place in the queue and the holder, at a steady
+    /// pace).
+    #[arg(short, long)]
+    pub quiet: bool,
     /// The lock's name, the same for every process that must not run at the same time.
     pub resource: String,
     /// The command to run, after `--`.
@@ -174,10 +181,20 @@ async fn hold(
         attempts: (args.wait.is_zero()).then_some(1),
         deadline: Some(deadline),
         token_floor: 0,
+        fair: !args.wait.is_zero(),
     };
+    let mut progress = WaitProgress::new(&args.resource, args.quiet);
     let acquired = engine
-        .acquire_permit(&args.resource, args.permits, args.ttl, holder, options)
+        .acquire_permit_reporting(
+            &args.resource,
+            args.permits,
+            args.ttl,
+            holder,
+            options,
+            |refused| progress.refused(refused),
+        )
         .await;
+    progress.finish();
     let lease = match acquired {
         Ok(lease) => lease,
         Err(err) => {

@@ -18,6 +18,7 @@ pub mod report;
 pub mod run;
 mod supervise;
 pub mod term;
+mod wait_progress;
 
 use clap::{Parser, Subcommand};
 

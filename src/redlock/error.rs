@@ -8,7 +8,8 @@ use super::value::ValueError;
 /// Why an acquisition failed, in the terms a caller acts on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FailureKind {
-    /// Another holder has the key on too many masters.
+    /// Another holder has the key on too many masters, or others wait for it in its fair queue ahead of the
+    /// caller.
     Contended,
     /// Too few masters were reachable (down, timing out or quarantined) to form a majority.
     TooFewMasters,
@@ -19,7 +20,7 @@ pub enum FailureKind {
 impl fmt::Display for FailureKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Self::Contended => "held by another holder",
+            Self::Contended => "taken by others",
             Self::TooFewMasters => "too few masters reachable for a majority",
             Self::ValidityExhausted => "the majority answered too late to leave any validity",
         })
@@ -56,8 +57,17 @@ fn blocker(kind: FailureKind, report: &OperationReport) -> String {
         return quarantine_blocker(report, &outlook);
     }
     let unreachable = report.unreachable_summary();
+    let ahead = report
+        .queue_place()
+        .map_or(0, |place| place.place.saturating_sub(1));
+    let queue = match ahead {
+        0 => String::new(),
+        1 => "; 1 waiter ahead in its fair queue".to_owned(),
+        ahead => format!("; {ahead} waiters ahead in its fair queue"),
+    };
     match report.blocking_holder() {
-        Some(holder) => format!(" (held by {holder})"),
+        Some(holder) => format!(" (held by {holder}{queue})"),
+        None if ahead > 0 => format!(" (free, but {}; a single attempt does not jump it)", &queue[2..]),
         None if !unreachable.is_empty() => format!(" ({unreachable} of {})", report.nodes.len()),
         None => String::new(),
     }

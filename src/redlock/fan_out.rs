@@ -146,7 +146,7 @@ impl Redlock {
                 continue;
             }
             let ready = match op {
-                Op::Release => node.connected(),
+                Op::Release | Op::LeaveQueue { .. } => node.connected(),
                 _ => node.ready(started),
             };
             match ready {

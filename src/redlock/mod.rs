@@ -32,13 +32,13 @@ pub use error::{AcquireError, ExtendError, FailureKind, rounded_wait};
 pub use keeper::{KeepPolicy, KeepState, KeptLock, LossReason, kill_grace};
 pub use lease::Lease;
 pub use node::{NodeHealth, NodeStatus};
-pub use operations::AcquireOptions;
-pub use outcome::{NodeOutcome, NodeReport, OperationReport, QuarantineOutlook};
+pub use operations::{AcquireOptions, QUEUE_KEEP, QUEUE_POLL};
+pub use outcome::{NodeOutcome, NodeReport, OperationReport, QuarantineOutlook, QueuePlace};
 pub use quarantine::quarantine_until;
 pub use quorum::quorum_of;
 pub(crate) use schedule::fence_time;
 pub use schedule::{KeepAction, next_keep_action, shortest_ttl};
-pub use scripts::{MAX_PERMITS, PERMIT_KEY_PREFIX, counter_key, permit_key};
+pub use scripts::{MAX_PERMITS, PERMIT_KEY_PREFIX, counter_key, permit_key, queue_keys};
 
 /// The acquire script, for the engine benchmark's raw baseline of the same script without the engine.
 #[doc(hidden)]

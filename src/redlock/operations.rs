@@ -15,7 +15,7 @@ use super::fan_out::{FanOut, Tail};
 use super::keeper::KeptLock;
 use super::lease::{Holding, Lease, next_token, validity_left};
 use super::outcome::OperationReport;
-use super::rules::{Op, could_grant, extend_outcome, failed_attempt};
+use super::rules::{Op, Waiter, could_grant, extend_outcome, failed_attempt};
 use super::schedule::KeepPolicy;
 use super::scripts::millis;
 use super::value::LockValue;
@@ -30,7 +30,19 @@ pub struct AcquireOptions {
     /// The highest fencing token the caller knows was granted for this key (0 if none): the first proposal
     /// is the next one. The masters' counters raise it further where they know better.
     pub token_floor: i64,
+    /// Wait in the key's fair queue: while the key is held, the attempts ask every [`QUEUE_POLL`] and the key
+    /// goes to the waiters in the order the masters saw them arrive (see `scripts.rs`). Without it an
+    /// acquisition never joins the queue, and is refused while anyone waits in it (it does not jump the queue).
+    pub fair: bool,
 }
+
+/// How often a waiter in a fair queue asks again, which is also how soon it notices the key let go.
+pub const QUEUE_POLL: Duration = Duration::from_millis(200);
+
+/// How long a master keeps a waiter queued without hearing from it: the longest a waiter that died or was cut
+/// off holds up the ones behind it. Ten times [`QUEUE_POLL`], so that a waiter on a busy machine or behind a
+/// slow master does not lose its place.
+pub const QUEUE_KEEP: Duration = Duration::from_secs(2);
 
 /// Proposal rounds in one acquisition attempt: the first, and re-proposals above the counters masters reported.
 /// One re-proposal is enough unless contenders raise the counters at the same time.
@@ -45,24 +57,41 @@ impl Redlock {
         holder: &str,
         options: AcquireOptions,
     ) -> Result<Lease, AcquireError> {
+        self.acquire_reporting(resource, ttl, holder, options, |_| {})
+            .await
+    }
+
+    /// [`Redlock::acquire`], telling `waiting` what each failed attempt found (a fair waiter's place in the queue
+    /// and the holder are in its report) before the pause that follows it.
+    pub async fn acquire_reporting(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        holder: &str,
+        options: AcquireOptions,
+        waiting: impl FnMut(&AcquireError),
+    ) -> Result<Lease, AcquireError> {
         self.inner.config.check_ttl(ttl)?;
-        self.retrying(resource, holder, options, |value, floor| {
-            self.try_acquire(resource, ttl, value, floor)
+        self.retrying(resource, holder, options, waiting, |value, floor, waiter| {
+            self.try_acquire_waiting(resource, ttl, value, floor, waiter)
         })
         .await
     }
 
-    /// The retry loop of an acquisition: `attempt` with a fresh value and the floor known so far, then a random
-    /// pause, as often and as long as `options` and the retry policy allow.
+    /// The retry loop of an acquisition: `attempt` with a fresh value, the floor known so far and, for a fair
+    /// acquisition, the waiter it is in the key's queue, then a pause (random, or [`QUEUE_POLL`] while queued),
+    /// as often and as long as `options` and the retry policy allow. `waiting` hears of each failed attempt
+    /// that is followed by another.
     pub(super) async fn retrying<F, Fut>(
         &self,
         resource: &str,
         holder: &str,
         options: AcquireOptions,
+        mut waiting: impl FnMut(&AcquireError),
         mut attempt: F,
     ) -> Result<Lease, AcquireError>
     where
-        F: FnMut(LockValue, i64) -> Fut,
+        F: FnMut(LockValue, i64, Option<Waiter>) -> Fut,
         Fut: std::future::Future<Output = Result<Lease, AcquireError>>,
     {
         let retry = self.inner.config.retry;
@@ -76,11 +105,23 @@ impl Redlock {
             .max(1);
         let mut attempts: u32 = 0;
         let mut floor = options.token_floor;
+        let mut waiter = (options.fair && max_attempts > 1).then(|| Waiter {
+            id: rand::rng().random(),
+            ticket: 0,
+            keep_ms: millis(QUEUE_KEEP),
+        });
+        // A waiter whose masters gave it different tickets asks again at once, once, with the highest: from then
+        // on every master that queued it orders it alike, and anyone arriving later queues behind it.
+        let mut settled_at_once = false;
         loop {
             attempts = attempts.saturating_add(1);
             let value = LockValue::random(holder)?;
-            let error = match attempt(value, floor).await {
-                Ok(lease) => return Ok(lease),
+            let error = match attempt(value.clone(), floor, waiter).await {
+                Ok(lease) => {
+                    // Masters that queued it but did not grant it would keep it first for QUEUE_KEEP.
+                    self.leave_queue_in_background(resource, waiter, value);
+                    return Ok(lease);
+                }
                 Err(AcquireError::NotAcquired { kind, report, .. }) => AcquireError::NotAcquired {
                     resource: resource.to_owned(),
                     attempts,
@@ -90,26 +131,75 @@ impl Redlock {
                 Err(other) => return Err(other),
             };
             if attempts >= max_attempts {
+                self.leave_queue(resource, waiter, value).await;
                 return Err(error);
             }
             // What the masters said their counters are saves the next attempt a refused round.
             if let Some(counter) = error.report().and_then(OperationReport::highest_counter) {
                 floor = floor.max(counter);
             }
-            let pause = if retry.delay_max > retry.delay_min {
-                rand::rng().random_range(retry.delay_min..=retry.delay_max)
-            } else {
-                retry.delay_min
+            let place = error.report().and_then(OperationReport::queue_place);
+            let pause = match (&mut waiter, place) {
+                (Some(waiter), Some(place)) => {
+                    waiter.ticket = waiter.ticket.max(place.ticket);
+                    settled_at_once = !place.settled && !settled_at_once;
+                    if settled_at_once {
+                        Duration::ZERO
+                    } else {
+                        QUEUE_POLL
+                    }
+                }
+                (waiter, _) => {
+                    settled_at_once = false;
+                    let pause = if retry.delay_max > retry.delay_min {
+                        rand::rng().random_range(retry.delay_min..=retry.delay_max)
+                    } else {
+                        retry.delay_min
+                    };
+                    // A waiter that pauses longer than the masters keep it loses its place.
+                    if waiter.is_some() {
+                        pause.min(QUEUE_POLL)
+                    } else {
+                        pause
+                    }
+                }
             };
             let now = Instant::now();
             let wake = match options.deadline {
                 // Waiting means trying until the deadline: the last pause ends on it, for one last attempt.
-                Some(deadline) if now >= deadline => return Err(error),
+                Some(deadline) if now >= deadline => {
+                    self.leave_queue(resource, waiter, value).await;
+                    return Err(error);
+                }
                 Some(deadline) => (now + pause).min(deadline),
                 None => now + pause,
             };
+            waiting(&error);
             tokio::time::sleep_until(wake).await;
         }
+    }
+
+    /// Takes `waiter` out of `resource`'s queue on every master, in the background: a waiter that got the key
+    /// would otherwise hold up the ones behind it, once it lets go, until the masters stop keeping it
+    /// ([`QUEUE_KEEP`]).
+    fn leave_queue_in_background(&self, resource: &str, waiter: Option<Waiter>, value: LockValue) {
+        if waiter.is_none() {
+            return;
+        }
+        let engine = self.clone();
+        let resource = resource.to_owned();
+        tokio::spawn(async move { engine.leave_queue(&resource, waiter, value).await });
+    }
+
+    /// Takes `waiter` out of `resource`'s queue, decided at a majority (a waiter that gives up, before its
+    /// caller moves on or exits); the masters still on their way finish in the background, as a release's do.
+    async fn leave_queue(&self, resource: &str, waiter: Option<Waiter>, value: LockValue) {
+        let Some(waiter) = waiter else { return };
+        let resource: Arc<str> = resource.into();
+        let FanOut { pending, .. } = self
+            .fan_out(Op::LeaveQueue { waiter }, &resource, &value, true, None, None)
+            .await;
+        self.finish_in_background(resource, Tail::Deletes, pending);
     }
 
     /// One Redlock acquisition with the given value: an atomic check-and-set script on every eligible master
@@ -126,6 +216,20 @@ impl Redlock {
         value: LockValue,
         token_floor: i64,
     ) -> Result<Lease, AcquireError> {
+        self.try_acquire_waiting(resource, ttl, value, token_floor, None)
+            .await
+    }
+
+    /// [`Redlock::try_acquire`] for `waiter` in the key's fair queue (`None`: a caller that does not wait, which
+    /// the queue refuses while anyone waits in it).
+    pub(super) async fn try_acquire_waiting(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        value: LockValue,
+        token_floor: i64,
+        waiter: Option<Waiter>,
+    ) -> Result<Lease, AcquireError> {
         let config = &self.inner.config;
         config.check_ttl(ttl)?;
         let resource: Arc<str> = resource.into();
@@ -136,7 +240,18 @@ impl Redlock {
         let mut round = 1;
         let fan_out = loop {
             let fan_out = self
-                .fan_out(Op::Acquire { ttl_ms, token }, &resource, &value, true, None, None)
+                .fan_out(
+                    Op::Acquire {
+                        ttl_ms,
+                        token,
+                        waiter,
+                    },
+                    &resource,
+                    &value,
+                    true,
+                    None,
+                    None,
+                )
                 .await;
             // Even with a majority granted, a refusal means some master knows a higher token: propose above it
             // while rounds are left, so that masters that forgot their counters cannot send tokens back.

@@ -18,6 +18,14 @@ pub enum NodeOutcome {
     TokenTooLow {
         counter: i64,
     },
+    /// Acquire: the key's fair queue comes first on this master. `place` counts from 1 (1: first in the queue,
+    /// waiting for `holder` to let go); `ticket` is the waiter's ticket on this master (0 for a caller that does
+    /// not wait and was not queued); `holder` is the key's holder, when there is one and it is a client of ours.
+    Queued {
+        place: u64,
+        ticket: i64,
+        holder: Option<String>,
+    },
     /// Release/extend: the key was not there (already expired or never set on this master).
     NotHeld,
     Timeout,
@@ -51,6 +59,7 @@ impl NodeOutcome {
             Self::Recreated => "recreated",
             Self::HeldByOther { .. } => "held-by-other",
             Self::TokenTooLow { .. } => "token-too-low",
+            Self::Queued { .. } => "queued",
             Self::NotHeld => "not-held",
             Self::Timeout => "timeout",
             Self::Error(_) => "error",
@@ -66,6 +75,7 @@ impl fmt::Display for NodeOutcome {
         match self {
             Self::HeldByOther { holder: Some(holder) } => write!(f, "held by {holder}"),
             Self::TokenTooLow { counter } => write!(f, "token too low (fencing counter at {counter})"),
+            Self::Queued { place, .. } => write!(f, "queued, place {place}"),
             Self::Error(message) | Self::Unavailable(message) => write!(f, "{}: {message}", self.label()),
             Self::Quarantined { remaining } => write!(
                 f,
@@ -79,6 +89,17 @@ impl fmt::Display for NodeOutcome {
 
 fn round_ms(duration: Duration) -> Duration {
     Duration::from_millis(duration.as_millis() as u64)
+}
+
+/// Where a waiter stands in a key's fair queue, from one attempt's report (see [`OperationReport::queue_place`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueuePlace {
+    /// 1: next once the holder lets go.
+    pub place: u64,
+    /// The highest ticket a master gave the waiter (0 for a caller that does not wait).
+    pub ticket: i64,
+    /// Every master that queued the waiter gave it that ticket; if not, the next attempt brings it to them.
+    pub settled: bool,
 }
 
 /// Masters kept out by their restart quarantine, from one operation's report (see
@@ -191,15 +212,48 @@ impl OperationReport {
             .max()
     }
 
+    /// The place in the key's fair queue that a majority of masters gives the caller or a better one (the
+    /// quorum-th smallest of the places reported; the largest when fewer masters answered before the attempt
+    /// was decided), and the highest ticket any master gave it: `None` when no master answered with the queue.
+    pub fn queue_place(&self) -> Option<QueuePlace> {
+        let mut places: Vec<u64> = Vec::new();
+        let mut ticket = 0;
+        for node in &self.nodes {
+            if let NodeOutcome::Queued {
+                place, ticket: given, ..
+            } = node.outcome
+            {
+                places.push(place);
+                ticket = ticket.max(given);
+            }
+        }
+        places.sort_unstable();
+        let place = *places.get(self.quorum.saturating_sub(1)).or(places.last())?;
+        let settled = self.nodes.iter().all(|node| match node.outcome {
+            NodeOutcome::Queued { ticket: given, .. } => given == ticket,
+            _ => true,
+        });
+        Some(QueuePlace {
+            place,
+            ticket,
+            settled,
+        })
+    }
+
     /// The holder most masters that refused us named, to tell a contender who blocks it.
     pub fn blocking_holder(&self) -> Option<String> {
         let mut counts: Vec<(String, usize)> = Vec::new();
         for node in &self.nodes {
-            if let NodeOutcome::HeldByOther { holder: Some(holder) } = &node.outcome {
-                match counts.iter_mut().find(|(known, _)| known == holder) {
-                    Some((_, count)) => *count += 1,
-                    None => counts.push((holder.clone(), 1)),
-                }
+            let (NodeOutcome::HeldByOther { holder: Some(holder) }
+            | NodeOutcome::Queued {
+                holder: Some(holder), ..
+            }) = &node.outcome
+            else {
+                continue;
+            };
+            match counts.iter_mut().find(|(known, _)| known == holder) {
+                Some((_, count)) => *count += 1,
+                None => counts.push((holder.clone(), 1)),
             }
         }
         counts

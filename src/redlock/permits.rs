@@ -120,14 +120,34 @@ impl Redlock {
         holder: &str,
         options: AcquireOptions,
     ) -> Result<Lease, AcquireError> {
+        self.acquire_permit_reporting(key, permits, ttl, holder, options, |_| {})
+            .await
+    }
+
+    /// [`Redlock::acquire_permit`], telling `waiting` what each failed attempt found, as
+    /// [`Redlock::acquire_reporting`] does. Semaphores of more than one permit have no fair queue yet:
+    /// `options.fair` is a single key's.
+    pub async fn acquire_permit_reporting(
+        &self,
+        key: &str,
+        permits: u32,
+        ttl: Duration,
+        holder: &str,
+        options: AcquireOptions,
+        waiting: impl FnMut(&AcquireError),
+    ) -> Result<Lease, AcquireError> {
         check_permits(permits)?;
         if permits == 1 {
-            return self.acquire(key, ttl, holder, options).await;
+            return self.acquire_reporting(key, ttl, holder, options, waiting).await;
         }
         let floors = vec![options.token_floor; permits as usize];
+        let options = AcquireOptions {
+            fair: false,
+            ..options
+        };
         // The retry loop's floor (raised by the counters a failed attempt heard of) is one key's; each permit's
         // own counters raise its proposals within an attempt instead.
-        self.retrying(key, holder, options, |value, _| {
+        self.retrying(key, holder, options, waiting, |value, _, _| {
             let start = rand::rng().random_range(0..permits);
             let floors = &floors;
             async move {

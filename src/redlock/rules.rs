@@ -16,9 +16,20 @@ use super::value::LockValue;
 /// An operation on one key, as the scripts take it.
 #[derive(Clone, Copy)]
 pub(super) enum Op {
-    Acquire { ttl_ms: u64, token: i64 },
-    Extend { ttl_ms: u64, token: i64 },
+    Acquire {
+        ttl_ms: u64,
+        token: i64,
+        waiter: Option<Waiter>,
+    },
+    Extend {
+        ttl_ms: u64,
+        token: i64,
+    },
     Release,
+    /// Takes a waiter out of the key's fair queue (it got the key, or gave up).
+    LeaveQueue {
+        waiter: Waiter,
+    },
 }
 
 impl Op {
@@ -26,9 +37,29 @@ impl Op {
     /// master that answered at all: it deleted our value, or the value was not there (expired, or never set).
     pub(super) fn counts(self, outcome: &NodeOutcome) -> bool {
         match self {
-            Self::Release => matches!(outcome, NodeOutcome::Granted | NodeOutcome::NotHeld),
+            Self::Release | Self::LeaveQueue { .. } => {
+                matches!(outcome, NodeOutcome::Granted | NodeOutcome::NotHeld)
+            }
             Self::Acquire { .. } | Self::Extend { .. } => outcome.is_vote(),
         }
+    }
+}
+
+/// A caller waiting in a key's fair queue, as one attempt tells the masters: who it is (the same in every
+/// attempt of one acquisition), the ticket it holds so far (0 before its first), and how long a master keeps it
+/// queued without hearing from it again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Waiter {
+    pub(super) id: u64,
+    pub(super) ticket: i64,
+    pub(super) keep_ms: u64,
+}
+
+impl Waiter {
+    /// The waiter's name in the queue: fixed width, so that the queue's tie-break (by name, bytewise) is by
+    /// number.
+    pub(super) fn name(&self) -> String {
+        format!("{:016x}", self.id)
     }
 }
 
@@ -110,12 +141,26 @@ pub(super) fn interpret(op: Op, reply: Value) -> NodeOutcome {
                 counter: reported_counter(counter),
             },
             [Value::Int(2), Value::BulkString(raw)] => other(raw),
+            [
+                Value::Int(3),
+                Value::Int(place),
+                holder,
+                Value::BulkString(ticket),
+            ] => NodeOutcome::Queued {
+                place: u64::try_from(*place).unwrap_or(0),
+                ticket: reported_counter(ticket),
+                holder: match holder {
+                    Value::BulkString(raw) => LockValue::holder_of(raw),
+                    _ => None,
+                },
+            },
             unexpected => NodeOutcome::Error(format!("unexpected reply {unexpected:?}")),
         },
         (Op::Extend { .. }, Value::BulkString(raw)) => other(&raw),
         (Op::Extend { .. }, Value::Int(1)) | (Op::Release, Value::Int(1)) => NodeOutcome::Granted,
         (Op::Extend { .. }, Value::Int(2)) => NodeOutcome::Recreated,
         (Op::Release | Op::Extend { .. }, Value::Int(0)) => NodeOutcome::NotHeld,
+        (Op::LeaveQueue { .. }, Value::Int(_)) => NodeOutcome::Granted,
         (_, unexpected) => NodeOutcome::Error(format!("unexpected reply {unexpected:?}")),
     }
 }
@@ -125,7 +170,12 @@ pub(super) fn could_grant(report: &OperationReport) -> bool {
     let held = report
         .nodes
         .iter()
-        .filter(|node| matches!(node.outcome, NodeOutcome::HeldByOther { .. }))
+        .filter(|node| {
+            matches!(
+                node.outcome,
+                NodeOutcome::HeldByOther { .. } | NodeOutcome::Queued { .. }
+            )
+        })
         .count();
     report
         .nodes
@@ -151,8 +201,100 @@ mod tests {
     fn a_refusal_reports_the_counter_it_has() {
         let refused = Value::Array(vec![Value::Int(0), Value::BulkString(b"41".to_vec())]);
         assert_eq!(
-            interpret(Op::Acquire { ttl_ms: 1, token: 1 }, refused),
+            interpret(
+                Op::Acquire {
+                    ttl_ms: 1,
+                    token: 1,
+                    waiter: None
+                },
+                refused
+            ),
             NodeOutcome::TokenTooLow { counter: 41 }
         );
+    }
+
+    fn report(outcomes: Vec<NodeOutcome>) -> OperationReport {
+        OperationReport {
+            quorum: outcomes.len() / 2 + 1,
+            nodes: outcomes
+                .into_iter()
+                .map(|outcome| super::super::outcome::NodeReport {
+                    endpoint: String::new(),
+                    outcome,
+                    latency: None,
+                })
+                .collect(),
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    fn queued(place: u64, ticket: i64) -> NodeOutcome {
+        NodeOutcome::Queued {
+            place,
+            ticket,
+            holder: None,
+        }
+    }
+
+    #[test]
+    fn a_queued_answer_says_place_ticket_and_holder() {
+        let acquire = Op::Acquire {
+            ttl_ms: 1,
+            token: 1,
+            waiter: None,
+        };
+        let reply = |holder: Value| {
+            Value::Array(vec![
+                Value::Int(3),
+                Value::Int(2),
+                holder,
+                Value::BulkString(b"7".to_vec()),
+            ])
+        };
+        assert_eq!(interpret(acquire, reply(Value::Nil)), queued(2, 7));
+        let held = LockValue::random("ci-7").expect("value");
+        assert_eq!(
+            interpret(
+                acquire,
+                reply(Value::BulkString(held.as_str().as_bytes().to_vec()))
+            ),
+            NodeOutcome::Queued {
+                place: 2,
+                ticket: 7,
+                holder: Some("ci-7".to_owned())
+            }
+        );
+    }
+
+    #[test]
+    fn the_place_is_the_one_a_majority_gives_or_better_and_the_ticket_the_highest() {
+        // Five masters: the third smallest place is the one a majority gives.
+        let place = report(vec![
+            queued(4, 9),
+            queued(2, 9),
+            queued(3, 9),
+            NodeOutcome::Timeout,
+            queued(1, 9),
+        ])
+        .queue_place()
+        .expect("queued");
+        assert_eq!((place.place, place.ticket, place.settled), (3, 9, true));
+        // Masters that gave different tickets: the highest, and not settled yet.
+        let place = report(vec![queued(1, 3), queued(1, 4), NodeOutcome::Pending])
+            .queue_place()
+            .expect("queued");
+        assert_eq!((place.place, place.ticket, place.settled), (1, 4, false));
+        // Decided before a majority answered: the largest place heard.
+        let place = report(vec![queued(5, 0), NodeOutcome::Pending, NodeOutcome::Pending])
+            .queue_place()
+            .expect("queued");
+        assert_eq!(place.place, 5);
+        assert_eq!(report(vec![NodeOutcome::Timeout; 3]).queue_place(), None);
+        // A queue counts as contention: no further proposal round is made.
+        assert!(!could_grant(&report(vec![
+            queued(2, 1),
+            queued(2, 1),
+            NodeOutcome::Granted
+        ])));
     }
 }

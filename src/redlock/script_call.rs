@@ -17,23 +17,36 @@ use super::rules::{Op, interpret};
 use super::scripts;
 use super::value::LockValue;
 
-/// The keys one operation touches on every master; the counter's name is made once, not per master.
+/// The keys one operation touches on every master; their names are made once, not per master.
 #[derive(Clone)]
 pub(super) struct Keys {
     resource: Arc<str>,
     /// Empty for a release, which leaves the counter alone.
     counter: Arc<str>,
+    /// The key's fair queue and its waiters' deadlines: an acquisition's only (empty otherwise).
+    queue: Arc<str>,
+    waiting: Arc<str>,
 }
 
 impl Keys {
     pub(super) fn of(op: Op, resource: &Arc<str>) -> Self {
+        let empty = || Arc::<str>::from("");
         let counter = match op {
-            Op::Release => Arc::from(""),
+            Op::Release | Op::LeaveQueue { .. } => empty(),
             Op::Acquire { .. } | Op::Extend { .. } => scripts::counter_key(resource).into(),
+        };
+        let (queue, waiting) = match op {
+            Op::Acquire { .. } | Op::LeaveQueue { .. } => {
+                let (queue, waiting) = scripts::queue_keys(resource);
+                (queue.into(), waiting.into())
+            }
+            Op::Extend { .. } | Op::Release => (empty(), empty()),
         };
         Self {
             resource: resource.clone(),
             counter,
+            queue,
+            waiting,
         }
     }
 }
@@ -48,7 +61,12 @@ impl Redlock {
         index: usize,
         ready: Ready,
         op: Op,
-        Keys { resource, counter }: Keys,
+        Keys {
+            resource,
+            counter,
+            queue,
+            waiting,
+        }: Keys,
         value: LockValue,
     ) -> NodeFuture {
         let node = self.inner.nodes[index].clone();
@@ -59,17 +77,39 @@ impl Redlock {
         Box::pin(async move {
             let started = Instant::now();
             let command = async {
+                let script = match op {
+                    Op::Acquire { .. } => &*scripts::ACQUIRE,
+                    Op::Extend { .. } => &*scripts::EXTEND,
+                    Op::Release => &*scripts::RELEASE_SCRIPT,
+                    Op::LeaveQueue { .. } => &*scripts::LEAVE_QUEUE_SCRIPT,
+                };
+                // EVALSHA built once, straight into the command (the script's invocation helper copies every
+                // argument twice); the text goes out only after a NOSCRIPT.
+                let mut evalsha = redis::cmd("EVALSHA");
+                evalsha.arg(script.get_hash());
                 match op {
-                    Op::Acquire { ttl_ms, token } | Op::Extend { ttl_ms, token } => {
-                        let script = match op {
-                            Op::Acquire { .. } => &*scripts::ACQUIRE,
-                            _ => &*scripts::EXTEND,
-                        };
-                        // EVALSHA built once, straight into the command (the script's invocation helper
-                        // copies every argument twice); the text goes out only after a NOSCRIPT.
-                        let mut evalsha = redis::cmd("EVALSHA");
+                    Op::Acquire {
+                        ttl_ms,
+                        token,
+                        waiter,
+                    } => {
                         evalsha
-                            .arg(script.get_hash())
+                            .arg(4)
+                            .arg(&*resource)
+                            .arg(&*counter)
+                            .arg(&*queue)
+                            .arg(&*waiting)
+                            .arg(value.as_str())
+                            .arg(ttl_ms)
+                            .arg(token)
+                            .arg(retention_ms);
+                        match waiter {
+                            Some(waiter) => evalsha.arg(waiter.name()).arg(waiter.ticket).arg(waiter.keep_ms),
+                            None => evalsha.arg("").arg(0).arg(0),
+                        };
+                    }
+                    Op::Extend { ttl_ms, token } => {
+                        evalsha
                             .arg(2)
                             .arg(&*resource)
                             .arg(&*counter)
@@ -77,30 +117,22 @@ impl Redlock {
                             .arg(ttl_ms)
                             .arg(token)
                             .arg(retention_ms);
-                        match evalsha.query_async::<Value>(&mut conn).await {
-                            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                                // The master lost its script cache (SCRIPT FLUSH, or a restart not noticed
-                                // yet): load the script and run it.
-                                script
-                                    .key(&*resource)
-                                    .key(&*counter)
-                                    .arg(value.as_str())
-                                    .arg(ttl_ms)
-                                    .arg(token)
-                                    .arg(retention_ms)
-                                    .invoke_async::<Value>(&mut conn)
-                                    .await
-                            }
-                            other => other,
-                        }
                     }
                     Op::Release => {
-                        scripts::RELEASE_SCRIPT
-                            .key(&*resource)
-                            .arg(value.as_str())
-                            .invoke_async::<Value>(&mut conn)
-                            .await
+                        evalsha.arg(1).arg(&*resource).arg(value.as_str());
                     }
+                    Op::LeaveQueue { waiter } => {
+                        evalsha.arg(2).arg(&*queue).arg(&*waiting).arg(waiter.name());
+                    }
+                }
+                match evalsha.query_async::<Value>(&mut conn).await {
+                    Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                        // The master lost its script cache (SCRIPT FLUSH, or a restart not noticed yet): load
+                        // the script and run it again.
+                        script.load_async(&mut conn).await?;
+                        evalsha.query_async::<Value>(&mut conn).await
+                    }
+                    other => other,
                 }
             };
             let outcome = match tokio::time::timeout(node.node_timeout(), command).await {

@@ -60,8 +60,80 @@ local function raise(key, token, retention)
 end
 ";
 
+/// The fair queue of a key, run before [`acquire`] decides when KEYS[3] (the queue: waiter → ticket) and KEYS[4]
+/// (the waiters' deadlines: waiter → this master's clock in ms) are given; ARGV[5] the waiter ('' for a caller
+/// that does not wait), ARGV[6] its ticket ('0' before it has one), ARGV[7] how long it stays queued without
+/// asking again, in ms.
+///
+/// Waiters whose deadline passed are dropped first. A waiter joins when the queue is not empty, when it already
+/// has a ticket, or when the key is held by another. A new waiter takes the ticket above the last queued; one
+/// that brings a ticket (the highest its masters gave it) keeps the higher of that and this master's, so that a
+/// master that restarted empty or dropped it while cut off queues it where the others do. The queue is ordered by ticket,
+/// then by waiter (a sorted set's own order, the same on every master). Only the queue's head, or anyone when
+/// the queue is empty, goes on to [`acquire`]'s decision; a head that is granted leaves the queue. Anyone else
+/// is answered {3, place, holder's value or false, ticket}: place counts from 1 (for a caller that does not
+/// wait, the queue's length plus one) and ticket is '0' for such a caller. Nothing here touches the key or its
+/// counter: the queue only ever refuses. Both keys expire with the last waiter's deadline.
+const QUEUE: &str = r"
+local function master_now()
+  -- Writes after TIME need effects replication, the only kind from Redis 7 on (and the default from 5).
+  if redis.replicate_commands then redis.replicate_commands() end
+  local time = redis.call('TIME')
+  return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+end
+local function queue_refusal()
+  if KEYS[3] == nil then return nil end
+  local queue, deadlines, waiter, ticket = KEYS[3], KEYS[4], ARGV[5], ARGV[6]
+  local now
+  local occupied = redis.call('EXISTS', queue) == 1
+  if occupied then
+    now = master_now()
+    local dead = redis.call('ZRANGEBYSCORE', deadlines, '-inf', now)
+    for i = 1, #dead, 1000 do
+      local batch = {unpack(dead, i, math.min(i + 999, #dead))}
+      redis.call('ZREM', queue, unpack(batch))
+      redis.call('ZREM', deadlines, unpack(batch))
+    end
+    occupied = redis.call('EXISTS', queue) == 1
+  end
+  if waiter == '' then
+    if not occupied then return nil end
+    return {3, redis.call('ZCARD', queue) + 1, redis.call('GET', KEYS[1]), '0'}
+  end
+  local held = redis.call('GET', KEYS[1])
+  local free = not held or held == ARGV[1]
+  if not occupied and ticket == '0' and free then return nil end
+  local mine = redis.call('ZSCORE', queue, waiter)
+  local wanted = tonumber(ticket)
+  if mine then
+    wanted = math.max(wanted, tonumber(mine))
+  elseif wanted == 0 then
+    local last = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')
+    wanted = tonumber(last[2] or 0) + 1
+  end
+  now = now or master_now()
+  redis.call('ZADD', queue, wanted, waiter)
+  redis.call('ZADD', deadlines, now + tonumber(ARGV[7]), waiter)
+  local last_deadline = redis.call('ZRANGE', deadlines, -1, -1, 'WITHSCORES')[2]
+  redis.call('PEXPIREAT', queue, last_deadline)
+  redis.call('PEXPIREAT', deadlines, last_deadline)
+  local place = redis.call('ZRANK', queue, waiter) + 1
+  if place > 1 or not free then
+    return {3, place, held, string.format('%d', wanted)}
+  end
+  return nil
+end
+local function leave_queue()
+  if KEYS[3] ~= nil and ARGV[5] ~= '' then
+    redis.call('ZREM', KEYS[3], ARGV[5])
+    redis.call('ZREM', KEYS[4], ARGV[5])
+  end
+end
+";
+
 /// KEYS[1] lock key, KEYS[2] its fencing counter; ARGV[1] our value, ARGV[2] ttl in ms, ARGV[3] the proposed
-/// token, ARGV[4] the counter's retention in ms.
+/// token, ARGV[4] the counter's retention in ms; KEYS[3..4] and ARGV[5..7] the key's fair queue, when given (see
+/// [`QUEUE`]).
 /// Returns 1 (granted: the key holds our value and the counter is the proposal), {0, counter} (refused: the
 /// counter is not below the proposal; nothing changed but the counter's retention) or {2, value} (held by
 /// another value; nothing changed). A key that already holds our value (set by an earlier, refused round of the
@@ -69,8 +141,10 @@ end
 /// Two calls on Redis 7 when granted.
 fn acquire(version: &str) -> String {
     format!(
-        "{version}{BELOW}{}",
+        "{version}{BELOW}{QUEUE}{}",
         r"
+local queued = queue_refusal()
+if queued then return queued end
 local held
 if MODERN then
   held = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
@@ -94,6 +168,7 @@ if counter and not below(counter, ARGV[3]) then
   end
   return {0, counter}
 end
+leave_queue()
 return 1
 "
     )
@@ -230,9 +305,20 @@ return deleted
 pub(crate) static RELEASE_ANY_SCRIPT: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(RELEASE_ANY));
 
+/// KEYS[1] a key's fair queue, KEYS[2] its waiters' deadlines; ARGV[1] the waiter. Returns 1: the waiter is not
+/// queued any more (it got the key, or gave up).
+const LEAVE_QUEUE: &str = r"
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+";
+pub(crate) static LEAVE_QUEUE_SCRIPT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(LEAVE_QUEUE));
+
 /// Every script, for loading them on a new connection.
-pub(crate) fn all() -> [&'static redis::Script; 6] {
+pub(crate) fn all() -> [&'static redis::Script; 7] {
     [
+        &*LEAVE_QUEUE_SCRIPT,
         &*ACQUIRE,
         &*EXTEND,
         &*EXTEND_ONLY_SCRIPT,
@@ -266,13 +352,24 @@ pub const PERMIT_KEY_PREFIX: &str = "permit:";
 /// `{orders}:token`; a key with a `}` but no tag may then land elsewhere, which independent masters, as
 /// Redlock wants them, never notice).
 pub fn counter_key(key: &str) -> String {
+    beside(key, "token")
+}
+
+/// The keys of `key`'s fair queue (waiter → ticket) and of its waiters' deadlines, in the key's hash slot as its
+/// counter is.
+pub fn queue_keys(key: &str) -> (String, String) {
+    (beside(key, "queue"), beside(key, "waiting"))
+}
+
+/// `key`'s companion `suffix` in the same Redis Cluster hash slot (see [`counter_key`]).
+fn beside(key: &str, suffix: &str) -> String {
     let has_tag = key
         .find('{')
         .is_some_and(|open| key[open + 1..].find('}').is_some_and(|close| close > 0));
     if has_tag {
-        format!("{key}:token")
+        format!("{key}:{suffix}")
     } else {
-        format!("{{{key}}}:token")
+        format!("{{{key}}}:{suffix}")
     }
 }
 

@@ -252,6 +252,7 @@ async fn one_turn(
         attempts: Some(1),
         deadline: None,
         token_floor: workload.floor_lag.as_ref().map_or(0, |_| floor),
+        fair: false,
     };
     let acquired = if permits > 1 {
         engine
@@ -537,6 +538,7 @@ fn once_above(token_floor: i64) -> AcquireOptions {
         attempts: Some(1),
         deadline: None,
         token_floor,
+        fair: false,
     }
 }
 

@@ -261,13 +261,26 @@ async fn waiting(
     let ttl = target.settings.ttl;
     let (phase, reason, message, retry) = match kind {
         FailureKind::Contended => {
-            let blocker = report
-                .blocking_holder()
-                .unwrap_or_else(|| "another holder".into());
+            let key = &target.settings.key;
+            let ahead = report
+                .queue_place()
+                .map_or(0, |place| place.place.saturating_sub(1));
+            let message = match (report.blocking_holder(), ahead) {
+                (Some(holder), 0) => format!("key `{key}` is held by {holder}; retrying"),
+                (Some(holder), ahead) => format!(
+                    "key `{key}` is held by {holder}, and {ahead} wait for it in its fair queue (`lock --wait` \
+                     commands), which this lock lets go first; retrying"
+                ),
+                (None, 0) => format!("key `{key}` is held by another holder; retrying"),
+                (None, ahead) => format!(
+                    "key `{key}` is free, but {ahead} wait for it in its fair queue (`lock --wait` commands), \
+                     which this lock lets go first; retrying"
+                ),
+            };
             (
                 LockPhase::Contended,
                 "Contended",
-                format!("key `{}` is held by {blocker}; retrying", target.settings.key),
+                message,
                 contended_retry(ttl, rand::rng().random()),
             )
         }

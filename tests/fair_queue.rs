@@ -1,0 +1,306 @@
+//! Fair waiting (issue 31) in the engine, against real `redis-server` masters: waiters get a key in the order
+//! they arrived, a dead or cut-off waiter leaves the queue by expiry, a master restarted empty or a partition
+//! neither deadlocks the queue nor reorders it, and a caller that does not wait never jumps it.
+//!
+//! "Arrived" is made certain before the next waiter starts: every master shows the waiter queued. No test
+//! asserts how long anything took.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redlock_operator::redlock::{
+    AcquireError, AcquireOptions, Lease, NodeOutcome, Redlock, RedlockConfig, queue_keys,
+};
+use support::fault_proxy::{Direction, FaultProxy};
+use support::redis_server::RedisCluster;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// The waiters' TTL; the holder that makes them wait holds for [`HOLD`], which outlasts any test's queueing.
+const TTL: Duration = Duration::from_secs(3);
+const HOLD: Duration = Duration::from_secs(60);
+
+/// An engine whose masters vote at once: these tests are about the queue, not the restart quarantine (a master
+/// restarted empty votes at once, the worst case for the queue).
+async fn engine_on(urls: &[String]) -> Redlock {
+    let mut config = RedlockConfig::from_urls(urls).expect("config");
+    config.max_ttl = HOLD;
+    config.node_timeout = Duration::from_millis(200);
+    config.assume_durable = true;
+    let engine = Redlock::connect(config).await.expect("engine");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while engine.eligible() < urls.len() {
+        assert!(Instant::now() < deadline, "masters never connected");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    engine
+}
+
+fn once() -> AcquireOptions {
+    AcquireOptions {
+        attempts: Some(1),
+        ..AcquireOptions::default()
+    }
+}
+
+fn fair_for(wait: Duration) -> AcquireOptions {
+    AcquireOptions {
+        deadline: Some(Instant::now() + wait),
+        fair: true,
+        ..AcquireOptions::default()
+    }
+}
+
+async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(url).expect("url");
+    client.get_multiplexed_async_connection().await.expect("connect")
+}
+
+/// How many waiters each master queues for `key` (expired ones included until a script drops them).
+async fn queued(urls: &[String], key: &str) -> Vec<usize> {
+    let (queue, _) = queue_keys(key);
+    let mut counts = Vec::new();
+    for url in urls {
+        let mut conn = redis_conn(url).await;
+        let count: usize = redis::cmd("ZCARD")
+            .arg(&queue)
+            .query_async(&mut conn)
+            .await
+            .expect("ZCARD");
+        counts.push(count);
+    }
+    counts
+}
+
+async fn eventually_queued(urls: &[String], key: &str, expected: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let counts = queued(urls, key).await;
+        if counts.iter().all(|count| *count == expected) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never {expected} queued on every master: {counts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A fair waiter in a task of its own: once it has the key it notes its name in `served` and releases.
+fn waiter(engine: &Redlock, key: &str, name: String, served: &Arc<Mutex<Vec<String>>>) -> JoinHandle<()> {
+    let (engine, key, served) = (engine.clone(), key.to_owned(), served.clone());
+    tokio::spawn(async move {
+        let lease = engine
+            .acquire(&key, TTL, &name, fair_for(Duration::from_secs(120)))
+            .await
+            .unwrap_or_else(|err| panic!("{name} never got the key: {err}"));
+        served.lock().expect("served").push(name);
+        engine.release(&lease).await;
+    })
+}
+
+/// Starts a waiter per name, each once the one before has arrived (every master queues it).
+async fn queue_up(
+    engine: &Redlock,
+    urls: &[String],
+    key: &str,
+    names: Vec<String>,
+    served: &Arc<Mutex<Vec<String>>>,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    for (i, name) in names.into_iter().enumerate() {
+        tasks.push(waiter(engine, key, name, served));
+        eventually_queued(urls, key, i + 1).await;
+    }
+    tasks
+}
+
+async fn all_served(tasks: Vec<JoinHandle<()>>) {
+    for task in tasks {
+        task.await.expect("waiter");
+    }
+}
+
+async fn hold(engine: &Redlock, key: &str) -> Lease {
+    engine.acquire(key, HOLD, "holder", once()).await.expect("holder")
+}
+
+fn names(range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|i| format!("w{i}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_get_the_key_in_the_order_they_arrived() {
+    let cluster = RedisCluster::start(3).expect("masters");
+    let urls = cluster.urls();
+    let engine = engine_on(&urls).await;
+    let key = "fair-order";
+    let holder = hold(&engine, key).await;
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let tasks = queue_up(&engine, &urls, key, names(0..6), &served).await;
+    engine.release(&holder).await;
+    all_served(tasks).await;
+    assert_eq!(*served.lock().expect("served"), names(0..6));
+    // Every waiter left the queue on every master.
+    eventually_queued(&urls, key, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_attempt_does_not_jump_a_queue_and_is_not_queued() {
+    let cluster = RedisCluster::start(3).expect("masters");
+    let urls = cluster.urls();
+    let engine = engine_on(&urls).await;
+    let key = "fair-no-jump";
+    // A waiter that stays queued for a minute without asking again, put on every master by hand: the key is free,
+    // and only the queue stands in the way.
+    let (queue, deadlines) = queue_keys(key);
+    for url in &urls {
+        let mut conn = redis_conn(url).await;
+        let (seconds, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await.expect("TIME");
+        let deadline_ms = seconds * 1000 + micros / 1000 + 60_000;
+        redis::pipe()
+            .cmd("ZADD")
+            .arg(&queue)
+            .arg(1)
+            .arg("0000000000000001")
+            .cmd("ZADD")
+            .arg(&deadlines)
+            .arg(deadline_ms)
+            .arg("0000000000000001")
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("queue a waiter");
+    }
+    let refused = engine.acquire(key, TTL, "impatient", once()).await;
+    let Err(AcquireError::NotAcquired { report, .. }) = refused else {
+        panic!("a single attempt got the key past a queue: {refused:?}");
+    };
+    // Decided at a majority: the rest may still be pending.
+    for node in report
+        .nodes
+        .iter()
+        .filter(|node| node.outcome != NodeOutcome::Pending)
+    {
+        assert!(
+            matches!(
+                node.outcome,
+                NodeOutcome::Queued {
+                    place: 2,
+                    ticket: 0,
+                    ..
+                }
+            ),
+            "{report}"
+        );
+    }
+    assert_eq!(
+        queued(&urls, key).await,
+        [1, 1, 1],
+        "a single attempt is not queued"
+    );
+
+    // A fair waiter queues behind it, and leaves the queue when it gives up.
+    let gave_up = engine
+        .acquire(key, TTL, "patient", fair_for(Duration::from_millis(600)))
+        .await;
+    let Err(AcquireError::NotAcquired { report, .. }) = gave_up else {
+        panic!("a waiter got the key past the queue: {gave_up:?}");
+    };
+    assert_eq!(report.queue_place().map(|place| place.place), Some(2), "{report}");
+    eventually_queued(&urls, key, 1).await;
+
+    // Once the queue is empty, a single attempt gets the key.
+    for url in &urls {
+        let mut conn = redis_conn(url).await;
+        redis::cmd("DEL")
+            .arg(&queue)
+            .arg(&deadlines)
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("DEL");
+    }
+    let lease = engine.acquire(key, TTL, "impatient", once()).await.expect("free");
+    engine.release(&lease).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_waiter_leaves_the_queue_by_expiry_and_the_next_gets_the_key() {
+    let cluster = RedisCluster::start(3).expect("masters");
+    let urls = cluster.urls();
+    let engine = engine_on(&urls).await;
+    let key = "fair-dead";
+    let holder = hold(&engine, key).await;
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let dead = waiter(&engine, key, "dead".to_owned(), &served);
+    eventually_queued(&urls, key, 1).await;
+    let alive = waiter(&engine, key, "alive".to_owned(), &served);
+    eventually_queued(&urls, key, 2).await;
+    // The first waiter dies without a word: it asks no more and never leaves the queue itself.
+    dead.abort();
+    assert!(dead.await.is_err_and(|err| err.is_cancelled()));
+    let released = Instant::now();
+    engine.release(&holder).await;
+    alive.await.expect("the waiter behind the dead one");
+    assert_eq!(*served.lock().expect("served"), ["alive"]);
+    eprintln!(
+        "the waiter behind a dead one got the key {:?} after the release (the masters keep a silent waiter {:?})",
+        released.elapsed(),
+        redlock_operator::redlock::QUEUE_KEEP
+    );
+    eventually_queued(&urls, key, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_restarted_empty_while_waiters_queue_neither_stalls_nor_reorders_them() {
+    let mut cluster = RedisCluster::start(3).expect("masters");
+    let urls = cluster.urls();
+    let engine = engine_on(&urls).await;
+    let key = "fair-restart";
+    let holder = hold(&engine, key).await;
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let tasks = queue_up(&engine, &urls, key, names(0..4), &served).await;
+    // The first master forgets the key and the queue, and votes again at once.
+    cluster[0].restart().expect("restart");
+    // The waiters bring their tickets back to it as they ask again: it queues them in the same order.
+    eventually_queued(&urls, key, 4).await;
+    engine.release(&holder).await;
+    all_served(tasks).await;
+    assert_eq!(*served.lock().expect("served"), names(0..4));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_cut_off_from_a_majority_drops_out_and_does_not_stall_the_rest() {
+    let cluster = RedisCluster::start(3).expect("masters");
+    let urls = cluster.urls();
+    let mut proxies = Vec::new();
+    for index in 0..3 {
+        proxies.push(FaultProxy::start(cluster[index].addr()).await.expect("proxy"));
+    }
+    let proxied: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
+    let behind_proxies = engine_on(&proxied).await;
+    let engine = engine_on(&urls).await;
+    let key = "fair-partition";
+    let holder = hold(&engine, key).await;
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let first = waiter(&behind_proxies, key, "cut-off".to_owned(), &served);
+    eventually_queued(&urls, key, 1).await;
+    let second = waiter(&engine, key, "second".to_owned(), &served);
+    eventually_queued(&urls, key, 2).await;
+    // The first waiter is cut off from two masters: it cannot get the key, and they stop keeping it.
+    for proxy in &proxies[1..] {
+        proxy.hold(Direction::Both, true);
+    }
+    engine.release(&holder).await;
+    second.await.expect("the second waiter");
+    assert_eq!(*served.lock().expect("served"), ["second"]);
+    // Healed, the first waiter joins again and gets the key.
+    for proxy in &proxies[1..] {
+        proxy.heal();
+        proxy.cut_all();
+    }
+    first.await.expect("the cut-off waiter");
+    assert_eq!(*served.lock().expect("served"), ["second", "cut-off"]);
+}
