@@ -91,6 +91,11 @@ struct Core {
     reused_memoryless: Vec<Duration>,
     /// A free permit of a semaphore of 16 with 8 held, proposing above each permit's last token (issue 23).
     permit: Vec<Duration>,
+    /// A fair waiter's acquisition of a free key with an empty queue (issue 31: at most 1.1x one before the
+    /// queue existed).
+    fair: Vec<Duration>,
+    /// A plain acquisition as it was before keys had a fair queue.
+    before_the_queue: Vec<Duration>,
 }
 
 /// The semaphore measured beside plain acquisitions: this many permits, half of them held throughout.
@@ -125,6 +130,7 @@ fn main() -> Result<(), BoxError> {
     let mut raw_current_thread = Duration::ZERO;
     let mut release_ratio = 0.0;
     let mut best_permit: Option<f64> = None;
+    let mut best_fair: Option<f64> = None;
     for (flavor, core) in &mut cores {
         let raw_q50 = p(&mut core.raw_quorum, 0.5);
         let acq50 = p(&mut core.acquire, 0.5);
@@ -178,6 +184,19 @@ fn main() -> Result<(), BoxError> {
             ms(permit50),
             ms(p(&mut core.permit, 0.99)),
         );
+        let fair50 = p(&mut core.fair, 0.5);
+        let before50 = p(&mut core.before_the_queue, 0.5);
+        let fair_vs_before = fair50.as_secs_f64() / before50.as_secs_f64();
+        println!(
+            "  uncontended fair acquire (a waiter, queue empty): p50 {} p99 {} ({fair_vs_before:.2}x an acquisition before the queue existed, p50 {}; {:.2}x a plain one today)",
+            ms(fair50),
+            ms(p(&mut core.fair, 0.99)),
+            ms(before50),
+            fair50.as_secs_f64() / acq50.as_secs_f64()
+        );
+        if best_fair.is_none_or(|best| fair_vs_before < best) {
+            best_fair = Some(fair_vs_before);
+        }
         if best_permit.is_none_or(|best| permit_vs_plain < best) {
             best_permit = Some(permit_vs_plain);
         }
@@ -232,12 +251,13 @@ fn main() -> Result<(), BoxError> {
         );
     }
     println!(
-        "SUMMARY best_acquire_p50_vs_raw_current_thread={best_ratio:.2} release_p50_vs_raw={release_ratio:.2} paused2_acquire_p50_ms={:.3} paused2_release_p50_ms={:.3} lock_process_p50_ms_up={:.1} lock_process_p50_ms_paused2={:.1} concurrent_pairs_per_s={concurrent:.0} sequential_pairs_per_s={sequential:.0} permit_acquire_p50_vs_plain={:.2}",
+        "SUMMARY best_acquire_p50_vs_raw_current_thread={best_ratio:.2} release_p50_vs_raw={release_ratio:.2} paused2_acquire_p50_ms={:.3} paused2_release_p50_ms={:.3} lock_process_p50_ms_up={:.1} lock_process_p50_ms_paused2={:.1} concurrent_pairs_per_s={concurrent:.0} sequential_pairs_per_s={sequential:.0} permit_acquire_p50_vs_plain={:.2} fair_acquire_p50_vs_before_the_queue={:.2}",
         p(&mut paused_acquire, 0.5).as_secs_f64() * 1e3,
         p(&mut paused_release, 0.5).as_secs_f64() * 1e3,
         up50.as_secs_f64() * 1e3,
         paused50.as_secs_f64() * 1e3,
         best_permit.unwrap_or(0.0),
+        best_fair.unwrap_or(0.0),
     );
     Ok(())
 }
@@ -250,11 +270,24 @@ async fn engine_on(cluster: &RedisCluster) -> Result<Redlock, BoxError> {
     Ok(Redlock::connect(config).await?)
 }
 
+/// The engine as it acquired before keys had a fair queue: the same code, its acquisitions sent without the
+/// queue's keys, so that the script decides as it did then (the negative control `skip_queue`, compiled into
+/// benchmarks only).
+async fn engine_before_the_queue(cluster: &RedisCluster) -> Result<Redlock, BoxError> {
+    let mut config = RedlockConfig::from_urls(&cluster.urls())?;
+    config.max_ttl = TTL;
+    config.assume_durable = true;
+    config.retry.attempts = 1;
+    config.skip_queue = true;
+    Ok(Redlock::connect(config).await?)
+}
+
 /// Raw and engine measurements alternate in small blocks, so that machine noise hits both alike.
 /// Keys are prefixed by `run`: fencing counters outlive their keys, and a key a previous run used would cost
 /// this one a refused proposal.
 async fn core(cluster: &RedisCluster, run: &str) -> Result<Core, BoxError> {
     let engine = engine_on(cluster).await?;
+    let before_the_queue = engine_before_the_queue(cluster).await?;
     let mut raw = Vec::new();
     for url in cluster.urls() {
         let client = redis::Client::open(url.as_str())?;
@@ -305,6 +338,8 @@ async fn core(cluster: &RedisCluster, run: &str) -> Result<Core, BoxError> {
         reused_with_floor: Vec::new(),
         reused_memoryless: Vec::new(),
         permit: Vec::new(),
+        fair: Vec::new(),
+        before_the_queue: Vec::new(),
     };
     // Half the permits are held by another holder for the whole run; the measured holder takes one of the
     // others each time, proposing above what that permit was last granted with (as the operator, whose status
@@ -345,17 +380,31 @@ async fn core(cluster: &RedisCluster, run: &str) -> Result<Core, BoxError> {
             .await?;
             core.raw_script_quorum.push(quorum);
         }
-        for _ in 0..100 {
+        // Plain, fair and pre-queue acquisitions take turns, so that machine noise hits them alike.
+        for round in 0..300 {
             key += 1;
+            let fair = round % 3 == 1;
+            let before = round % 3 == 2;
+            let options = AcquireOptions {
+                deadline: fair.then(|| Instant::now() + TTL),
+                fair,
+                ..AcquireOptions::default()
+            };
+            let acquirer = if before { &before_the_queue } else { &engine };
             let started = Instant::now();
-            let lease = engine
-                .acquire(
-                    &format!("{run}-ours-{key}"),
-                    TTL,
-                    "bench",
-                    AcquireOptions::default(),
-                )
+            let lease = acquirer
+                .acquire(&format!("{run}-ours-{key}"), TTL, "bench", options)
                 .await?;
+            if fair || before {
+                let samples = if fair {
+                    &mut core.fair
+                } else {
+                    &mut core.before_the_queue
+                };
+                samples.push(started.elapsed());
+                acquirer.release(&lease).await;
+                continue;
+            }
             core.acquire.push(started.elapsed());
             let started = Instant::now();
             engine.release(&lease).await;

@@ -42,6 +42,8 @@ fn main() {
             floor_lag: Some(Duration::ZERO..Duration::from_millis(20)),
             permits: 1,
             miscounted_permits: None,
+fair_wait: None,
+queue_skipper: false,
         };
         println!("random faults until {target} grants (at most {}s)…", TIME_CAP.as_secs());
         let progress = Some(Duration::from_secs(15));

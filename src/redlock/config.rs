@@ -197,6 +197,12 @@ pub struct RedlockConfig {
     /// once do not pile up on the masters forever.
     pub token_retention: Duration,
     pub tls: TlsOptions,
+    /// The negative control of the engine checker's fair mode: acquisitions skip the key's fair queue (sent
+    /// without it, they are decided as before the queue existed). Only in builds with the `negative-controls`
+    /// feature, which only the tests and benchmarks enable.
+    #[cfg(feature = "negative-controls")]
+    #[doc(hidden)]
+    pub skip_queue: bool,
 }
 
 /// 400 days.
@@ -215,7 +221,17 @@ impl RedlockConfig {
             assume_durable: false,
             token_retention: DEFAULT_TOKEN_RETENTION,
             tls: TlsOptions::default(),
+            #[cfg(feature = "negative-controls")]
+            skip_queue: false,
         }
+    }
+
+    /// Whether acquisitions skip the fair queue (a negative control; never in a release build).
+    pub(super) fn skips_queue(&self) -> bool {
+        #[cfg(feature = "negative-controls")]
+        return self.skip_queue;
+        #[cfg(not(feature = "negative-controls"))]
+        false
     }
 
     pub fn from_urls<S: AsRef<str>>(urls: &[S]) -> Result<Self, ConfigError> {

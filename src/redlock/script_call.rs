@@ -74,6 +74,7 @@ impl Redlock {
             mut conn, generation, ..
         } = ready;
         let retention_ms = self.inner.retention_ms;
+        let skip_queue = self.inner.config.skips_queue();
         Box::pin(async move {
             let started = Instant::now();
             let command = async {
@@ -88,6 +89,16 @@ impl Redlock {
                 let mut evalsha = redis::cmd("EVALSHA");
                 evalsha.arg(script.get_hash());
                 match op {
+                    Op::Acquire { ttl_ms, token, .. } if skip_queue => {
+                        evalsha
+                            .arg(2)
+                            .arg(&*resource)
+                            .arg(&*counter)
+                            .arg(value.as_str())
+                            .arg(ttl_ms)
+                            .arg(token)
+                            .arg(retention_ms);
+                    }
                     Op::Acquire {
                         ttl_ms,
                         token,

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod apiserver;
+pub mod fair_order;
 pub mod fault_proxy;
 pub mod fixtures;
 pub mod history;

@@ -21,10 +21,12 @@ use std::time::Duration;
 
 use rand::Rng;
 use redlock_operator::redlock::{
-    AcquireOptions, KeepPolicy, Lease, PERMIT_KEY_PREFIX, Redlock, RedlockConfig, permit_key,
+    AcquireOptions, KeepPolicy, Lease, NodeOutcome, OperationReport, PERMIT_KEY_PREFIX, QUEUE_KEEP, Redlock,
+    RedlockConfig, permit_key,
 };
 use tokio::time::Instant;
 
+use super::fair_order::{Arrival, Inversion, find_order_inversions};
 use super::fault_proxy::{Direction, FaultProxy};
 use super::redis_server::{Options, RedisCluster};
 
@@ -74,6 +76,9 @@ impl Floors {
 #[derive(Default)]
 pub struct Recorder {
     grants: Mutex<Vec<Grant>>,
+    arrivals: Mutex<Vec<Arrival>>,
+    /// When each fault was thrown and healed.
+    faults: Mutex<Vec<(Instant, Instant)>>,
     failed_attempts: AtomicU64,
     lost_signals: AtomicU64,
     stale_wakes: AtomicU64,
@@ -90,6 +95,25 @@ impl Recorder {
         self.grants.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    fn arrival(&self, arrival: Arrival) {
+        self.arrivals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(arrival);
+    }
+
+    /// When each fault the nemesis threw began and ended.
+    pub fn faults(&self) -> Vec<(Instant, Instant)> {
+        self.faults.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn fault(&self, began: Instant, ended: Instant) {
+        self.faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((began, ended));
+    }
+
     /// The checks over every grant so far; `permits` holders of one resource may overlap (a semaphore's, each on
     /// a permit of its own), and tokens rise per permit.
     pub fn report(&self, resources: &[String], permits: u32, from: Instant, to: Instant) -> Report {
@@ -103,7 +127,15 @@ impl Recorder {
                 ..grant.clone()
             })
             .collect();
+        let arrivals = self.arrivals.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let faults = self.faults.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        // A fault's effect on the queue lasts until the waiters it dropped have joined again.
+        let (order_inversions, excused_inversions) =
+            find_order_inversions(&arrivals, &faults, QUEUE_KEEP + Duration::from_secs(1));
         Report {
+            fair_acquisitions: arrivals.len(),
+            order_inversions,
+            excused_inversions,
             overlaps: history::find_overlaps(&per_resource, permits.max(1) as usize),
             token_regressions: find_token_regressions(&grants),
             longest_unavailable: longest_unavailable(&per_resource, resources, from, to),
@@ -128,6 +160,11 @@ pub struct Report {
     pub acts: u64,
     pub nemesis_events: u64,
     pub longest_unavailable: Duration,
+    /// Fair mode: acquisitions made, waiters served after one that arrived later with no fault to excuse it,
+    /// and such pairs a fault excused.
+    pub fair_acquisitions: usize,
+    pub order_inversions: Vec<Inversion>,
+    pub excused_inversions: usize,
 }
 
 impl fmt::Display for Report {
@@ -148,8 +185,20 @@ impl fmt::Display for Report {
         for overlap in self.overlaps.iter().take(5) {
             write!(f, "\n  overlap: {overlap}")?;
         }
+        if self.fair_acquisitions > 0 {
+            write!(
+                f,
+                " fair_acquisitions={} order_inversions={} excused_by_faults={}",
+                self.fair_acquisitions,
+                self.order_inversions.len(),
+                self.excused_inversions
+            )?;
+        }
         for regression in self.token_regressions.iter().take(5) {
             write!(f, "\n  token regression: {regression}")?;
+        }
+        for inversion in self.order_inversions.iter().take(5) {
+            write!(f, "\n  order inversion: {inversion}")?;
         }
         Ok(())
     }
@@ -173,6 +222,11 @@ pub struct Workload {
     pub permits: u32,
     /// The negative control of semaphore mode: client 0 counts this many permits instead of `permits`.
     pub miscounted_permits: Option<u32>,
+    /// Fair mode (issue 31): clients wait in the key's fair queue for up to this long instead of making a single
+    /// attempt, and the order they are served in is checked.
+    pub fair_wait: Option<Duration>,
+    /// The negative control of fair mode: client 0 skips the queue.
+    pub queue_skipper: bool,
 }
 
 impl Workload {
@@ -192,7 +246,9 @@ pub async fn run_clients(
     let floors = Arc::new(Floors::default());
     let mut tasks = Vec::new();
     for client in 0..workload.clients {
-        let engine = match Redlock::connect(config.clone()).await {
+        let mut config = config.clone();
+        config.skip_queue = workload.queue_skipper && client == 0;
+        let engine = match Redlock::connect(config).await {
             Ok(engine) => engine,
             Err(err) => panic!("client {client}: {err}"),
         };
@@ -258,6 +314,17 @@ async fn one_turn(
         engine
             .acquire_permit(&resource, permits, workload.ttl, name, once)
             .await
+    } else if let Some(wait) = workload.fair_wait {
+        wait_fairly(
+            engine,
+            &resource,
+            name,
+            workload.ttl,
+            once.token_floor,
+            wait,
+            recorder,
+        )
+        .await
     } else {
         engine.acquire(&resource, workload.ttl, name, once).await
     };
@@ -364,6 +431,52 @@ async fn one_turn(
     kept.release().await;
 }
 
+/// A fair acquisition of `resource`, waiting up to `wait`, recorded as an [`Arrival`]: queued once a majority of
+/// masters answered with the queue and one ticket.
+async fn wait_fairly(
+    engine: &Redlock,
+    resource: &str,
+    name: &str,
+    ttl: Duration,
+    token_floor: i64,
+    wait: Duration,
+    recorder: &Recorder,
+) -> Result<Lease, redlock_operator::redlock::AcquireError> {
+    let asked = Instant::now();
+    let mut queued = None;
+    let options = AcquireOptions {
+        attempts: None,
+        deadline: Some(asked + wait),
+        token_floor,
+        fair: true,
+    };
+    let acquired = engine
+        .acquire_reporting(resource, ttl, name, options, |refused| {
+            if queued.is_none() && refused.report().is_some_and(queued_at_a_majority) {
+                queued = Some(Instant::now());
+            }
+        })
+        .await;
+    recorder.arrival(Arrival {
+        resource: resource.to_owned(),
+        client: name.to_owned(),
+        asked,
+        queued,
+        granted: acquired.as_ref().ok().map(|_| Instant::now()),
+    });
+    acquired
+}
+
+/// Whether a majority of masters answered with the queue, all with the ticket the waiter keeps.
+fn queued_at_a_majority(report: &OperationReport) -> bool {
+    let queued = report
+        .nodes
+        .iter()
+        .filter(|node| matches!(node.outcome, NodeOutcome::Queued { .. }))
+        .count();
+    queued >= report.quorum && report.queue_place().is_some_and(|place| place.settled)
+}
+
 /// Masters behind fault proxies, and the faults to throw at them.
 pub struct Nemesis {
     pub cluster: RedisCluster,
@@ -432,6 +545,7 @@ impl Nemesis {
                 (kind, targets, duration, direction)
             };
             recorder.nemesis_events.fetch_add(1, Ordering::Relaxed);
+            let began = Instant::now();
             if std::env::var_os("SAFETY_LOG").is_some() {
                 eprintln!(
                     "{:?} nemesis kind={kind} targets={targets:?} for {duration:?} {direction:?}",
@@ -479,6 +593,7 @@ impl Nemesis {
                     }
                 }
             }
+            recorder.fault(began, Instant::now());
             tokio::time::sleep(Duration::from_millis(rand::random_range(50..400))).await;
         }
         for index in 0..count {
@@ -518,6 +633,24 @@ pub async fn random_run(
     let stop = || done(&recorder, started.elapsed());
     nemesis.run(&recorder, longest_fault, progress, stop).await;
     clients.await.expect("clients");
+    recorder.report(&workload.resources, workload.permits, started, Instant::now())
+}
+
+/// `workload` on five masters without faults for `duration`: the fair mode's order check with nothing to
+/// excuse an inversion (and, with `workload.queue_skipper`, its negative control).
+pub async fn run_without_faults(workload: Workload, node_timeout: Duration, duration: Duration) -> Report {
+    let cluster = RedisCluster::start(5).expect("masters");
+    let mut config = RedlockConfig::from_urls(&cluster.urls()).expect("config");
+    config.max_ttl = workload.ttl;
+    config.node_timeout = node_timeout;
+    // Fresh masters are in quarantine for max-ttl (uptime is reported in whole seconds).
+    tokio::time::sleep(workload.ttl + Duration::from_secs(1)).await;
+    let recorder = Arc::new(Recorder::default());
+    let started = Instant::now();
+    run_clients(&config, &workload, recorder.clone(), move |_| {
+        started.elapsed() >= duration
+    })
+    .await;
     recorder.report(&workload.resources, workload.permits, started, Instant::now())
 }
 
