@@ -1,5 +1,7 @@
-//! The safety checker, long version: random faults until at least 10,000 grants (or `SAFETY_GRANTS`), then the
-//! negative controls and their clean twins. Run with `cargo bench --bench safety`; the last line is the SUMMARY.
+//! The safety checker, long version: random faults until at least 10,000 grants (or `SAFETY_GRANTS`), then fair
+//! mode (clients waiting in the fair queue) under random faults for `SAFETY_FAIR_SECONDS` (120) and 30 s without,
+//! then the negative controls (fair mode's: a client that skips the queue) and their clean twins. Run with
+//! `cargo bench --bench safety`; the last line is the SUMMARY.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -8,6 +10,7 @@ use std::time::Duration;
 
 use support::safety::{
     Workload, fast_clocks, majority_restart_tokens, random_run, restart_majority_while_held,
+    run_without_faults,
 };
 
 /// Stop even if the grant target is not reached (a run that makes no progress is a finding too).
@@ -53,6 +56,14 @@ queue_skipper: false,
         .await;
         println!("random faults: {main}");
 
+        // Fair mode (issue 31): every client waits in the fair queue, on two keys so that queues form.
+        let fair_for = Duration::from_secs(std::env::var("SAFETY_FAIR_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(120));
+        let fair = random_run(Workload::fair(false), Duration::from_millis(50), Duration::from_millis(1_500), progress, move |_, elapsed| elapsed >= fair_for).await;
+        println!("fair mode, random faults: {fair}");
+        let fair_quiet = run_without_faults(Workload::fair(false), Duration::from_millis(50), Duration::from_secs(30)).await;
+        println!("fair mode, no faults: {fair_quiet}");
+        let skipper = run_without_faults(Workload::fair(true), Duration::from_millis(50), Duration::from_secs(30)).await;
+
         let controls = [
             ("restart of a majority, quarantine off", restart_majority_while_held(false).await),
             ("clocks 50% fast", fast_clocks(1.5).await),
@@ -69,22 +80,32 @@ queue_skipper: false,
             detected += usize::from(found);
             println!("negative control, {name}: {} — {report}", if found { "DETECTED" } else { "NOT DETECTED" });
         }
-        let mut overlaps = main.overlaps.len();
-        let mut regressions = main.token_regressions.len();
+        let skipper_found = !skipper.order_inversions.is_empty();
+        detected += usize::from(skipper_found);
+        println!(
+            "negative control, fair mode with a client that skips the queue: {} — {skipper}",
+            if skipper_found { "DETECTED" } else { "NOT DETECTED" }
+        );
+        let mut overlaps = main.overlaps.len() + fair.overlaps.len() + fair_quiet.overlaps.len();
+        let mut regressions =
+            main.token_regressions.len() + fair.token_regressions.len() + fair_quiet.token_regressions.len();
+        let order_inversions = fair.order_inversions.len() + fair_quiet.order_inversions.len();
         for (name, report) in &twins {
             overlaps += report.overlaps.len();
             regressions += report.token_regressions.len();
             println!("clean twin, {name}: {report}");
         }
         println!(
-            "SUMMARY grants={} overlaps={} token_regressions={} nemesis_events={} longest_unavailable_ms={} negative_controls_detected={}/{}",
+            "SUMMARY grants={} overlaps={} token_regressions={} nemesis_events={} longest_unavailable_ms={} fair_acquisitions={} order_inversions={order_inversions} excused_by_faults={} negative_controls_detected={}/{}",
             main.grants,
             overlaps,
             regressions,
             main.nemesis_events,
             main.longest_unavailable.as_millis(),
+            fair.fair_acquisitions + fair_quiet.fair_acquisitions,
+            fair.excused_inversions,
             detected,
-            controls.len()
+            controls.len() + 1
         );
     });
 }

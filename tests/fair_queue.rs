@@ -304,3 +304,64 @@ async fn a_waiter_cut_off_from_a_majority_drops_out_and_does_not_stall_the_rest(
     first.await.expect("the cut-off waiter");
     assert_eq!(*served.lock().expect("served"), ["second", "cut-off"]);
 }
+
+/// A fair waiter for one of several permits, in a task of its own (as [`waiter`] for a key).
+fn permit_waiter(
+    engine: &Redlock,
+    key: &str,
+    permits: u32,
+    name: String,
+    served: &Arc<Mutex<Vec<String>>>,
+) -> JoinHandle<()> {
+    let (engine, key, served) = (engine.clone(), key.to_owned(), served.clone());
+    tokio::spawn(async move {
+        let lease = engine
+            .acquire_permit(&key, permits, TTL, &name, fair_for(Duration::from_secs(120)))
+            .await
+            .unwrap_or_else(|err| panic!("{name} never got a permit: {err}"));
+        served.lock().expect("served").push(name);
+        engine.release(&lease).await;
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_waiters_get_permits_in_the_order_they_arrived() {
+    let cluster = RedisCluster::start(3).expect("masters");
+    let urls = cluster.urls();
+    let engine = engine_on(&urls).await;
+    let key = "fair-permits";
+    // Both permits held; one stays held throughout, so that the waiters go through the other one at a time.
+    let mut held = Vec::new();
+    for holder in ["kept", "holder"] {
+        held.push(
+            engine
+                .acquire_permit(key, 2, HOLD, holder, once())
+                .await
+                .expect("a permit"),
+        );
+    }
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (i, name) in names(0..4).into_iter().enumerate() {
+        tasks.push(permit_waiter(&engine, key, 2, name, &served));
+        eventually_queued(&urls, key, i + 1).await;
+    }
+    // A single attempt does not take the permit that frees up ahead of them.
+    let freed = held.pop().expect("the second permit");
+    engine.release(&freed).await;
+    let refused = engine.acquire_permit(key, 2, TTL, "impatient", once()).await;
+    // A waiter not served yet after the attempt was queued during it.
+    let unserved = 4 - served.lock().expect("served").len();
+    assert!(
+        refused.is_err() || unserved == 0,
+        "a single attempt took a permit while {unserved} waited: {refused:?}"
+    );
+    if let Ok(lease) = refused {
+        engine.release(&lease).await;
+    }
+    all_served(tasks).await;
+    assert_eq!(*served.lock().expect("served"), names(0..4));
+    for lease in held {
+        engine.release(&lease).await;
+    }
+}

@@ -1217,3 +1217,66 @@ async fn a_lost_permit_is_fenced_without_waiting_for_a_slow_pod_list() {
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }
+
+/// Issue 31: two clusters' Job queues on a shared key are served in the order their Jobs asked. Each cluster's
+/// lock waits in the key's fair queue on behalf of its queue's head, so the clusters take turns as their Jobs
+/// arrived. Each cluster is a test API server of its own, with its own Job controller and operator; only the
+/// masters are shared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clusters_jobs_on_a_shared_key_run_in_the_order_they_asked() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let east = Env::test_server().await;
+    let west = Env::test_server().await;
+    let _east_jobs = job_runtime(&east);
+    let _west_jobs = job_runtime(&west);
+    let mut clusters = Vec::new();
+    for (env, seed) in [(&east, 41u8), (&west, 42)] {
+        let quorum = env.unique("q");
+        env.create_quorum_from(serde_json::json!({
+            "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
+            "spec": { "endpoints": masters.urls(), "maxTtl": "6s", "nodeTimeout": "100ms",
+                      "sharedKeys": { "namespaces": [env.namespace], "prefix": "shared:" } }
+        }))
+        .await;
+        let (running, shutdown) = operator(env, &installation_secret(seed), None).await;
+        quorum_available(env, &quorum).await;
+        env.create_lock_from(serde_json::json!({
+            "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+            "metadata": { "name": "batch" },
+            "spec": { "quorum": quorum, "ttl": "3s", "resourceKey": "reports", "holder": { "jobs": {} } }
+        }))
+        .await;
+        clusters.push((quorum, running, shutdown));
+    }
+    let queued_next = |lock: &redlock_operator::api::DistributedLock| {
+        phase(lock) == Some(LockPhase::Contended)
+            && lock.status.as_ref().and_then(|status| status.queue_place) == Some(1)
+    };
+    // Arrivals, each once the one before runs or waits: east's e1, west's w1, east's e2, west's w2.
+    create_job(&east, "e1", None, true, 0, Work::Seconds(2)).await;
+    wait_for_grant_after(&east, "e1", 0).await;
+    create_job(&west, "w1", None, true, 0, Work::Seconds(2)).await;
+    lock_where(&west, "batch", "west next in the key's queue", queued_next).await;
+    create_job(&east, "e2", None, true, 0, Work::Seconds(2)).await;
+    create_job(&west, "w2", None, true, 0, Work::Seconds(2)).await;
+
+    // The key's tokens rise in grant order, across the clusters.
+    let mut tokens = Vec::new();
+    for (env, job) in [(&east, "e1"), (&west, "w1"), (&east, "e2"), (&west, "w2")] {
+        let token = eventually(&format!("{job} to have run to completion"), || async {
+            let object = jobs(env).get(job).await.ok()?;
+            let (_, shown) = job_state(env, job).await;
+            finished(&object).then_some(shown?.parse::<i64>().ok()?)
+        })
+        .await;
+        tokens.push((job, token));
+    }
+    assert!(
+        tokens.windows(2).all(|pair| pair[0].1 < pair[1].1),
+        "the clusters' Jobs ran out of the order they asked in: {tokens:?}"
+    );
+    for ((quorum, running, shutdown), env) in clusters.into_iter().zip([&east, &west]) {
+        stop(running, shutdown).await;
+        env.cleanup(&[&quorum]).await;
+    }
+}

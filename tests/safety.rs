@@ -204,30 +204,13 @@ async fn a_semaphore_never_has_more_holders_than_permits_and_a_miscounting_clien
     );
 }
 
-/// The fair mode's workload: every client waits in the key's fair queue, on two keys so that queues form.
-fn fair_workload(queue_skipper: bool) -> Workload {
-    Workload {
-        clients: 8,
-        resources: Workload::resources(2),
-        ttl: Duration::from_secs(1),
-        hold: Duration::from_millis(1)..Duration::from_millis(30),
-        pause_probability: 0.02,
-        long_hold_probability: 0.05,
-        floor_lag: Some(Duration::ZERO..Duration::from_millis(20)),
-        permits: 1,
-        miscounted_permits: None,
-        fair_wait: Some(Duration::from_secs(10)),
-        queue_skipper,
-    }
-}
-
 /// Issue 31: waiters in a fair queue never overlap, tokens rise, and without faults every waiter a majority had
 /// queued before another asked is served first; a client that skips the queue (the negative control) is caught.
 /// Under the nemesis, inversions a fault excuses are counted, not failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_waiters_are_served_in_arrival_order_and_a_queue_skipper_is_caught() {
     let node_timeout = Duration::from_millis(50);
-    let clean = run_without_faults(fair_workload(false), node_timeout, Duration::from_secs(12)).await;
+    let clean = run_without_faults(Workload::fair(false), node_timeout, Duration::from_secs(12)).await;
     println!("fair, no faults: {clean}");
     assert!(clean.overlaps.is_empty(), "{clean}");
     assert!(clean.token_regressions.is_empty(), "{clean}");
@@ -237,7 +220,7 @@ async fn fair_waiters_are_served_in_arrival_order_and_a_queue_skipper_is_caught(
         "too little progress to mean anything: {clean}"
     );
 
-    let skipped = run_without_faults(fair_workload(true), node_timeout, Duration::from_secs(12)).await;
+    let skipped = run_without_faults(Workload::fair(true), node_timeout, Duration::from_secs(12)).await;
     println!("fair, client 0 skips the queue: {skipped}");
     assert!(
         !skipped.order_inversions.is_empty(),
@@ -245,7 +228,7 @@ async fn fair_waiters_are_served_in_arrival_order_and_a_queue_skipper_is_caught(
     );
 
     let faults = random_run(
-        fair_workload(false),
+        Workload::fair(false),
         node_timeout,
         Duration::from_millis(1_500),
         None,

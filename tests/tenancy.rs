@@ -153,6 +153,38 @@ fn identity_lock(name: &str, quorum: &str, identity: &str, key: Option<&str>) ->
     .expect("lock object")
 }
 
+/// A quorum on `masters` whose keys under `global:` the `namespaces` share.
+async fn sharing_quorum(env: &Env, masters: &RedisCluster, namespaces: &[&str]) -> String {
+    let quorum = env.unique("q");
+    env.create_quorum_from(serde_json::json!({
+        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
+        "spec": { "endpoints": masters.urls(), "maxTtl": MAX_TTL, "nodeTimeout": "100ms",
+                  "sharedKeys": { "namespaces": namespaces, "prefix": "global:" } }
+    }))
+    .await;
+    quorum
+}
+
+/// Our `report` lock on the shared `key`, held, then the partner namespace's `report` lock on it.
+async fn ours_held_then_theirs(env: &Env, partner: &OtherNamespace, quorum: &str, key: &str) {
+    env.locks()
+        .create(
+            &PostParams::default(),
+            &identity_lock("report", quorum, "ours", Some(key)),
+        )
+        .await
+        .expect("our lock");
+    held_lock(&env.locks(), "report").await;
+    partner
+        .locks(env)
+        .create(
+            &PostParams::default(),
+            &identity_lock("report", quorum, "theirs", Some(key)),
+        )
+        .await
+        .expect("partner lock");
+}
+
 async fn held_lock(api: &Api<DistributedLock>, name: &str) -> DistributedLock {
     object_where(api, name, "the lock to be held", |lock| {
         phase(lock) == Some(LockPhase::Held)
@@ -261,32 +293,11 @@ async fn namespaces_the_quorum_lets_share_keys_contend_for_one_lock() {
     let env = Env::new().await;
     let partner = OtherNamespace::create(&env, "partner").await;
     let outsider = OtherNamespace::create(&env, "outsider").await;
-    let quorum = env.unique("q");
-    env.create_quorum_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
-        "spec": { "endpoints": masters.urls(), "maxTtl": MAX_TTL, "nodeTimeout": "100ms",
-                  "sharedKeys": { "namespaces": [env.namespace, partner.name], "prefix": "global:" } }
-    }))
-    .await;
+    let quorum = sharing_quorum(&env, &masters, &[&env.namespace, &partner.name]).await;
     let (running, shutdown) = operator(&env, &installation_secret(4), None).await;
     quorum_available(&env, &quorum).await;
     let key = "reports";
-    env.locks()
-        .create(
-            &PostParams::default(),
-            &identity_lock("report", &quorum, "ours", Some(key)),
-        )
-        .await
-        .expect("our lock");
-    held_lock(&env.locks(), "report").await;
-    partner
-        .locks(&env)
-        .create(
-            &PostParams::default(),
-            &identity_lock("report", &quorum, "theirs", Some(key)),
-        )
-        .await
-        .expect("partner lock");
+    ours_held_then_theirs(&env, &partner, &quorum, key).await;
     outsider
         .locks(&env)
         .create(
@@ -439,5 +450,91 @@ async fn a_deleted_lock_on_a_shared_key_is_released_by_the_next_operator_on_that
     })
     .await;
     stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
+
+/// Issue 31: a lock waiting for a shared key waits in the key's fair queue, beside `lock --wait` commands (an
+/// engine waiting fairly here): its status shows its place (the `Place` column), and it gets the key before a
+/// waiter that asked after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_waiting_for_a_shared_key_keeps_its_place_in_the_fair_queue() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let partner = OtherNamespace::create(&env, "queue").await;
+    let quorum = sharing_quorum(&env, &masters, &[&env.namespace, &partner.name]).await;
+    let (running, shutdown) = operator(&env, &installation_secret(6), None).await;
+    quorum_available(&env, &quorum).await;
+    ours_held_then_theirs(&env, &partner, &quorum, "reports").await;
+    let next = |lock: &DistributedLock| {
+        phase(lock) == Some(LockPhase::Contended)
+            && lock.status.as_ref().and_then(|status| status.queue_place) == Some(1)
+    };
+    object_where(
+        &partner.locks(&env),
+        "report",
+        "the partner lock next in the queue",
+        next,
+    )
+    .await;
+
+    // A `lock --wait` command asks after it.
+    let key = "global:reports";
+    let mut config = redlock_operator::redlock::RedlockConfig::from_urls(&masters.urls()).expect("config");
+    config.assume_durable = true;
+    config.node_timeout = std::time::Duration::from_millis(100);
+    let engine = redlock_operator::redlock::Redlock::connect(config)
+        .await
+        .expect("engine");
+    let command = tokio::spawn(async move {
+        let options = redlock_operator::redlock::AcquireOptions {
+            deadline: Some(tokio::time::Instant::now() + std::time::Duration::from_secs(300)),
+            fair: true,
+            ..Default::default()
+        };
+        let lease = engine
+            .acquire(key, std::time::Duration::from_secs(2), "command", options)
+            .await
+            .expect("the command gets the key in the end");
+        engine.release(&lease).await;
+    });
+    eventually("the command queued behind the partner lock", || async {
+        let (queue, _) = redlock_operator::redlock::queue_keys(key);
+        let mut queued = 0;
+        for url in masters.urls() {
+            let mut conn = redis::Client::open(url.as_str())
+                .ok()?
+                .get_multiplexed_async_connection()
+                .await
+                .ok()?;
+            let count: usize = redis::cmd("ZCARD")
+                .arg(&queue)
+                .query_async(&mut conn)
+                .await
+                .ok()?;
+            queued += usize::from(count == 2);
+        }
+        (queued >= 2).then_some(())
+    })
+    .await;
+
+    // Our lock goes: the partner lock, first in the queue, gets the key and keeps it; the command waits on.
+    env.locks()
+        .delete("report", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let held = held_lock(&partner.locks(&env), "report").await;
+    assert_eq!(held.status.as_ref().and_then(|status| status.queue_place), None);
+    assert!(
+        !command.is_finished(),
+        "the command got the key before the lock that asked first"
+    );
+    partner
+        .locks(&env)
+        .delete("report", &DeleteParams::default())
+        .await
+        .expect("delete partner lock");
+    command.await.expect("the command");
+    stop(running, shutdown).await;
+    partner.cleanup(&env).await;
     env.cleanup(&[&quorum]).await;
 }

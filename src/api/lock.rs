@@ -18,6 +18,8 @@ use serde::{Deserialize, Serialize};
     status = "DistributedLockStatus",
     printcolumn = r#"{"name":"Holder","type":"string","jsonPath":".status.holder"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    // Empty unless the lock waits in its key's fair queue.
+    printcolumn = r#"{"name":"Place","type":"integer","jsonPath":".status.queuePlace","description":"Place in the key's fair queue while waiting for it (1: next)"}"#,
     // Permits held of spec.permits (`2/3`); `1/1` or `0/1` for a plain lock.
     printcolumn = r#"{"name":"Held","type":"string","jsonPath":".status.held"}"#,
     printcolumn = r#"{"name":"Token","type":"integer","jsonPath":".status.fencingToken"}"#,
@@ -224,6 +226,11 @@ pub struct DistributedLockStatus {
     /// Who holds the key when this lock cannot get it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocked_by: Option<String>,
+    /// While this lock waits for a key others hold or wait for: its place in the key's fair queue, which
+    /// `lock --wait` commands and other clusters' locks on a shared key join too (1: next once the holder lets
+    /// go). The key goes to the waiters in the order they asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_place: Option<i64>,
     /// Permits held of spec.permits, as `held/permits` (`1/1` for a held plain lock).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<String>,
@@ -299,7 +306,8 @@ pub struct ReleasingKey {
 #[serde(rename_all = "camelCase")]
 pub struct MasterOutcome {
     pub endpoint: String,
-    /// granted, recreated, held-by-other, not-held, timeout, error, quarantined, unavailable or pending.
+    /// granted, recreated, held-by-other, token-too-low, queued, not-held, timeout, error, quarantined, unavailable
+    /// or pending.
     pub outcome: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,

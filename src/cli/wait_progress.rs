@@ -18,8 +18,8 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 /// Where a waiter stands after one refused attempt.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Standing {
-    /// 1: next once the holder lets go; `None` when too few masters queued it to say (its first attempt met
-    /// masters still connecting, say) or the key has no fair queue (a semaphore's).
+    /// 1: next once the holder lets go; `None` when no master answered with the queue (its first attempt met
+    /// masters still connecting, say).
     pub place: Option<u64>,
     pub holder: Option<String>,
 }

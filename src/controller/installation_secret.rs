@@ -83,6 +83,28 @@ impl InstallationSecret {
     }
 }
 
+impl InstallationSecret {
+    /// The name a lock's permit waits under in its key's fair queue: the same in every reconcile and on every
+    /// replica of this installation (so that a failover keeps the place), distinct across locks and
+    /// installations.
+    pub fn waiter_id(&self, key: &str, uid: &str, permit: u32) -> u64 {
+        let mut message = Vec::with_capacity(key.len() + uid.len() + 40);
+        for part in [
+            b"redlock-operator/queue/v1".as_slice(),
+            key.as_bytes(),
+            uid.as_bytes(),
+        ] {
+            message.extend_from_slice(&(part.len() as u64).to_be_bytes());
+            message.extend_from_slice(part);
+        }
+        message.extend_from_slice(&permit.to_be_bytes());
+        let tag = hmac::sign(&self.key, &message);
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&tag.as_ref()[..8]);
+        u64::from_be_bytes(id)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

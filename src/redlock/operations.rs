@@ -14,8 +14,9 @@ use super::error::{AcquireError, ExtendError};
 use super::fan_out::{FanOut, Tail};
 use super::keeper::KeptLock;
 use super::lease::{Holding, Lease, next_token, validity_left};
-use super::outcome::OperationReport;
-use super::rules::{Op, Waiter, could_grant, extend_outcome, failed_attempt};
+use super::outcome::{NodeOutcome, OperationReport};
+use super::queue::{QUEUE_KEEP, QUEUE_POLL, Waiter};
+use super::rules::{Op, could_grant, extend_outcome, failed_attempt};
 use super::schedule::KeepPolicy;
 use super::scripts::millis;
 use super::value::LockValue;
@@ -35,14 +36,6 @@ pub struct AcquireOptions {
     /// acquisition never joins the queue, and is refused while anyone waits in it (it does not jump the queue).
     pub fair: bool,
 }
-
-/// How often a waiter in a fair queue asks again, which is also how soon it notices the key let go.
-pub const QUEUE_POLL: Duration = Duration::from_millis(200);
-
-/// How long a master keeps a waiter queued without hearing from it: the longest a waiter that died or was cut
-/// off holds up the ones behind it. Ten times [`QUEUE_POLL`], so that a waiter on a busy machine or behind a
-/// slow master does not lose its place.
-pub const QUEUE_KEEP: Duration = Duration::from_secs(2);
 
 /// Proposal rounds in one acquisition attempt: the first, and re-proposals above the counters masters reported.
 /// One re-proposal is enough unless contenders raise the counters at the same time.
@@ -117,11 +110,7 @@ impl Redlock {
             attempts = attempts.saturating_add(1);
             let value = LockValue::random(holder)?;
             let error = match attempt(value.clone(), floor, waiter).await {
-                Ok(lease) => {
-                    // Masters that queued it but did not grant it would keep it first for QUEUE_KEEP.
-                    self.leave_queue_in_background(resource, waiter, value);
-                    return Ok(lease);
-                }
+                Ok(lease) => return Ok(lease),
                 Err(AcquireError::NotAcquired { kind, report, .. }) => AcquireError::NotAcquired {
                     resource: resource.to_owned(),
                     attempts,
@@ -182,7 +171,7 @@ impl Redlock {
     /// Takes `waiter` out of `resource`'s queue on every master, in the background: a waiter that got the key
     /// would otherwise hold up the ones behind it, once it lets go, until the masters stop keeping it
     /// ([`QUEUE_KEEP`]).
-    fn leave_queue_in_background(&self, resource: &str, waiter: Option<Waiter>, value: LockValue) {
+    pub(super) fn leave_queue_in_background(&self, resource: &str, waiter: Option<Waiter>, value: LockValue) {
         if waiter.is_none() {
             return;
         }
@@ -221,8 +210,10 @@ impl Redlock {
     }
 
     /// [`Redlock::try_acquire`] for `waiter` in the key's fair queue (`None`: a caller that does not wait, which
-    /// the queue refuses while anyone waits in it).
-    pub(super) async fn try_acquire_waiting(
+    /// the queue refuses while anyone waits in it). Granted, a waiter that any master queued leaves the queue on
+    /// every master, in the background. Refused, the report's [`OperationReport::queue_place`] says where it
+    /// stands and the ticket to bring next time.
+    pub async fn try_acquire_waiting(
         &self,
         resource: &str,
         ttl: Duration,
@@ -279,6 +270,17 @@ impl Redlock {
                 // timeout, so within the validity): dropped, a write not sent yet would never be sent, and the
                 // lock would sit on a bare majority until its first extension.
                 self.finish_in_background(resource.clone(), Tail::Writes, pending);
+                // Masters that queued the waiter but did not grant it would keep it first for QUEUE_KEEP. A waiter
+                // granted at its first attempt by every master that answered was never queued: nothing to leave,
+                // and an uncontended fair acquisition costs no more round trips than a plain one.
+                let queued = waiter.is_some_and(|waiter| waiter.ticket > 0)
+                    || report
+                        .nodes
+                        .iter()
+                        .any(|node| matches!(node.outcome, NodeOutcome::Queued { .. }));
+                if queued {
+                    self.leave_queue_in_background(&resource, waiter, value.clone());
+                }
                 let holding = Holding {
                     resource,
                     value,

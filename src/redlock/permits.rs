@@ -26,8 +26,9 @@ use super::node::{Node, Ready};
 use super::operations::AcquireOptions;
 use super::operations::PROPOSAL_ROUNDS;
 use super::outcome::{NodeOutcome, NodeReport, OperationReport};
+use super::queue::Waiter;
 use super::rules::{failed_attempt, reported_counter};
-use super::scripts::{self, MAX_PERMITS, counter_key, millis, permit_key};
+use super::scripts::{self, MAX_PERMITS, counter_key, millis, permit_key, queue_keys};
 use super::value::LockValue;
 
 /// What one master answered an attempt on several permits.
@@ -39,6 +40,12 @@ enum Answer {
     Refused { candidate: usize, counter: i64 },
     /// Every candidate is held by another value (the first one's holder).
     AllHeld(Option<String>),
+    /// The semaphore's fair queue comes first (see [`NodeOutcome::Queued`]).
+    Queued {
+        place: u64,
+        ticket: i64,
+        holder: Option<String>,
+    },
     /// No answer that says anything about the permits.
     Failed(NodeOutcome),
 }
@@ -47,6 +54,8 @@ type AnswerFuture = BoxFuture<'static, (usize, Answer)>;
 
 /// The permits one attempt tries, in order, with the token proposed for each.
 struct Candidates {
+    /// The semaphore's fair queue and its waiters' deadlines.
+    queue: (Arc<str>, Arc<str>),
     permits: Vec<u32>,
     /// Per candidate: the permit's key and its counter's key.
     keys: Vec<(Arc<str>, Arc<str>)>,
@@ -67,7 +76,9 @@ impl Candidates {
             let counter: Arc<str> = counter_key(&permit_key).into();
             keys.push((Arc::from(permit_key), counter));
         }
+        let (queue, waiting) = queue_keys(key);
         Ok(Self {
+            queue: (queue.into(), waiting.into()),
             permits: order,
             keys,
             tokens,
@@ -125,8 +136,8 @@ impl Redlock {
     }
 
     /// [`Redlock::acquire_permit`], telling `waiting` what each failed attempt found, as
-    /// [`Redlock::acquire_reporting`] does. Semaphores of more than one permit have no fair queue yet:
-    /// `options.fair` is a single key's.
+    /// [`Redlock::acquire_reporting`] does. A fair waiter waits in the semaphore's queue (the key's own): it is let
+    /// through while its place is within the free permits.
     pub async fn acquire_permit_reporting(
         &self,
         key: &str,
@@ -141,17 +152,13 @@ impl Redlock {
             return self.acquire_reporting(key, ttl, holder, options, waiting).await;
         }
         let floors = vec![options.token_floor; permits as usize];
-        let options = AcquireOptions {
-            fair: false,
-            ..options
-        };
         // The retry loop's floor (raised by the counters a failed attempt heard of) is one key's; each permit's
         // own counters raise its proposals within an attempt instead.
-        self.retrying(key, holder, options, waiting, |value, _, _| {
+        self.retrying(key, holder, options, waiting, |value, _, waiter| {
             let start = rand::rng().random_range(0..permits);
             let floors = &floors;
             async move {
-                self.try_acquire_permit(key, permits, ttl, value, floors, start)
+                self.try_acquire_permit_waiting(key, permits, ttl, value, floors, start, waiter)
                     .await
             }
         })
@@ -169,6 +176,23 @@ impl Redlock {
         floors: &[i64],
         start: u32,
     ) -> Result<Lease, AcquireError> {
+        self.try_acquire_permit_waiting(key, permits, ttl, value, floors, start, None)
+            .await
+    }
+
+    /// [`Redlock::try_acquire_permit`] for `waiter` in the semaphore's fair queue (`None`: a caller that does not
+    /// wait, refused while anyone waits).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn try_acquire_permit_waiting(
+        &self,
+        key: &str,
+        permits: u32,
+        ttl: Duration,
+        value: LockValue,
+        floors: &[i64],
+        start: u32,
+        waiter: Option<Waiter>,
+    ) -> Result<Lease, AcquireError> {
         let config = &self.inner.config;
         config.check_ttl(ttl)?;
         check_permits(permits)?;
@@ -181,7 +205,7 @@ impl Redlock {
         let started = Instant::now();
         let mut round = 1;
         let (answers, pending, winner) = loop {
-            let (answers, pending, winner) = self.permit_round(&candidates, &value, ttl).await;
+            let (answers, pending, winner) = self.permit_round(&candidates, &value, ttl, waiter).await;
             let mut raised = false;
             for (index, answer) in answers.iter().enumerate() {
                 match answer {
@@ -205,7 +229,12 @@ impl Redlock {
             }
             let could_grant = answers
                 .iter()
-                .filter(|answer| !matches!(answer, Some(Answer::AllHeld(_)) | Some(Answer::Failed(_))))
+                .filter(|answer| {
+                    !matches!(
+                        answer,
+                        Some(Answer::AllHeld(_) | Answer::Failed(_) | Answer::Queued { .. })
+                    )
+                })
                 .count()
                 >= self.quorum();
             if raised && could_grant && round < PROPOSAL_ROUNDS {
@@ -227,6 +256,14 @@ impl Redlock {
                     .filter(|index| uncertain[*index] || granted[*index].iter().any(|c| *c != winner))
                     .collect();
                 self.give_back_in_background(&keys, &value, others, winner, pending);
+                // As for one key: masters that queued the waiter would keep it first for QUEUE_KEEP.
+                let queued = waiter.is_some_and(|waiter| waiter.ticket() > 0)
+                    || answers
+                        .iter()
+                        .any(|answer| matches!(answer, Some(Answer::Queued { .. })));
+                if queued {
+                    self.leave_queue_in_background(key, waiter, value.clone());
+                }
                 let (resource, _) = candidates.keys[winner].clone();
                 let holding = Holding {
                     resource,
@@ -254,6 +291,7 @@ impl Redlock {
         candidates: &Candidates,
         value: &LockValue,
         ttl: Duration,
+        waiter: Option<Waiter>,
     ) -> (Vec<Option<Answer>>, FuturesUnordered<AnswerFuture>, Option<usize>) {
         let now = Instant::now();
         let nodes = &self.inner.nodes;
@@ -261,7 +299,9 @@ impl Redlock {
         let mut pending = FuturesUnordered::new();
         for (index, node) in nodes.iter().enumerate() {
             match node.ready(now) {
-                Ok(ready) => pending.push(self.acquire_any_on_node(index, ready, candidates, value, ttl)),
+                Ok(ready) => {
+                    pending.push(self.acquire_any_on_node(index, ready, candidates, value, ttl, waiter))
+                }
                 Err(outcome) => answers[index] = Some(Answer::Failed(outcome)),
             }
         }
@@ -292,9 +332,11 @@ impl Redlock {
         candidates: &Candidates,
         value: &LockValue,
         ttl: Duration,
+        waiter: Option<Waiter>,
     ) -> AnswerFuture {
         let node = self.inner.nodes[index].clone();
         let mut invocation = scripts::ACQUIRE_ANY.prepare_invoke();
+        invocation.key(&*candidates.queue.0).key(&*candidates.queue.1);
         for (key, counter) in &candidates.keys {
             invocation.key(&**key).key(&**counter);
         }
@@ -302,6 +344,13 @@ impl Redlock {
             .arg(value.as_str())
             .arg(millis(ttl))
             .arg(self.inner.retention_ms);
+        match waiter {
+            Some(waiter) => invocation
+                .arg(waiter.name())
+                .arg(waiter.ticket())
+                .arg(waiter.keep_ms),
+            None => invocation.arg("").arg(0).arg(0),
+        };
         for token in &candidates.tokens {
             invocation.arg(*token);
         }
@@ -343,6 +392,15 @@ impl Redlock {
                     Some(Answer::Granted(_)) => NodeOutcome::HeldByOther { holder: None },
                     Some(Answer::Refused { counter, .. }) => NodeOutcome::TokenTooLow { counter: *counter },
                     Some(Answer::AllHeld(holder)) => NodeOutcome::HeldByOther {
+                        holder: holder.clone(),
+                    },
+                    Some(Answer::Queued {
+                        place,
+                        ticket,
+                        holder,
+                    }) => NodeOutcome::Queued {
+                        place: *place,
+                        ticket: *ticket,
                         holder: holder.clone(),
                     },
                     Some(Answer::Failed(outcome)) => outcome.clone(),
@@ -476,6 +534,19 @@ fn interpret_any(reply: Value, count: usize) -> Answer {
         },
         [Value::Int(2), Value::BulkString(raw)] => Answer::AllHeld(LockValue::holder_of(raw)),
         [Value::Int(2)] | [Value::Int(2), Value::Nil] => Answer::AllHeld(None),
+        [
+            Value::Int(3),
+            Value::Int(place),
+            holder,
+            Value::BulkString(ticket),
+        ] => Answer::Queued {
+            place: u64::try_from(*place).unwrap_or(0),
+            ticket: reported_counter(ticket),
+            holder: match holder {
+                Value::BulkString(raw) => LockValue::holder_of(raw),
+                _ => None,
+            },
+        },
         _ => unexpected(&items),
     }
 }

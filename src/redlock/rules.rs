@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use super::error::{AcquireError, ExtendError, FailureKind};
 use super::lease::{Lease, validity_left};
 use super::outcome::{NodeOutcome, OperationReport};
+use super::queue::Waiter;
 use super::value::LockValue;
 
 /// An operation on one key, as the scripts take it.
@@ -42,24 +43,6 @@ impl Op {
             }
             Self::Acquire { .. } | Self::Extend { .. } => outcome.is_vote(),
         }
-    }
-}
-
-/// A caller waiting in a key's fair queue, as one attempt tells the masters: who it is (the same in every
-/// attempt of one acquisition), the ticket it holds so far (0 before its first), and how long a master keeps it
-/// queued without hearing from it again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Waiter {
-    pub(super) id: u64,
-    pub(super) ticket: i64,
-    pub(super) keep_ms: u64,
-}
-
-impl Waiter {
-    /// The waiter's name in the queue: fixed width, so that the queue's tie-break (by name, bytewise) is by
-    /// number.
-    pub(super) fn name(&self) -> String {
-        format!("{:016x}", self.id)
     }
 }
 

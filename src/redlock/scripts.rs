@@ -60,17 +60,19 @@ local function raise(key, token, retention)
 end
 ";
 
-/// The fair queue of a key, run before [`acquire`] decides when KEYS[3] (the queue: waiter → ticket) and KEYS[4]
-/// (the waiters' deadlines: waiter → this master's clock in ms) are given; ARGV[5] the waiter ('' for a caller
-/// that does not wait), ARGV[6] its ticket ('0' before it has one), ARGV[7] how long it stays queued without
-/// asking again, in ms.
+/// `queue_refusal(queue, deadlines, waiter, ticket, keep, state)`: the fair queue of a key (or of a semaphore's
+/// permits), run before [`acquire`] or [`acquire_any`] decides: `queue` maps waiter → ticket, `deadlines` waiter
+/// → this master's clock in ms; `waiter` is '' for a caller that does not wait, `ticket` '0' before it has one,
+/// `keep` how long it stays queued without asking again, in ms; `state()` says how many grants this master could
+/// make now (1 or 0 for a key, the free permits of a semaphore) and the holder's value to report.
 ///
 /// Waiters whose deadline passed are dropped first. A waiter joins when the queue is not empty, when it already
 /// has a ticket, or when the key is held by another. A new waiter takes the ticket above the last queued; one
 /// that brings a ticket (the highest its masters gave it) keeps the higher of that and this master's, so that a
 /// master that restarted empty or dropped it while cut off queues it where the others do. The queue is ordered by ticket,
-/// then by waiter (a sorted set's own order, the same on every master). Only the queue's head, or anyone when
-/// the queue is empty, goes on to [`acquire`]'s decision; a head that is granted leaves the queue. Anyone else
+/// then by waiter (a sorted set's own order, the same on every master). Only the first `free` waiters (the
+/// queue's head, for a key), or anyone when the queue is empty, go on to the decision; a waiter granted leaves the
+/// queue. Anyone else
 /// is answered {3, place, holder's value or false, ticket}: place counts from 1 (for a caller that does not
 /// wait, the queue's length plus one) and ticket is '0' for such a caller. Nothing here touches the key or its
 /// counter: the queue only ever refuses. Both keys expire with the last waiter's deadline.
@@ -81,9 +83,7 @@ local function master_now()
   local time = redis.call('TIME')
   return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 end
-local function queue_refusal()
-  if KEYS[3] == nil then return nil end
-  local queue, deadlines, waiter, ticket = KEYS[3], KEYS[4], ARGV[5], ARGV[6]
+local function queue_refusal(queue, deadlines, waiter, ticket, keep, state)
   local now
   local occupied = redis.call('EXISTS', queue) == 1
   if occupied then
@@ -98,11 +98,11 @@ local function queue_refusal()
   end
   if waiter == '' then
     if not occupied then return nil end
-    return {3, redis.call('ZCARD', queue) + 1, redis.call('GET', KEYS[1]), '0'}
+    local _, holder = state()
+    return {3, redis.call('ZCARD', queue) + 1, holder or false, '0'}
   end
-  local held = redis.call('GET', KEYS[1])
-  local free = not held or held == ARGV[1]
-  if not occupied and ticket == '0' and free then return nil end
+  local free, holder = state()
+  if not occupied and ticket == '0' and free > 0 then return nil end
   local mine = redis.call('ZSCORE', queue, waiter)
   local wanted = tonumber(ticket)
   if mine then
@@ -113,20 +113,20 @@ local function queue_refusal()
   end
   now = now or master_now()
   redis.call('ZADD', queue, wanted, waiter)
-  redis.call('ZADD', deadlines, now + tonumber(ARGV[7]), waiter)
+  redis.call('ZADD', deadlines, now + tonumber(keep), waiter)
   local last_deadline = redis.call('ZRANGE', deadlines, -1, -1, 'WITHSCORES')[2]
   redis.call('PEXPIREAT', queue, last_deadline)
   redis.call('PEXPIREAT', deadlines, last_deadline)
   local place = redis.call('ZRANK', queue, waiter) + 1
-  if place > 1 or not free then
-    return {3, place, held, string.format('%d', wanted)}
+  if place > free then
+    return {3, place, holder or false, string.format('%d', wanted)}
   end
   return nil
 end
-local function leave_queue()
-  if KEYS[3] ~= nil and ARGV[5] ~= '' then
-    redis.call('ZREM', KEYS[3], ARGV[5])
-    redis.call('ZREM', KEYS[4], ARGV[5])
+local function leave_queue(queue, deadlines, waiter)
+  if queue ~= nil and waiter ~= '' then
+    redis.call('ZREM', queue, waiter)
+    redis.call('ZREM', deadlines, waiter)
   end
 end
 ";
@@ -143,8 +143,15 @@ fn acquire(version: &str) -> String {
     format!(
         "{version}{BELOW}{QUEUE}{}",
         r"
-local queued = queue_refusal()
-if queued then return queued end
+local function key_state()
+  local held = redis.call('GET', KEYS[1])
+  if not held or held == ARGV[1] then return 1, held end
+  return 0, held
+end
+if KEYS[3] then
+  local queued = queue_refusal(KEYS[3], KEYS[4], ARGV[5], ARGV[6], ARGV[7], key_state)
+  if queued then return queued end
+end
 local held
 if MODERN then
   held = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
@@ -168,26 +175,43 @@ if counter and not below(counter, ARGV[3]) then
   end
   return {0, counter}
 end
-leave_queue()
+leave_queue(KEYS[3], KEYS[4], ARGV[5])
 return 1
 "
     )
 }
 
-/// One of several permits (a counting semaphore): KEYS are pairs (permit key, its fencing counter) in the order
-/// the client tries them; ARGV[1] our value, ARGV[2] ttl in ms, ARGV[3] the counters' retention in ms, ARGV[4..]
-/// the token proposed for each pair. Takes the first permit that is free or already ours, as [`acquire`] takes
+/// One of several permits (a counting semaphore): KEYS[1..2] the semaphore's fair queue and its deadlines (see
+/// [`QUEUE`]; a waiter is let through while its place is within the free permits), then pairs (permit key, its
+/// fencing counter) in the order the client tries them; ARGV[1] our value, ARGV[2] ttl in ms, ARGV[3] the
+/// counters' retention in ms, ARGV[4..6] the waiter, its ticket and how long it is kept, ARGV[7..] the token
+/// proposed for each pair. Takes the first permit that is free or already ours, as [`acquire`] takes
 /// its one key, and stops there. Returns {1, i} (granted permit pair i, 1-based), {0, i, counter} (permit i's
 /// counter is not below its proposal; nothing changed but the counter's retention) or {2, value} (every permit
 /// held by another; the first one's value). Masters in the same state take the same permit, so one round trip
 /// decides as for a single key; the client settles any disagreement.
 fn acquire_any(version: &str) -> String {
     format!(
-        "{version}{BELOW}{}",
+        "{version}{BELOW}{QUEUE}{}",
         r"
+local pairs_count = (#KEYS - 2) / 2
+local function permits_state()
+  local free, holder = 0, nil
+  for i = 1, pairs_count do
+    local held = redis.call('GET', KEYS[2 * i + 1])
+    if not held or held == ARGV[1] then
+      free = free + 1
+    else
+      holder = holder or held
+    end
+  end
+  return free, holder
+end
+local queued = queue_refusal(KEYS[1], KEYS[2], ARGV[4], ARGV[5], ARGV[6], permits_state)
+if queued then return queued end
 local first
-for i = 1, #KEYS / 2 do
-  local key, counter_key, token = KEYS[2 * i - 1], KEYS[2 * i], ARGV[3 + i]
+for i = 1, pairs_count do
+  local key, counter_key, token = KEYS[2 * i + 1], KEYS[2 * i + 2], ARGV[6 + i]
   local held
   if MODERN then
     held = redis.call('SET', key, ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
@@ -211,6 +235,7 @@ for i = 1, #KEYS / 2 do
       end
       return {0, i, counter}
     end
+    leave_queue(KEYS[1], KEYS[2], ARGV[4])
     return {1, i}
   end
   first = first or held

@@ -233,6 +233,24 @@ impl Workload {
     pub fn resources(count: usize) -> Vec<String> {
         (0..count).map(|index| format!("resource-{index}")).collect()
     }
+
+    /// The fair mode's workload: every client waits in the key's fair queue, on two keys so that queues form;
+    /// with `queue_skipper`, client 0 skips the queue (the negative control).
+    pub fn fair(queue_skipper: bool) -> Self {
+        Self {
+            clients: 8,
+            resources: Self::resources(2),
+            ttl: Duration::from_secs(1),
+            hold: Duration::from_millis(1)..Duration::from_millis(30),
+            pause_probability: 0.02,
+            long_hold_probability: 0.05,
+            floor_lag: Some(Duration::ZERO..Duration::from_millis(20)),
+            permits: 1,
+            miscounted_permits: None,
+            fair_wait: Some(Duration::from_secs(10)),
+            queue_skipper,
+        }
+    }
 }
 
 /// Runs `workload` against `urls` until `stop` says so. Each client has its own engine.

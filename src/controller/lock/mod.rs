@@ -11,6 +11,7 @@ pub mod decide;
 pub mod handover;
 pub mod permit_status;
 pub mod policy;
+pub mod queue_tickets;
 pub mod reconcile;
 pub mod releasing;
 pub mod reports;

@@ -79,6 +79,7 @@ pub fn held(
     next.quorum = Some(votes(facts.report));
     next.masters = masters(facts.report);
     next.blocked_by = None;
+    next.queue_place = None;
     next.observed_generation = stamp.generation;
     decorate(&mut next, decoration, fence_margin, stamp);
     conditions::set(&mut next.conditions, ready(), stamp);
@@ -98,6 +99,10 @@ pub fn waiting(
     next.phase = Some(blocked.phase);
     next.holder = None;
     next.blocked_by = blocked.report.blocking_holder();
+    next.queue_place = blocked
+        .report
+        .queue_place()
+        .and_then(|place| i64::try_from(place.place).ok());
     next.masters = masters(blocked.report);
     next.quorum = Some(votes(blocked.report));
     next.observed_generation = stamp.generation;
@@ -123,6 +128,7 @@ pub fn policy_waiting(
         next.phase = Some(LockPhase::Pending);
     }
     next.holder = None;
+    next.queue_place = None;
     next.observed_generation = stamp.generation;
     if let Some(candidates) = &decoration.candidates {
         next.candidates = candidates.clone();
@@ -161,6 +167,7 @@ pub fn not_ready(
     next.phase = Some(phase);
     next.holder = None;
     next.blocked_by = None;
+    next.queue_place = None;
     next.observed_generation = stamp.generation;
     conditions::set(
         &mut next.conditions,

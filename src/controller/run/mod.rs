@@ -209,6 +209,7 @@ pub async fn start(
         stopped: Default::default(),
         failures: Default::default(),
         written: Default::default(),
+        queue_tickets: Default::default(),
     });
     let server_task = listener.serve(
         metrics.clone(),

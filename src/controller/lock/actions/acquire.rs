@@ -22,12 +22,13 @@ use crate::controller::keeper::HeldView;
 use crate::controller::lock::RESYNC;
 use crate::controller::lock::decide::{contended_retry, resume_still_possible};
 use crate::controller::lock::permit_status::status_of;
+use crate::controller::lock::queue_tickets::queued_retry;
 use crate::controller::lock::status::{self, Blocked, Showing};
 use crate::controller::lock::status_write::write_permit_status;
 use crate::controller::lock::token::{EXHAUSTED_REASON, Exhausted, Places, exhausted_message};
 use crate::controller::lock::token_floor::record_name;
 use crate::negative_controls::{self, Control};
-use crate::redlock::{AcquireError, ExtendError, FailureKind, Lease, OperationReport};
+use crate::redlock::{AcquireError, ExtendError, FailureKind, Lease, OperationReport, Waiter};
 use crate::telemetry::metrics::OutcomeLabels;
 
 /// Grants one reconcile asks the masters for before it hands the lock back to the reconciler. A grant is given
@@ -91,6 +92,7 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
         }
         // Kept from this moment: the floor and status writes below take API round trips of the validity.
         keep(target, ctx, &lease, token);
+        ctx.queue_tickets.forget(key);
         match record_floor(ctx, quorum, key, token).await {
             Ok(Recorded::Written) => return hold(target, ctx, holder, &lease).await,
             Ok(Recorded::Reacquire { floor: record }) => {
@@ -174,13 +176,25 @@ async fn grant(
     floor: i64,
 ) -> Result<Lease, AcquireError> {
     let uid = target.lock.uid().unwrap_or_default();
-    let value = ctx.secret.lock_value(&target.settings.key, &uid, token, holder)?;
+    let key = &target.settings.key;
+    let value = ctx.secret.lock_value(key, &uid, token, holder)?;
+    // The lock waits in the key's fair queue on behalf of whoever its policy lets hold it (the Job queue's head,
+    // the elected candidate): one waiter per lock and permit, whoever that is.
+    let waiter = Waiter::new(
+        ctx.secret.waiter_id(key, &uid, target.permit),
+        ctx.queue_tickets.ticket(key),
+    );
     let started = Instant::now();
     let result = target
         .engine
         .engine
-        .try_acquire(&target.settings.key, target.settings.ttl, value, floor)
+        .try_acquire_waiting(key, target.settings.ttl, value, floor, Some(waiter))
         .await;
+    if let Err(AcquireError::NotAcquired { report, .. }) = &result
+        && let Some(place) = report.queue_place()
+    {
+        ctx.queue_tickets.remember(key, &place);
+    }
     let outcome = match &result {
         Ok(_) => "acquired",
         Err(AcquireError::NotAcquired {
@@ -262,27 +276,23 @@ async fn waiting(
     let (phase, reason, message, retry) = match kind {
         FailureKind::Contended => {
             let key = &target.settings.key;
-            let ahead = report
-                .queue_place()
-                .map_or(0, |place| place.place.saturating_sub(1));
-            let message = match (report.blocking_holder(), ahead) {
-                (Some(holder), 0) => format!("key `{key}` is held by {holder}; retrying"),
-                (Some(holder), ahead) => format!(
-                    "key `{key}` is held by {holder}, and {ahead} wait for it in its fair queue (`lock --wait` \
-                     commands), which this lock lets go first; retrying"
+            let holder = report
+                .blocking_holder()
+                .unwrap_or_else(|| "another holder".into());
+            match report.queue_place() {
+                Some(place) => (
+                    LockPhase::Contended,
+                    "Contended",
+                    queued_message(key, report.blocking_holder().as_deref(), place.place),
+                    queued_retry(&place),
                 ),
-                (None, 0) => format!("key `{key}` is held by another holder; retrying"),
-                (None, ahead) => format!(
-                    "key `{key}` is free, but {ahead} wait for it in its fair queue (`lock --wait` commands), \
-                     which this lock lets go first; retrying"
+                None => (
+                    LockPhase::Contended,
+                    "Contended",
+                    format!("key `{key}` is held by {holder}; retrying"),
+                    contended_retry(ttl, rand::rng().random()),
                 ),
-            };
-            (
-                LockPhase::Contended,
-                "Contended",
-                message,
-                contended_retry(ttl, rand::rng().random()),
-            )
+            }
         }
         FailureKind::TooFewMasters => (
             LockPhase::Pending,
@@ -330,6 +340,22 @@ async fn waiting(
         target.publish(ctx, type_, reason, message).await;
     }
     Ok(Action::requeue(retry))
+}
+
+/// What a lock waiting in its key's fair queue says: who holds the key, and its place among the waiters
+/// (`lock --wait` commands, other clusters' locks on a shared key).
+fn queued_message(key: &str, holder: Option<&str>, place: u64) -> String {
+    let holder = match holder {
+        Some(holder) => format!("held by {holder}"),
+        None => "not held".to_owned(),
+    };
+    match place {
+        0 | 1 => format!("key `{key}` is {holder}; this lock is next in its fair queue; retrying"),
+        place => format!(
+            "key `{key}` is {holder}; this lock is waiting in its fair queue, place {place} ({} ahead); retrying",
+            place - 1
+        ),
+    }
 }
 
 /// Status says `holder` has the lock with `token`, but this replica does not keep it: a predecessor (restarted or

@@ -1,0 +1,87 @@
+//! The tickets this replica's locks hold in their keys' fair queues, between reconciles: a lock that waits for a
+//! key others hold or wait for is a waiter there (the masters keep its place while its reconciles keep asking),
+//! and brings its ticket back to a master that restarted empty or dropped it while cut off. Lost with the
+//! replica, nothing is lost for good: the masters remember the place while the next replica keeps asking.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::redlock::{QUEUE_KEEP, QUEUE_POLL, QueuePlace};
+
+/// Per permit key: the highest ticket its masters gave the lock waiting for it.
+#[derive(Default)]
+pub struct QueueTickets {
+    tickets: Mutex<HashMap<String, i64>>,
+}
+
+impl QueueTickets {
+    /// The ticket to bring for `key` (0 before any).
+    pub fn ticket(&self, key: &str) -> i64 {
+        let tickets = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
+        tickets.get(key).copied().unwrap_or(0)
+    }
+
+    /// After a refused attempt: the ticket its masters gave.
+    pub fn remember(&self, key: &str, place: &QueuePlace) {
+        if place.ticket <= 0 {
+            return;
+        }
+        let mut tickets = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
+        let ticket = tickets.entry(key.to_owned()).or_default();
+        *ticket = (*ticket).max(place.ticket);
+    }
+
+    /// The key is the lock's: its next wait is a new arrival, at the back.
+    pub fn forget(&self, key: &str) {
+        self.tickets.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+    }
+}
+
+/// How soon a lock waiting in a key's fair queue asks again: often enough that the masters keep its place
+/// ([`QUEUE_KEEP`]), and at a waiter's pace ([`QUEUE_POLL`]) once it is next, so that it notices the key let go
+/// as soon as a `lock` command would.
+pub fn queued_retry(place: &QueuePlace) -> Duration {
+    if place.place <= 1 {
+        QUEUE_POLL
+    } else {
+        QUEUE_KEEP / 4
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place(place: u64, ticket: i64) -> QueuePlace {
+        QueuePlace {
+            place,
+            ticket,
+            settled: true,
+        }
+    }
+
+    #[test]
+    fn tickets_only_rise_until_the_key_is_granted() {
+        let tickets = QueueTickets::default();
+        assert_eq!(tickets.ticket("k"), 0);
+        tickets.remember("k", &place(3, 7));
+        tickets.remember("k", &place(2, 5));
+        assert_eq!(tickets.ticket("k"), 7);
+        tickets.remember("k", &place(1, 0));
+        assert_eq!(
+            tickets.ticket("k"),
+            7,
+            "a caller that was not queued learns nothing"
+        );
+        tickets.forget("k");
+        assert_eq!(tickets.ticket("k"), 0);
+    }
+
+    #[test]
+    fn a_queued_lock_asks_again_before_the_masters_drop_it_and_at_a_waiters_pace_when_next() {
+        assert_eq!(queued_retry(&place(1, 4)), QUEUE_POLL);
+        assert!(queued_retry(&place(5, 9)) < QUEUE_KEEP);
+        assert!(queued_retry(&place(5, 9)) >= QUEUE_POLL);
+    }
+}

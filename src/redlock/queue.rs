@@ -1,0 +1,48 @@
+//! A waiter in a key's fair queue, as the engine tells the masters about it, and the queue's pace: how often a
+//! waiter asks, and how long a master keeps one it no longer hears from. The queue itself lives on the masters
+//! (`scripts.rs`).
+
+use std::time::Duration;
+
+use super::scripts::millis;
+
+/// How often a waiter in a fair queue asks again, which is also how soon it notices the key let go.
+pub const QUEUE_POLL: Duration = Duration::from_millis(200);
+
+/// How long a master keeps a waiter queued without hearing from it: the longest a waiter that died or was cut
+/// off holds up the ones behind it. Ten times [`QUEUE_POLL`], so that a waiter on a busy machine or behind a
+/// slow master does not lose its place.
+pub const QUEUE_KEEP: Duration = Duration::from_secs(2);
+
+/// A caller waiting in a key's fair queue, as one attempt tells the masters: who it is (the same in every
+/// attempt of one acquisition), the ticket it holds so far (0 before its first), and how long a master keeps it
+/// queued without hearing from it again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Waiter {
+    pub(super) id: u64,
+    pub(super) ticket: i64,
+    pub(super) keep_ms: u64,
+}
+
+impl Waiter {
+    /// A waiter known by `id` (the same in every attempt of one acquisition, and across processes that wait on
+    /// behalf of one holder), bringing the highest `ticket` its masters gave it so far (0 before any).
+    pub fn new(id: u64, ticket: i64) -> Self {
+        Self {
+            id,
+            ticket: ticket.max(0),
+            keep_ms: millis(QUEUE_KEEP),
+        }
+    }
+
+    /// The ticket this waiter brings.
+    pub fn ticket(&self) -> i64 {
+        self.ticket
+    }
+
+    /// The waiter's name in the queue: fixed width, so that the queue's tie-break (by name, bytewise) is by
+    /// number.
+    pub(super) fn name(&self) -> String {
+        format!("{:016x}", self.id)
+    }
+}
