@@ -172,8 +172,8 @@ async fn tables_of_custom_resources_follow_their_printer_columns() {
         .create(&PostParams::default(), &lock("pending"))
         .await
         .expect("create");
-    let status = json!({"status": {"phase": "Held", "holder": "me", "held": "1/1", "fencingToken": 7,
-                                   "quorum": "3/5", "validUntil": "2030-01-01T00:00:00Z"}});
+    let status = json!({"status": {"phase": "Contended", "holder": "me", "queuePlace": 2, "held": "1/1",
+                                   "fencingToken": 7, "quorum": "3/5", "validUntil": "2030-01-01T00:00:00Z"}});
     locks
         .patch_status("held", &PatchParams::default(), &Patch::Merge(&status))
         .await
@@ -200,6 +200,7 @@ async fn tables_of_custom_resources_follow_their_printer_columns() {
             "Name",
             "Holder",
             "Phase",
+            "Place",
             "Held",
             "Token",
             "Valid-Until",
@@ -211,25 +212,33 @@ async fn tables_of_custom_resources_follow_their_printer_columns() {
     let cells = |row: &Value| row["cells"].as_array().unwrap().clone();
     let held = cells(&rows[0]);
     assert_eq!(
-        &held[..7],
+        &held[..8],
         &[
             json!("held"),
             json!("me"),
-            json!("Held"),
+            json!("Contended"),
+            json!(2),
             json!("1/1"),
             json!(7),
             json!("2030-01-01T00:00:00Z"),
             json!("3/5")
         ]
     );
-    let age = held[7].as_str().unwrap();
+    let age = held[8].as_str().unwrap();
     assert!(
         age.ends_with('s') && age[..age.len() - 1].parse::<u64>().is_ok(),
         "an age in seconds: {age}"
     );
     assert_eq!(
-        &cells(&rows[1])[1..6],
-        &[Value::Null, Value::Null, Value::Null, Value::Null, Value::Null]
+        &cells(&rows[1])[1..7],
+        &[
+            Value::Null,
+            Value::Null,
+            Value::Null,
+            Value::Null,
+            Value::Null,
+            Value::Null
+        ]
     );
     assert_eq!(rows[0]["object"]["kind"], "PartialObjectMetadata");
     assert_eq!(rows[0]["object"]["metadata"]["name"], "held");
