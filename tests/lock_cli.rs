@@ -761,6 +761,30 @@ fn arrived(cluster: &RedisCluster, key: &str, count: usize) -> bool {
     queued.iter().filter(|queued| **queued == count).count() > queued.len() / 2
 }
 
+/// A `lock` run by `first` that holds `key` until the file `go` exists; returned once its command runs.
+fn hold_until(cluster: &RedisCluster, key: &str, go: &Path) -> std::process::Child {
+    let mut holder = lock(
+        cluster,
+        &[SHORT, &["--holder", "first", key]].concat(),
+        &[
+            "sh",
+            "-c",
+            &format!(
+                "echo started; while [ ! -e '{}' ]; do sleep 0.05; done",
+                go.display()
+            ),
+        ],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .expect("holder");
+    let mut line = String::new();
+    let stdout = holder.stdout.take().expect("stdout");
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("started");
+    assert_eq!(line.trim(), "started");
+    holder
+}
+
 /// How many waiters every master queues for `key`.
 fn queued_everywhere(cluster: &RedisCluster, key: &str) -> Vec<usize> {
     let (queue, _) = redlock_operator::redlock::queue_keys(key);
@@ -788,25 +812,7 @@ fn waiting_commands_get_the_lock_in_the_order_they_asked_and_see_their_place() {
     let dir = tempfile::tempdir().expect("dir");
     let go = dir.path().join("go");
     let order = dir.path().join("order");
-    let mut holder = lock(
-        &cluster,
-        &[SHORT, &["--holder", "first", "fair"]].concat(),
-        &[
-            "sh",
-            "-c",
-            &format!(
-                "echo started; while [ ! -e '{}' ]; do sleep 0.05; done",
-                go.display()
-            ),
-        ],
-    )
-    .stdout(Stdio::piped())
-    .spawn()
-    .expect("holder");
-    let mut line = String::new();
-    let stdout = holder.stdout.take().expect("stdout");
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("started");
-    assert_eq!(line.trim(), "started");
+    let mut holder = hold_until(&cluster, "fair", &go);
 
     let waiter = |name: &str, extra: &[&str]| {
         let mut args = [SHORT, &["--wait", "60s", "--holder", name]].concat();
@@ -899,25 +905,7 @@ fn waiting_commands_keep_their_order_through_a_master_restart_and_a_partition() 
     let dir = tempfile::tempdir().expect("dir");
     let go = dir.path().join("go");
     let order = dir.path().join("order");
-    let mut holder = lock(
-        &cluster,
-        &[SHORT, &["--holder", "first", "faults"]].concat(),
-        &[
-            "sh",
-            "-c",
-            &format!(
-                "echo started; while [ ! -e '{}' ]; do sleep 0.05; done",
-                go.display()
-            ),
-        ],
-    )
-    .stdout(Stdio::piped())
-    .spawn()
-    .expect("holder");
-    let mut line = String::new();
-    let stdout = holder.stdout.take().expect("stdout");
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("started");
-    assert_eq!(line.trim(), "started");
+    let mut holder = hold_until(&cluster, "faults", &go);
     let mut waiters = Vec::new();
     for (place, name) in ["w0", "w1", "w2"].into_iter().enumerate() {
         let child = lock(

@@ -327,6 +327,7 @@ fn the_readme_local_path_works_as_written() {
             "NAME",
             "HOLDER",
             "PHASE",
+            "PLACE",
             "HELD",
             "TOKEN",
             "VALID-UNTIL",
