@@ -1252,21 +1252,26 @@ async fn two_clusters_jobs_on_a_shared_key_run_in_the_order_they_asked() {
         phase(lock) == Some(LockPhase::Contended)
             && lock.status.as_ref().and_then(|status| status.queue_place) == Some(1)
     };
-    // Arrivals, each once the one before runs or waits: east's e1, west's w1, east's e2, west's w2.
-    create_job(&east, "e1", None, true, 0, Work::Seconds(2)).await;
-    wait_for_grant_after(&east, "e1", 0).await;
+    // Arrivals, each once the one before runs or waits: east's e1 (which runs until it is deleted, so that
+    // the others arrive while it holds the key, however slow the API servers), west's w1, east's e2, west's w2.
+    create_job(&east, "e1", None, true, 0, Work::Seconds(600)).await;
+    let first = wait_for_grant_after(&east, "e1", 0).await;
     create_job(&west, "w1", None, true, 0, Work::Seconds(2)).await;
     lock_where(&west, "batch", "west next in the key's queue", queued_next).await;
     create_job(&east, "e2", None, true, 0, Work::Seconds(2)).await;
     create_job(&west, "w2", None, true, 0, Work::Seconds(2)).await;
+    jobs(&east)
+        .delete("e1", &Default::default())
+        .await
+        .expect("delete e1");
 
-    // The key's tokens rise in grant order, across the clusters.
-    let mut tokens = Vec::new();
-    for (env, job) in [(&east, "e1"), (&west, "w1"), (&east, "e2"), (&west, "w2")] {
-        let token = eventually(&format!("{job} to have run to completion"), || async {
-            let object = jobs(env).get(job).await.ok()?;
+    // The key's tokens rise in grant order, across the clusters: each Job's grant is above the one before it
+    // in arrival order only if the clusters took turns as their Jobs asked.
+    let mut tokens = vec![("e1", first)];
+    for (env, job) in [(&west, "w1"), (&east, "e2"), (&west, "w2")] {
+        let token = eventually(&format!("{job} to be granted"), || async {
             let (_, shown) = job_state(env, job).await;
-            finished(&object).then_some(shown?.parse::<i64>().ok()?)
+            shown?.parse::<i64>().ok()
         })
         .await;
         tokens.push((job, token));

@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::redlock::{QUEUE_KEEP, QUEUE_POLL, QueuePlace};
+use crate::controller::lock::decide::contended_retry;
+use crate::redlock::{QUEUE_KEEP, QueuePlace};
 
 /// Per permit key: the highest ticket its masters gave the lock waiting for it.
 #[derive(Default)]
@@ -38,15 +39,12 @@ impl QueueTickets {
     }
 }
 
-/// How soon a lock waiting in a key's fair queue asks again: often enough that the masters keep its place
-/// ([`QUEUE_KEEP`]), and at a waiter's pace ([`QUEUE_POLL`]) once it is next, so that it notices the key let go
-/// as soon as a `lock` command would.
-pub fn queued_retry(place: &QueuePlace) -> Duration {
-    if place.place <= 1 {
-        QUEUE_POLL
-    } else {
-        QUEUE_KEEP / 4
-    }
+/// How soon a lock waiting in a key's fair queue asks again: at a contended lock's pace (`random_unit` in 0..1),
+/// but often enough that the masters keep its place ([`QUEUE_KEEP`], with one attempt to spare). Not at a `lock`
+/// command's 200 ms: each attempt of a Job lock re-lists its pods first, and a waiting lock would cost the API
+/// server five lists a second.
+pub fn queued_retry(ttl: Duration, random_unit: f64) -> Duration {
+    contended_retry(ttl, random_unit).min(QUEUE_KEEP / 2)
 }
 
 #[cfg(test)]
@@ -79,9 +77,18 @@ mod tests {
     }
 
     #[test]
-    fn a_queued_lock_asks_again_before_the_masters_drop_it_and_at_a_waiters_pace_when_next() {
-        assert_eq!(queued_retry(&place(1, 4)), QUEUE_POLL);
-        assert!(queued_retry(&place(5, 9)) < QUEUE_KEEP);
-        assert!(queued_retry(&place(5, 9)) >= QUEUE_POLL);
+    fn a_queued_lock_asks_again_before_the_masters_drop_it() {
+        for ttl in [1, 3, 10, 600] {
+            for unit in [0.0, 0.5, 1.0] {
+                let retry = queued_retry(Duration::from_secs(ttl), unit);
+                assert!(retry <= QUEUE_KEEP / 2, "{ttl}s, {unit}: {retry:?}");
+                assert!(retry >= Duration::from_millis(200), "{ttl}s, {unit}: {retry:?}");
+            }
+        }
+        // Short TTLs keep a contended lock's pace.
+        assert_eq!(
+            queued_retry(Duration::from_secs(3), 0.0),
+            contended_retry(Duration::from_secs(3), 0.0)
+        );
     }
 }

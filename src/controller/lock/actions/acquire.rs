@@ -284,7 +284,7 @@ async fn waiting(
                     LockPhase::Contended,
                     "Contended",
                     queued_message(key, report.blocking_holder().as_deref(), place.place),
-                    queued_retry(&place),
+                    queued_retry(ttl, rand::rng().random()),
                 ),
                 None => (
                     LockPhase::Contended,
