@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use redlock_operator::redlock::{
     AcquireError, AcquireOptions, ExtendError, FailureKind, KeepPolicy, LockValue, LossReason, NodeHealth,
-    NodeOutcome, Redlock, RedlockConfig, counter_key,
+    NodeOutcome, Redlock, RedlockConfig, counter_key, queue_keys,
 };
 use support::fault_proxy::{Direction, FaultProxy};
-use support::redis_server::{RedisCluster, raw_get};
+use support::redis_server::{RedisCluster, raw_command, raw_get};
 use tokio::time::Instant;
 
 /// Masters started by the tests have uptime 0, so with the default max TTL they would sit in quarantine for a
@@ -980,6 +980,49 @@ async fn fencing_tokens_are_proposed_above_the_counters() {
         "{err}"
     );
     engine.release(&blocker).await;
+}
+
+/// Found by the engine checker's fair mode: a master restarted empty (its quarantine over) and two that had
+/// missed the last grants made a majority for a token below one the other two had given, because those two
+/// refused for their fair queue and said nothing of their counters. A master that refuses for another holder or
+/// for the key's queue now reports its counter where it is not below the proposal, and the acquisition proposes
+/// above it even with a majority granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masters_refusing_for_a_holder_or_the_queue_still_keep_tokens_rising() {
+    let cluster = RedisCluster::start(5).expect("masters");
+    let ttl = Duration::from_secs(2);
+    let engine = engine(&cluster, ttl, Duration::from_millis(200)).await;
+    wait_until_eligible(&engine, 5).await;
+    let urls = cluster.urls();
+    for (key, refused_by_queue) in [("outbid-held", false), ("outbid-queued", true)] {
+        let (queue, deadlines) = queue_keys(key);
+        for url in &urls[..2] {
+            raw_set(url, &counter_key(key), "78").await;
+            if refused_by_queue {
+                // A waiter far ahead, kept until long after the test.
+                raw_command(url, &["ZADD", &queue, "1", "waiter-ahead"]).await;
+                raw_command(url, &["ZADD", &deadlines, "99999999999999", "waiter-ahead"]).await;
+            } else {
+                raw_set(url, key, "another holder").await;
+            }
+        }
+        for url in &urls[2..4] {
+            raw_set(url, &counter_key(key), "73").await;
+        }
+        // urls[4] restarted empty: it knows no counter.
+        let lease = engine
+            .acquire(key, ttl, "a", once())
+            .await
+            .expect("a majority grants");
+        assert!(
+            lease.fencing_token() > 78,
+            "{key}: token {} although two masters had given 78: {}",
+            lease.fencing_token(),
+            lease.report()
+        );
+        engine.release(&lease).await;
+    }
+    engine.settle().await;
 }
 
 /// Issue 14: a restarted master forgot its counters. Quarantined, it gets no writes; afterwards the masters

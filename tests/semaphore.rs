@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use redlock_operator::redlock::{
     AcquireError, AcquireOptions, FailureKind, LockValue, Redlock, RedlockConfig, counter_key, permit_key,
+    queue_keys,
 };
-use support::redis_server::{RedisCluster, raw_get};
+use support::redis_server::{RedisCluster, raw_command, raw_get};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(30);
@@ -35,16 +36,6 @@ fn once() -> AcquireOptions {
         token_floor: 0,
         fair: false,
     }
-}
-
-async fn redis(url: &str, args: &[&str]) -> redis::Value {
-    let client = redis::Client::open(url).expect("url");
-    let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
-    let mut command = redis::cmd(args[0]);
-    for arg in &args[1..] {
-        command.arg(*arg);
-    }
-    command.query_async(&mut conn).await.expect("command")
 }
 
 /// How many masters hold `key` with a value of `holder`'s.
@@ -149,7 +140,7 @@ async fn masters_that_took_another_permit_give_it_back() {
     // Permit 0 is taken on masters 2, 3 and 4, permit 1 on masters 0 and 1.
     for (index, url) in urls.iter().enumerate() {
         let permit = if index < 2 { 1 } else { 0 };
-        redis(
+        raw_command(
             url,
             &["SET", &permit_key("split", permit), "other|x", "PX", "30000"],
         )
@@ -179,7 +170,7 @@ async fn tokens_rise_per_permit_above_what_the_masters_know() {
     let cluster = RedisCluster::start(3).expect("masters");
     let engine = engine(&cluster).await;
     for url in cluster.urls() {
-        redis(
+        raw_command(
             &url,
             &["SET", &counter_key(&permit_key("tok", 1)), "41", "PX", "60000"],
         )
@@ -204,6 +195,51 @@ async fn tokens_rise_per_permit_above_what_the_masters_know() {
     assert_eq!((again.permit(), again.fencing_token()), (1, 51));
     engine.release(&again).await;
     engine.release(&second).await;
+    engine.settle().await;
+}
+
+/// As for one key (see the engine's `masters_refusing_for_a_holder_or_the_queue_still_keep_tokens_rising`): a
+/// master whose permits are all held, or whose semaphore queue comes first, reports the counters that are not
+/// below their proposals, so that a majority of masters that forgot them cannot send a permit's token back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masters_refusing_for_holders_or_the_queue_still_keep_permit_tokens_rising() {
+    let cluster = RedisCluster::start(5).expect("masters");
+    let engine = engine(&cluster).await;
+    let urls = cluster.urls();
+    for (key, refused_by_queue) in [("outbid-held", false), ("outbid-queued", true)] {
+        let (queue, deadlines) = queue_keys(key);
+        for permit in [permit_key(key, 0), permit_key(key, 1)] {
+            for url in &urls[..2] {
+                raw_command(url, &["SET", &counter_key(&permit), "78"]).await;
+                if !refused_by_queue {
+                    raw_command(url, &["SET", &permit, "another holder"]).await;
+                }
+            }
+            for url in &urls[2..4] {
+                raw_command(url, &["SET", &counter_key(&permit), "73"]).await;
+            }
+        }
+        if refused_by_queue {
+            for url in &urls[..2] {
+                // Two waiters far ahead (one per permit), kept until long after the test.
+                for waiter in ["first-ahead", "second-ahead"] {
+                    raw_command(url, &["ZADD", &queue, "1", waiter]).await;
+                    raw_command(url, &["ZADD", &deadlines, "99999999999999", waiter]).await;
+                }
+            }
+        }
+        let lease = engine
+            .acquire_permit(key, 2, TTL, "a", once())
+            .await
+            .expect("a majority grants");
+        assert!(
+            lease.fencing_token() > 78,
+            "{key}: token {} although two masters had given 78: {}",
+            lease.fencing_token(),
+            lease.report()
+        );
+        engine.release(&lease).await;
+    }
     engine.settle().await;
 }
 

@@ -261,7 +261,13 @@ impl Redlock {
             }
         };
         let decided_at = Instant::now();
-        let granted = fan_out.majority;
+        // Out of rounds with a master that knows a token at or above ours: granting it could send tokens back
+        // (the masters that granted may have forgotten theirs), so the attempt fails and the next proposes above.
+        let outbid = fan_out
+            .report
+            .highest_counter()
+            .is_some_and(|counter| counter >= token);
+        let granted = fan_out.majority && !outbid;
         let validity = validity_left(ttl, started, decided_at, config.drift(ttl));
         match (granted, validity) {
             (true, Some(validity)) => {

@@ -12,6 +12,9 @@ pub enum NodeOutcome {
     /// Another value holds the key; `holder` is its label when it was written by a Redlock client of ours.
     HeldByOther {
         holder: Option<String>,
+        /// Acquire: the master's fencing counter for the key, where it is not below the proposed token. A
+        /// refusal of any kind says so, so that the acquisition proposes above it even with a majority granted.
+        counter: Option<i64>,
     },
     /// Acquire: the master's fencing counter for the key is already at `counter`, not below the proposed token;
     /// nothing was written. The acquisition proposes `counter + 1` next.
@@ -25,6 +28,9 @@ pub enum NodeOutcome {
         place: u64,
         ticket: i64,
         holder: Option<String>,
+        /// The master's fencing counter for the key, where it is not below the proposed token (as for
+        /// [`NodeOutcome::HeldByOther`]).
+        counter: Option<i64>,
     },
     /// Release/extend: the key was not there (already expired or never set on this master).
     NotHeld,
@@ -73,7 +79,9 @@ impl NodeOutcome {
 impl fmt::Display for NodeOutcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::HeldByOther { holder: Some(holder) } => write!(f, "held by {holder}"),
+            Self::HeldByOther {
+                holder: Some(holder), ..
+            } => write!(f, "held by {holder}"),
             Self::TokenTooLow { counter } => write!(f, "token too low (fencing counter at {counter})"),
             Self::Queued { place, .. } => write!(f, "queued, place {place}"),
             Self::Error(message) | Self::Unavailable(message) => write!(f, "{}: {message}", self.label()),
@@ -201,12 +209,21 @@ impl OperationReport {
         })
     }
 
-    /// The highest fencing counter that masters refusing a proposal reported.
+    /// The highest fencing counter that masters refusing a proposal reported: each is at or above the token
+    /// proposed, whether the master refused for its counter, for another holder or for its fair queue.
     pub fn highest_counter(&self) -> Option<i64> {
         self.nodes
             .iter()
             .filter_map(|node| match node.outcome {
-                NodeOutcome::TokenTooLow { counter } => Some(counter),
+                NodeOutcome::TokenTooLow { counter }
+                | NodeOutcome::HeldByOther {
+                    counter: Some(counter),
+                    ..
+                }
+                | NodeOutcome::Queued {
+                    counter: Some(counter),
+                    ..
+                } => Some(counter),
                 _ => None,
             })
             .max()
@@ -244,7 +261,9 @@ impl OperationReport {
     pub fn blocking_holder(&self) -> Option<String> {
         let mut counts: Vec<(String, usize)> = Vec::new();
         for node in &self.nodes {
-            let (NodeOutcome::HeldByOther { holder: Some(holder) }
+            let (NodeOutcome::HeldByOther {
+                holder: Some(holder), ..
+            }
             | NodeOutcome::Queued {
                 holder: Some(holder), ..
             }) = &node.outcome

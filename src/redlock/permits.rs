@@ -38,16 +38,32 @@ enum Answer {
     Granted(usize),
     /// This candidate was free, but its counter is not below the proposal.
     Refused { candidate: usize, counter: i64 },
-    /// Every candidate is held by another value (the first one's holder).
-    AllHeld(Option<String>),
-    /// The semaphore's fair queue comes first (see [`NodeOutcome::Queued`]).
+    /// Every candidate is held by another value (the first one's holder); `counters` as for `Queued`.
+    AllHeld {
+        holder: Option<String>,
+        counters: Vec<(usize, i64)>,
+    },
+    /// The semaphore's fair queue comes first (see [`NodeOutcome::Queued`]); `counters` are the candidates whose
+    /// counters on this master are not below their proposals, with those counters.
     Queued {
         place: u64,
         ticket: i64,
         holder: Option<String>,
+        counters: Vec<(usize, i64)>,
     },
     /// No answer that says anything about the permits.
     Failed(NodeOutcome),
+}
+
+impl Answer {
+    /// The counters, not below their proposals, that this answer reports, by candidate.
+    fn known_counters(&self) -> Vec<(usize, i64)> {
+        match self {
+            Self::Refused { candidate, counter } => vec![(*candidate, *counter)],
+            Self::AllHeld { counters, .. } | Self::Queued { counters, .. } => counters.clone(),
+            Self::Granted(_) | Self::Failed(_) => Vec::new(),
+        }
+    }
 }
 
 type AnswerFuture = BoxFuture<'static, (usize, Answer)>;
@@ -204,7 +220,7 @@ impl Redlock {
         let mut uncertain = vec![false; nodes];
         let started = Instant::now();
         let mut round = 1;
-        let (answers, pending, winner) = loop {
+        let (answers, pending, winner, outbid) = loop {
             let (answers, pending, winner) = self.permit_round(&candidates, &value, ttl, waiter).await;
             let mut raised = false;
             for (index, answer) in answers.iter().enumerate() {
@@ -213,18 +229,18 @@ impl Redlock {
                         granted[index].push(*candidate);
                     }
                     Some(Answer::Failed(NodeOutcome::Timeout)) => uncertain[index] = true,
-                    // As for one key: a refusal means a master knows a higher token for that permit; propose
-                    // above it while rounds are left, also for a permit a majority already granted.
-                    Some(Answer::Refused { candidate, counter })
-                        if winner.is_none_or(|winner| winner == *candidate) =>
-                    {
-                        let proposal = &mut candidates.tokens[*candidate];
-                        if *counter >= *proposal {
-                            *proposal = next_token(&candidates.keys[*candidate].0, *counter)?;
+                    _ => {}
+                }
+                // As for one key: a refusal means a master knows a higher token for that permit; propose
+                // above it while rounds are left, also for a permit a majority already granted.
+                for (candidate, counter) in answer.iter().flat_map(Answer::known_counters) {
+                    if winner.is_none_or(|winner| winner == candidate) {
+                        let proposal = &mut candidates.tokens[candidate];
+                        if counter >= *proposal {
+                            *proposal = next_token(&candidates.keys[candidate].0, counter)?;
                             raised = true;
                         }
                     }
-                    _ => {}
                 }
             }
             let could_grant = answers
@@ -232,7 +248,7 @@ impl Redlock {
                 .filter(|answer| {
                     !matches!(
                         answer,
-                        Some(Answer::AllHeld(_) | Answer::Failed(_) | Answer::Queued { .. })
+                        Some(Answer::AllHeld { .. } | Answer::Failed(_) | Answer::Queued { .. })
                     )
                 })
                 .count()
@@ -244,13 +260,14 @@ impl Redlock {
                 round += 1;
                 continue;
             }
-            break (answers, pending, winner);
+            // Out of rounds with the winner's token outbid: as for one key, the attempt fails.
+            break (answers, pending, winner, raised && winner.is_some());
         };
         let decided_at = Instant::now();
         let report = self.permit_report(&answers, winner, started);
         let validity = validity_left(ttl, started, decided_at, config.drift(ttl));
         let keys = candidates.all_keys();
-        match (winner, validity) {
+        match (winner.filter(|_| !outbid), validity) {
             (Some(winner), Some(validity)) => {
                 let others = (0..nodes)
                     .filter(|index| uncertain[*index] || granted[*index].iter().any(|c| *c != winner))
@@ -389,19 +406,25 @@ impl Redlock {
                 let outcome = match answer {
                     None => NodeOutcome::Pending,
                     Some(Answer::Granted(candidate)) if Some(*candidate) == winner => NodeOutcome::Granted,
-                    Some(Answer::Granted(_)) => NodeOutcome::HeldByOther { holder: None },
+                    Some(Answer::Granted(_)) => NodeOutcome::HeldByOther {
+                        holder: None,
+                        counter: None,
+                    },
                     Some(Answer::Refused { counter, .. }) => NodeOutcome::TokenTooLow { counter: *counter },
-                    Some(Answer::AllHeld(holder)) => NodeOutcome::HeldByOther {
+                    Some(Answer::AllHeld { holder, counters }) => NodeOutcome::HeldByOther {
                         holder: holder.clone(),
+                        counter: counters.iter().map(|(_, counter)| *counter).max(),
                     },
                     Some(Answer::Queued {
                         place,
                         ticket,
                         holder,
+                        counters,
                     }) => NodeOutcome::Queued {
                         place: *place,
                         ticket: *ticket,
                         holder: holder.clone(),
+                        counter: counters.iter().map(|(_, counter)| *counter).max(),
                     },
                     Some(Answer::Failed(outcome)) => outcome.clone(),
                 };
@@ -532,23 +555,54 @@ fn interpret_any(reply: Value, count: usize) -> Answer {
             },
             None => unexpected(&items),
         },
-        [Value::Int(2), Value::BulkString(raw)] => Answer::AllHeld(LockValue::holder_of(raw)),
-        [Value::Int(2)] | [Value::Int(2), Value::Nil] => Answer::AllHeld(None),
+        [Value::Int(2)] => Answer::AllHeld {
+            holder: None,
+            counters: Vec::new(),
+        },
+        [Value::Int(2), holder, known @ ..] if known.len() <= 1 => Answer::AllHeld {
+            holder: holder_named(holder),
+            counters: known_counters(known.first(), count),
+        },
         [
             Value::Int(3),
             Value::Int(place),
             holder,
             Value::BulkString(ticket),
-        ] => Answer::Queued {
+            known @ ..,
+        ] if known.len() <= 1 => Answer::Queued {
             place: u64::try_from(*place).unwrap_or(0),
             ticket: reported_counter(ticket),
-            holder: match holder {
-                Value::BulkString(raw) => LockValue::holder_of(raw),
-                _ => None,
-            },
+            holder: holder_named(holder),
+            counters: known_counters(known.first(), count),
         },
         _ => unexpected(&items),
     }
+}
+
+fn holder_named(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(raw) => LockValue::holder_of(raw),
+        _ => None,
+    }
+}
+
+/// The {i, counter, ...} a refusal reports: candidates (1-based, as the script numbers them) whose counters are
+/// not below their proposals. Pairs that name no candidate of this attempt are dropped.
+fn known_counters(reply: Option<&Value>, count: usize) -> Vec<(usize, i64)> {
+    let Some(Value::Array(items)) = reply else {
+        return Vec::new();
+    };
+    items
+        .chunks_exact(2)
+        .filter_map(|pair| match pair {
+            [Value::Int(position), Value::BulkString(counter)] => usize::try_from(*position)
+                .ok()
+                .and_then(|position| position.checked_sub(1))
+                .filter(|candidate| *candidate < count)
+                .map(|candidate| (candidate, reported_counter(counter))),
+            _ => None,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -627,7 +681,50 @@ mod tests {
                 Value::Array(vec![Value::Int(2), Value::BulkString(b"bob|ab12".to_vec())]),
                 3
             ),
-            Answer::AllHeld(Some("bob".into()))
+            Answer::AllHeld {
+                holder: Some("bob".into()),
+                counters: Vec::new()
+            }
+        );
+        // A refusal names the candidates (1-based) whose counters are not below their proposals; a pair that
+        // names no candidate of this attempt is dropped.
+        let counters = Value::Array(vec![
+            Value::Int(2),
+            Value::BulkString(b"78".to_vec()),
+            Value::Int(9),
+            Value::BulkString(b"5".to_vec()),
+        ]);
+        assert_eq!(
+            interpret_any(
+                Value::Array(vec![
+                    Value::Int(2),
+                    Value::BulkString(b"bob|ab12".to_vec()),
+                    counters.clone()
+                ]),
+                3
+            ),
+            Answer::AllHeld {
+                holder: Some("bob".into()),
+                counters: vec![(1, 78)]
+            }
+        );
+        assert_eq!(
+            interpret_any(
+                Value::Array(vec![
+                    Value::Int(3),
+                    Value::Int(2),
+                    Value::Nil,
+                    Value::BulkString(b"4".to_vec()),
+                    counters
+                ]),
+                3
+            ),
+            Answer::Queued {
+                place: 2,
+                ticket: 4,
+                holder: None,
+                counters: vec![(1, 78)]
+            }
         );
     }
 }

@@ -113,9 +113,19 @@ pub(super) fn reported_counter(raw: &[u8]) -> i64 {
         .unwrap_or(i64::MAX)
 }
 
+/// The counter a refusal for another holder or for the queue reports alongside (nil: none at or above the
+/// proposal).
+pub(super) fn known_counter(value: &Value) -> Option<i64> {
+    match value {
+        Value::BulkString(raw) => Some(reported_counter(raw)),
+        _ => None,
+    }
+}
+
 pub(super) fn interpret(op: Op, reply: Value) -> NodeOutcome {
-    let other = |raw: &[u8]| NodeOutcome::HeldByOther {
+    let other = |raw: &[u8], counter: Option<i64>| NodeOutcome::HeldByOther {
         holder: LockValue::holder_of(raw),
+        counter,
     };
     match (op, reply) {
         (Op::Acquire { .. }, Value::Int(1)) => NodeOutcome::Granted,
@@ -123,23 +133,27 @@ pub(super) fn interpret(op: Op, reply: Value) -> NodeOutcome {
             [Value::Int(0), Value::BulkString(counter)] => NodeOutcome::TokenTooLow {
                 counter: reported_counter(counter),
             },
-            [Value::Int(2), Value::BulkString(raw)] => other(raw),
+            [Value::Int(2), Value::BulkString(raw), known @ ..] if known.len() <= 1 => {
+                other(raw, known.first().and_then(known_counter))
+            }
             [
                 Value::Int(3),
                 Value::Int(place),
                 holder,
                 Value::BulkString(ticket),
-            ] => NodeOutcome::Queued {
+                known @ ..,
+            ] if known.len() <= 1 => NodeOutcome::Queued {
                 place: u64::try_from(*place).unwrap_or(0),
                 ticket: reported_counter(ticket),
                 holder: match holder {
                     Value::BulkString(raw) => LockValue::holder_of(raw),
                     _ => None,
                 },
+                counter: known.first().and_then(known_counter),
             },
             unexpected => NodeOutcome::Error(format!("unexpected reply {unexpected:?}")),
         },
-        (Op::Extend { .. }, Value::BulkString(raw)) => other(&raw),
+        (Op::Extend { .. }, Value::BulkString(raw)) => other(&raw, None),
         (Op::Extend { .. }, Value::Int(1)) | (Op::Release, Value::Int(1)) => NodeOutcome::Granted,
         (Op::Extend { .. }, Value::Int(2)) => NodeOutcome::Recreated,
         (Op::Release | Op::Extend { .. }, Value::Int(0)) => NodeOutcome::NotHeld,
@@ -196,6 +210,72 @@ mod tests {
         );
     }
 
+    /// The engine checker's fair mode found it: a master restarted empty and two that missed the last grants
+    /// made a majority for a token below the one the two refusing masters had given (they answered with their
+    /// queue, not their counter). Every refusal now carries the counter that is not below the proposal.
+    #[test]
+    fn a_refusal_for_another_holder_or_the_queue_carries_a_higher_counter() {
+        let acquire = Op::Acquire {
+            ttl_ms: 1,
+            token: 74,
+            waiter: None,
+        };
+        let held = interpret(
+            acquire,
+            Value::Array(vec![
+                Value::Int(2),
+                Value::BulkString(b"other".to_vec()),
+                Value::BulkString(b"78".to_vec()),
+            ]),
+        );
+        assert_eq!(
+            held,
+            NodeOutcome::HeldByOther {
+                holder: None,
+                counter: Some(78)
+            }
+        );
+        let queued_above = interpret(
+            acquire,
+            Value::Array(vec![
+                Value::Int(3),
+                Value::Int(3),
+                Value::Nil,
+                Value::BulkString(b"9".to_vec()),
+                Value::BulkString(b"78".to_vec()),
+            ]),
+        );
+        assert_eq!(
+            queued_above,
+            NodeOutcome::Queued {
+                place: 3,
+                ticket: 9,
+                holder: None,
+                counter: Some(78)
+            }
+        );
+        let below = Value::Array(vec![
+            Value::Int(2),
+            Value::BulkString(b"other".to_vec()),
+            Value::Nil,
+        ]);
+        assert_eq!(
+            interpret(acquire, below),
+            NodeOutcome::HeldByOther {
+                holder: None,
+                counter: None
+            }
+        );
+        let answers = report(vec![
+            NodeOutcome::Granted,
+            NodeOutcome::Granted,
+            NodeOutcome::Granted,
+            held,
+            queued_above,
+        ]);
+        assert_eq!(answers.highest_counter(), Some(78));
+    }
+
     fn report(outcomes: Vec<NodeOutcome>) -> OperationReport {
         OperationReport {
             quorum: outcomes.len() / 2 + 1,
@@ -216,6 +296,7 @@ mod tests {
             place,
             ticket,
             holder: None,
+            counter: None,
         }
     }
 
@@ -244,7 +325,8 @@ mod tests {
             NodeOutcome::Queued {
                 place: 2,
                 ticket: 7,
-                holder: Some("ci-7".to_owned())
+                holder: Some("ci-7".to_owned()),
+                counter: None,
             }
         );
     }

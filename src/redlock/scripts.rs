@@ -32,6 +32,14 @@ local function below(c, t)
   end
   return false
 end
+-- known(key, t): the counter at `key` when it is a decimal not below the token `t`, else false. Every refusal
+-- reports it, so that a master that forgot its counter (restarted empty) cannot grant a token below one a
+-- refusing master knows: the caller proposes above it, as after a refusal for the counter itself.
+local function known(key, t)
+  local c = redis.call('GET', key)
+  if c and string.find(c, '^%d+$') and not below(c, t) then return c end
+  return false
+end
 ";
 
 /// `raise(key, token, retention)`: the counter becomes `token` where it is below it (or absent), and is kept
@@ -135,8 +143,9 @@ end
 /// token, ARGV[4] the counter's retention in ms; KEYS[3..4] and ARGV[5..7] the key's fair queue, when given (see
 /// [`QUEUE`]).
 /// Returns 1 (granted: the key holds our value and the counter is the proposal), {0, counter} (refused: the
-/// counter is not below the proposal; nothing changed but the counter's retention) or {2, value} (held by
-/// another value; nothing changed). A key that already holds our value (set by an earlier, refused round of the
+/// counter is not below the proposal; nothing changed but the counter's retention), {2, value, counter} (held
+/// by another value; nothing changed) or the queue's {3, place, holder, ticket, counter}; `counter` in the last
+/// two is the key's counter where it is not below the proposal, else false (see `known`). A key that already holds our value (set by an earlier, refused round of the
 /// same attempt) is granted again, its expiry unchanged (the attempt's validity counts from its first round).
 /// Two calls on Redis 7 when granted.
 fn acquire(version: &str) -> String {
@@ -150,7 +159,10 @@ local function key_state()
 end
 if KEYS[3] then
   local queued = queue_refusal(KEYS[3], KEYS[4], ARGV[5], ARGV[6], ARGV[7], key_state)
-  if queued then return queued end
+  if queued then
+    queued[5] = known(KEYS[2], ARGV[3])
+    return queued
+  end
 end
 local held
 if MODERN then
@@ -159,7 +171,7 @@ else
   held = redis.call('GET', KEYS[1])
   if not held then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
 end
-if held and held ~= ARGV[1] then return {2, held} end
+if held and held ~= ARGV[1] then return {2, held, known(KEYS[2], ARGV[3])} end
 local counter
 if MODERN then
   counter = redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4], 'GET')
@@ -187,8 +199,9 @@ return 1
 /// counters' retention in ms, ARGV[4..6] the waiter, its ticket and how long it is kept, ARGV[7..] the token
 /// proposed for each pair. Takes the first permit that is free or already ours, as [`acquire`] takes
 /// its one key, and stops there. Returns {1, i} (granted permit pair i, 1-based), {0, i, counter} (permit i's
-/// counter is not below its proposal; nothing changed but the counter's retention) or {2, value} (every permit
-/// held by another; the first one's value). Masters in the same state take the same permit, so one round trip
+/// counter is not below its proposal; nothing changed but the counter's retention), {2, value, counters} (every
+/// permit held by another; the first one's value) or the queue's {3, place, holder, ticket, counters};
+/// `counters` is {i, counter, ...} for the permits whose counters are not below their proposals (see `known`). Masters in the same state take the same permit, so one round trip
 /// decides as for a single key; the client settles any disagreement.
 fn acquire_any(version: &str) -> String {
     format!(
@@ -207,8 +220,23 @@ local function permits_state()
   end
   return free, holder
 end
+-- The counters of candidates that are not below their proposals, as {i, counter, ...}, for a refusal.
+local function known_counters()
+  local counters = {}
+  for i = 1, pairs_count do
+    local counter = known(KEYS[2 * i + 2], ARGV[6 + i])
+    if counter then
+      counters[#counters + 1] = i
+      counters[#counters + 1] = counter
+    end
+  end
+  return counters
+end
 local queued = queue_refusal(KEYS[1], KEYS[2], ARGV[4], ARGV[5], ARGV[6], permits_state)
-if queued then return queued end
+if queued then
+  queued[5] = known_counters()
+  return queued
+end
 local first
 for i = 1, pairs_count do
   local key, counter_key, token = KEYS[2 * i + 1], KEYS[2 * i + 2], ARGV[6 + i]
@@ -240,7 +268,7 @@ for i = 1, pairs_count do
   end
   first = first or held
 end
-return {2, first}
+return {2, first, known_counters()}
 "
     )
 }

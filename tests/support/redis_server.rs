@@ -423,3 +423,15 @@ pub async fn raw_get(url: &str, key: &str) -> Option<String> {
         .await
         .ok()?
 }
+
+/// Runs one command on one master directly (no lock logic in between), for a test that sets up what a master
+/// holds.
+pub async fn raw_command(url: &str, args: &[&str]) -> redis::Value {
+    let client = redis::Client::open(url).expect("url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+    let mut command = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        command.arg(*arg);
+    }
+    command.query_async(&mut conn).await.expect("command")
+}

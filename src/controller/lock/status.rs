@@ -524,6 +524,7 @@ mod tests {
     fn a_contended_lock_names_who_blocks_it() {
         let other = || NodeOutcome::HeldByOther {
             holder: Some("batch-7".into()),
+            counter: None,
         };
         let contended = report(vec![other(), other(), NodeOutcome::Granted]);
         let blocked = Blocked {
