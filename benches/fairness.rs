@@ -22,11 +22,9 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redlock_operator::redlock::{
-    AcquireOptions, NodeOutcome, OperationReport, QUEUE_KEEP, QUEUE_POLL, Redlock, RedlockConfig,
-};
+use redlock_operator::redlock::{AcquireOptions, QUEUE_KEEP, QUEUE_POLL, Redlock, RedlockConfig};
 use support::redis_server::RedisCluster;
-use support::safety::{Nemesis, Recorder};
+use support::safety::{Nemesis, Recorder, queued_at_a_majority};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -178,16 +176,6 @@ async fn engines_on(urls: &[String]) -> Result<Vec<Redlock>, BoxError> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Ok(engines)
-}
-
-/// Whether a majority of masters answered with the queue, all with the ticket the waiter keeps.
-fn queued_at_a_majority(report: &OperationReport) -> bool {
-    let queued = report
-        .nodes
-        .iter()
-        .filter(|node| matches!(node.outcome, NodeOutcome::Queued { .. }))
-        .count();
-    queued >= report.quorum && report.queue_place().is_some_and(|place| place.settled)
 }
 
 async fn one_round(engines: &[Redlock], key: &str) -> Result<Round, BoxError> {

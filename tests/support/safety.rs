@@ -486,7 +486,7 @@ async fn wait_fairly(
 }
 
 /// Whether a majority of masters answered with the queue, all with the ticket the waiter keeps.
-fn queued_at_a_majority(report: &OperationReport) -> bool {
+pub fn queued_at_a_majority(report: &OperationReport) -> bool {
     let queued = report
         .nodes
         .iter()
