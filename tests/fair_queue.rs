@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redlock_operator::redlock::{
-    AcquireError, AcquireOptions, Lease, NodeOutcome, Redlock, RedlockConfig, queue_keys,
+    AcquireError, AcquireOptions, Lease, LockValue, NodeOutcome, Redlock, RedlockConfig, Waiter, queue_keys,
 };
 use support::fault_proxy::{Direction, FaultProxy};
 use support::redis_server::RedisCluster;
@@ -223,6 +223,74 @@ async fn a_single_attempt_does_not_jump_a_queue_and_is_not_queued() {
             .expect("DEL");
     }
     let lease = engine.acquire(key, TTL, "impatient", once()).await.expect("free");
+    engine.release(&lease).await;
+}
+
+/// A waiter whose attempt some masters granted but a majority did not keeps its place on those masters too:
+/// before, a grant took it out of that master's queue at once, and a waiter behind it was head there until its
+/// next attempt (found through the `lock` command, with one master restarted and another stopped, as an order
+/// inversion). A newcomer is refused by every master meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_granted_by_a_minority_keeps_its_place_there() {
+    let cluster = RedisCluster::start(5).expect("masters");
+    let urls = cluster.urls();
+    let engine = engine_on(&urls).await;
+    let key = "keeps-place";
+    for url in &urls[..3] {
+        let mut conn = redis_conn(url).await;
+        redis::cmd("SET")
+            .arg(key)
+            .arg("another holder")
+            .arg("PX")
+            .arg(60_000)
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("hold the key on three masters");
+    }
+    let value = || LockValue::random("waiter").expect("value");
+    // Kept long enough that nothing in this test expires, however slow the machine.
+    let waiter = |id, ticket| Some(Waiter::new(id, ticket).keeping(HOLD));
+    let first = engine
+        .try_acquire_waiting(key, TTL, value(), 0, waiter(1, 5))
+        .await;
+    let Err(AcquireError::NotAcquired { report, .. }) = first else {
+        panic!("granted without a majority: {first:?}");
+    };
+    let granted = report.nodes.iter().filter(|node| node.outcome.is_vote()).count();
+    assert!(granted <= 2, "{report}");
+    // Masters still answering when the attempt was decided get the script all the same, a moment later.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while queued(&urls, key).await.iter().sum::<usize>() < 5 {
+        assert!(Instant::now() < deadline, "{report}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The other holder lets go; a newcomer finds the waiter first everywhere.
+    for url in &urls[..3] {
+        let mut conn = redis_conn(url).await;
+        redis::cmd("DEL")
+            .arg(key)
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("let go");
+    }
+    let newcomer = engine
+        .try_acquire_waiting(key, TTL, value(), 0, waiter(2, 0))
+        .await;
+    let Err(AcquireError::NotAcquired { report, .. }) = newcomer else {
+        panic!("a newcomer got the key before the waiter: {newcomer:?}");
+    };
+    assert!(
+        report
+            .nodes
+            .iter()
+            .all(|node| matches!(node.outcome, NodeOutcome::Queued { .. } | NodeOutcome::Pending)),
+        "{report}"
+    );
+    let lease = engine
+        .try_acquire_waiting(key, TTL, value(), 0, waiter(1, 5))
+        .await
+        .expect("the waiter, first in every queue");
     engine.release(&lease).await;
 }
 

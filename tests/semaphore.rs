@@ -243,6 +243,36 @@ async fn masters_refusing_for_holders_or_the_queue_still_keep_permit_tokens_risi
     engine.settle().await;
 }
 
+/// A permit that an earlier round of the same attempt took (our value, the counter at our very proposal) is
+/// granted again, not refused for a counter that is only ours: such a refusal cost a round, and the fourth
+/// would fail the attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_an_earlier_round_took_is_granted_again_at_the_same_token() {
+    let cluster = RedisCluster::start(3).expect("masters");
+    let engine = engine(&cluster).await;
+    // A value whose stored form the test knows (the secret never leaves the crate otherwise).
+    let secret = [7u8; 20];
+    let value = LockValue::with_secret("me", &secret).expect("value");
+    let stored = format!("me|{}", "07".repeat(20));
+    let permit = permit_key("again", 1);
+    for url in cluster.urls() {
+        raw_command(&url, &["SET", &permit, &stored, "PX", "60000"]).await;
+        raw_command(&url, &["SET", &counter_key(&permit), "5"]).await;
+    }
+    let lease = engine
+        .try_acquire_permit("again", 2, TTL, value, &[0, 4], 1)
+        .await
+        .expect("granted");
+    assert_eq!(
+        (lease.permit(), lease.fencing_token()),
+        (1, 5),
+        "{}",
+        lease.report()
+    );
+    engine.release(&lease).await;
+    engine.settle().await;
+}
+
 /// Many clients at once on few permits: never more holders than permits, and every permit gets used (the
 /// random start keeps clients from all colliding on permit 0).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

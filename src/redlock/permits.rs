@@ -220,9 +220,10 @@ impl Redlock {
         let mut uncertain = vec![false; nodes];
         let started = Instant::now();
         let mut round = 1;
-        let (answers, pending, winner, outbid) = loop {
+        let (answers, pending, winner, outbid, exhausted) = loop {
             let (answers, pending, winner) = self.permit_round(&candidates, &value, ttl, waiter).await;
             let mut raised = false;
+            let mut exhausted = None;
             for (index, answer) in answers.iter().enumerate() {
                 match answer {
                     Some(Answer::Granted(candidate)) if !granted[index].contains(candidate) => {
@@ -237,8 +238,19 @@ impl Redlock {
                     if winner.is_none_or(|winner| winner == candidate) {
                         let proposal = &mut candidates.tokens[candidate];
                         if counter >= *proposal {
-                            *proposal = next_token(&candidates.keys[candidate].0, counter)?;
-                            raised = true;
+                            match next_token(&candidates.keys[candidate].0, counter) {
+                                Ok(next) => {
+                                    *proposal = next;
+                                    raised = true;
+                                }
+                                // A permit at the largest token can never be granted again, but the others
+                                // still can: only a winner at it fails the attempt (given back as any).
+                                Err(error) => {
+                                    if winner == Some(candidate) {
+                                        exhausted = Some(error);
+                                    }
+                                }
+                            }
                         }
                     }
                 }
@@ -261,7 +273,8 @@ impl Redlock {
                 continue;
             }
             // Out of rounds with the winner's token outbid: as for one key, the attempt fails.
-            break (answers, pending, winner, raised && winner.is_some());
+            let outbid = (raised || exhausted.is_some()) && winner.is_some();
+            break (answers, pending, winner, outbid, exhausted);
         };
         let decided_at = Instant::now();
         let report = self.permit_report(&answers, winner, started);
@@ -296,7 +309,7 @@ impl Redlock {
                     .filter(|index| uncertain[*index] || !granted[*index].is_empty())
                     .collect();
                 self.give_back(&keys, &value, holding, pending).await;
-                Err(failed_attempt(key, winner.is_some(), report))
+                Err(exhausted.unwrap_or_else(|| failed_attempt(key, winner.is_some(), report)))
             }
         }
     }
@@ -411,20 +424,23 @@ impl Redlock {
                         counter: None,
                     },
                     Some(Answer::Refused { counter, .. }) => NodeOutcome::TokenTooLow { counter: *counter },
-                    Some(Answer::AllHeld { holder, counters }) => NodeOutcome::HeldByOther {
+                    // The counters these refusals report raise each permit's proposal within the attempt; the
+                    // report (one key's outcomes) leaves them out, so that one permit at the largest token does
+                    // not read as the whole semaphore's being exhausted.
+                    Some(Answer::AllHeld { holder, .. }) => NodeOutcome::HeldByOther {
                         holder: holder.clone(),
-                        counter: counters.iter().map(|(_, counter)| *counter).max(),
+                        counter: None,
                     },
                     Some(Answer::Queued {
                         place,
                         ticket,
                         holder,
-                        counters,
+                        ..
                     }) => NodeOutcome::Queued {
                         place: *place,
                         ticket: *ticket,
                         holder: holder.clone(),
-                        counter: counters.iter().map(|(_, counter)| *counter).max(),
+                        counter: None,
                     },
                     Some(Answer::Failed(outcome)) => outcome.clone(),
                 };

@@ -35,6 +35,15 @@ impl Waiter {
         }
     }
 
+    /// The same waiter, kept queued for `keep` without asking again instead of [`QUEUE_KEEP`] (for a caller that
+    /// asks less often, or a test that looks at the queue at its own pace).
+    pub fn keeping(self, keep: Duration) -> Self {
+        Self {
+            keep_ms: millis(keep),
+            ..self
+        }
+    }
+
     /// The ticket this waiter brings.
     pub fn ticket(&self) -> i64 {
         self.ticket

@@ -77,13 +77,18 @@ end
 /// Waiters whose deadline passed are dropped first. A waiter joins when the queue is not empty, when it already
 /// has a ticket, or when the key is held by another. A new waiter takes the ticket above the last queued; one
 /// that brings a ticket (the highest its masters gave it) keeps the higher of that and this master's, so that a
-/// master that restarted empty or dropped it while cut off queues it where the others do. The queue is ordered by ticket,
-/// then by waiter (a sorted set's own order, the same on every master). Only the first `free` waiters (the
-/// queue's head, for a key), or anyone when the queue is empty, go on to the decision; a waiter granted leaves the
-/// queue. Anyone else
-/// is answered {3, place, holder's value or false, ticket}: place counts from 1 (for a caller that does not
-/// wait, the queue's length plus one) and ticket is '0' for such a caller. Nothing here touches the key or its
-/// counter: the queue only ever refuses. Both keys expire with the last waiter's deadline.
+/// master that restarted empty or dropped it while cut off queues it where the others do. The queue is ordered by
+/// ticket, then by waiter (a sorted set's own order, the same on every master). Only the first `free` waiters (the
+/// queue's head, for a key), or anyone when the queue is empty, go on to the decision. Anyone else is answered
+/// {3, place, holder's value or false, ticket}: place counts from 1 (for a caller that does not wait, the queue's
+/// length plus one) and ticket is '0' for such a caller. Nothing here touches the key or its counter: the queue
+/// only ever refuses. Both keys expire with the last waiter's deadline.
+///
+/// `leave_granted(queue, deadlines, waiter, ticket)`, once a master granted: a waiter that came without a ticket
+/// leaves the queue with the grant (it cannot tell whether this call queued it). One that brings a ticket stays
+/// until it leaves on its own, once the whole attempt is won: an attempt that a majority does not grant, or that
+/// a later round loses, must not cost it its place on the masters that granted it, or a waiter behind it would be
+/// head there meanwhile (found through the `lock` command with one master restarted and another stopped).
 const QUEUE: &str = r"
 local function master_now()
   -- Writes after TIME need effects replication, the only kind from Redis 7 on (and the default from 5).
@@ -131,8 +136,8 @@ local function queue_refusal(queue, deadlines, waiter, ticket, keep, state)
   end
   return nil
 end
-local function leave_queue(queue, deadlines, waiter)
-  if queue ~= nil and waiter ~= '' then
+local function leave_granted(queue, deadlines, waiter, ticket)
+  if queue ~= nil and waiter ~= '' and ticket == '0' then
     redis.call('ZREM', queue, waiter)
     redis.call('ZREM', deadlines, waiter)
   end
@@ -145,9 +150,9 @@ end
 /// Returns 1 (granted: the key holds our value and the counter is the proposal), {0, counter} (refused: the
 /// counter is not below the proposal; nothing changed but the counter's retention), {2, value, counter} (held
 /// by another value; nothing changed) or the queue's {3, place, holder, ticket, counter}; `counter` in the last
-/// two is the key's counter where it is not below the proposal, else false (see `known`). A key that already holds our value (set by an earlier, refused round of the
-/// same attempt) is granted again, its expiry unchanged (the attempt's validity counts from its first round).
-/// Two calls on Redis 7 when granted.
+/// two is the key's counter where it is not below the proposal, else false (see `known`). A key that already
+/// holds our value (set by an earlier, refused round of the same attempt) is granted again, its expiry
+/// unchanged (the attempt's validity counts from its first round). Two calls on Redis 7 when granted.
 fn acquire(version: &str) -> String {
     format!(
         "{version}{BELOW}{QUEUE}{}",
@@ -187,7 +192,7 @@ if counter and not below(counter, ARGV[3]) then
   end
   return {0, counter}
 end
-leave_queue(KEYS[3], KEYS[4], ARGV[5])
+leave_granted(KEYS[3], KEYS[4], ARGV[5], ARGV[6])
 return 1
 "
     )
@@ -201,7 +206,9 @@ return 1
 /// its one key, and stops there. Returns {1, i} (granted permit pair i, 1-based), {0, i, counter} (permit i's
 /// counter is not below its proposal; nothing changed but the counter's retention), {2, value, counters} (every
 /// permit held by another; the first one's value) or the queue's {3, place, holder, ticket, counters};
-/// `counters` is {i, counter, ...} for the permits whose counters are not below their proposals (see `known`). Masters in the same state take the same permit, so one round trip
+/// `counters` is {i, counter, ...} for the permits whose counters are not below their proposals (see `known`).
+/// A permit that already holds our value at our very token (granted by an earlier round of the same attempt,
+/// whose proposal for it did not rise since) is granted again: the counter is ours, not a higher token. Masters in the same state take the same permit, so one round trip
 /// decides as for a single key; the client settles any disagreement.
 fn acquire_any(version: &str) -> String {
     format!(
@@ -255,7 +262,7 @@ for i = 1, pairs_count do
       counter = redis.call('GET', counter_key)
       if not counter or below(counter, token) then redis.call('SET', counter_key, token, 'PX', ARGV[3]) end
     end
-    if counter and not below(counter, token) then
+    if counter and not below(counter, token) and not (held == ARGV[1] and counter == token) then
       redis.call('SET', counter_key, counter, 'PX', ARGV[3])
       if not held then redis.call('DEL', key) end
       if not string.find(counter, '^%d+$') then
@@ -263,7 +270,7 @@ for i = 1, pairs_count do
       end
       return {0, i, counter}
     end
-    leave_queue(KEYS[1], KEYS[2], ARGV[4])
+    leave_granted(KEYS[1], KEYS[2], ARGV[4], ARGV[5])
     return {1, i}
   end
   first = first or held
