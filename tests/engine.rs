@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use redlock_operator::redlock::{
     AcquireError, AcquireOptions, ExtendError, FailureKind, KeepPolicy, LockValue, LossReason, NodeHealth,
-    NodeOutcome, Redlock, RedlockConfig, counter_key, queue_keys,
+    NodeOutcome, Redlock, RedlockConfig, counter_key,
 };
 use support::fault_proxy::{Direction, FaultProxy};
-use support::redis_server::{RedisCluster, raw_command, raw_get};
+use support::forgotten_tokens::{Refusal, assert_above_the_last_token, masters_that_forgot_the_last_token};
+use support::redis_server::{RedisCluster, raw_get};
 use tokio::time::Instant;
 
 /// Masters started by the tests have uptime 0, so with the default max TTL they would sit in quarantine for a
@@ -994,32 +995,13 @@ async fn masters_refusing_for_a_holder_or_the_queue_still_keep_tokens_rising() {
     let engine = engine(&cluster, ttl, Duration::from_millis(200)).await;
     wait_until_eligible(&engine, 5).await;
     let urls = cluster.urls();
-    for (key, refused_by_queue) in [("outbid-held", false), ("outbid-queued", true)] {
-        let (queue, deadlines) = queue_keys(key);
-        for url in &urls[..2] {
-            raw_set(url, &counter_key(key), "78").await;
-            if refused_by_queue {
-                // A waiter far ahead, kept until long after the test.
-                raw_command(url, &["ZADD", &queue, "1", "waiter-ahead"]).await;
-                raw_command(url, &["ZADD", &deadlines, "99999999999999", "waiter-ahead"]).await;
-            } else {
-                raw_set(url, key, "another holder").await;
-            }
-        }
-        for url in &urls[2..4] {
-            raw_set(url, &counter_key(key), "73").await;
-        }
-        // urls[4] restarted empty: it knows no counter.
+    for (key, refusal) in [("outbid-held", Refusal::Held), ("outbid-queued", Refusal::Queued)] {
+        masters_that_forgot_the_last_token(&urls, &[key.to_owned()], key, refusal).await;
         let lease = engine
             .acquire(key, ttl, "a", once())
             .await
             .expect("a majority grants");
-        assert!(
-            lease.fencing_token() > 78,
-            "{key}: token {} although two masters had given 78: {}",
-            lease.fencing_token(),
-            lease.report()
-        );
+        assert_above_the_last_token(&lease, refusal);
         engine.release(&lease).await;
     }
     engine.settle().await;

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use redlock_operator::redlock::{
     AcquireError, AcquireOptions, FailureKind, LockValue, Redlock, RedlockConfig, counter_key, permit_key,
-    queue_keys,
 };
+use support::forgotten_tokens::{Refusal, assert_above_the_last_token, masters_that_forgot_the_last_token};
 use support::redis_server::{RedisCluster, raw_command, raw_get};
 use tokio::time::Instant;
 
@@ -206,38 +206,14 @@ async fn masters_refusing_for_holders_or_the_queue_still_keep_permit_tokens_risi
     let cluster = RedisCluster::start(5).expect("masters");
     let engine = engine(&cluster).await;
     let urls = cluster.urls();
-    for (key, refused_by_queue) in [("outbid-held", false), ("outbid-queued", true)] {
-        let (queue, deadlines) = queue_keys(key);
-        for permit in [permit_key(key, 0), permit_key(key, 1)] {
-            for url in &urls[..2] {
-                raw_command(url, &["SET", &counter_key(&permit), "78"]).await;
-                if !refused_by_queue {
-                    raw_command(url, &["SET", &permit, "another holder"]).await;
-                }
-            }
-            for url in &urls[2..4] {
-                raw_command(url, &["SET", &counter_key(&permit), "73"]).await;
-            }
-        }
-        if refused_by_queue {
-            for url in &urls[..2] {
-                // Two waiters far ahead (one per permit), kept until long after the test.
-                for waiter in ["first-ahead", "second-ahead"] {
-                    raw_command(url, &["ZADD", &queue, "1", waiter]).await;
-                    raw_command(url, &["ZADD", &deadlines, "99999999999999", waiter]).await;
-                }
-            }
-        }
+    for (key, refusal) in [("outbid-held", Refusal::Held), ("outbid-queued", Refusal::Queued)] {
+        let permits = [permit_key(key, 0), permit_key(key, 1)];
+        masters_that_forgot_the_last_token(&urls, &permits, key, refusal).await;
         let lease = engine
             .acquire_permit(key, 2, TTL, "a", once())
             .await
             .expect("a majority grants");
-        assert!(
-            lease.fencing_token() > 78,
-            "{key}: token {} although two masters had given 78: {}",
-            lease.fencing_token(),
-            lease.report()
-        );
+        assert_above_the_last_token(&lease, refusal);
         engine.release(&lease).await;
     }
     engine.settle().await;

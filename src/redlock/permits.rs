@@ -27,7 +27,7 @@ use super::operations::AcquireOptions;
 use super::operations::PROPOSAL_ROUNDS;
 use super::outcome::{NodeOutcome, NodeReport, OperationReport};
 use super::queue::Waiter;
-use super::rules::{failed_attempt, reported_counter};
+use super::rules::{failed_attempt, holder_named, reported_counter};
 use super::scripts::{self, MAX_PERMITS, counter_key, millis, permit_key, queue_keys};
 use super::value::LockValue;
 
@@ -592,13 +592,6 @@ fn interpret_any(reply: Value, count: usize) -> Answer {
             counters: known_counters(known.first(), count),
         },
         _ => unexpected(&items),
-    }
-}
-
-fn holder_named(value: &Value) -> Option<String> {
-    match value {
-        Value::BulkString(raw) => LockValue::holder_of(raw),
-        _ => None,
     }
 }
 

@@ -122,6 +122,14 @@ pub(super) fn known_counter(value: &Value) -> Option<i64> {
     }
 }
 
+/// The holder a refusal names: the label of a value one of our clients wrote (nil or foreign: none).
+pub(super) fn holder_named(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(raw) => LockValue::holder_of(raw),
+        _ => None,
+    }
+}
+
 pub(super) fn interpret(op: Op, reply: Value) -> NodeOutcome {
     let other = |raw: &[u8], counter: Option<i64>| NodeOutcome::HeldByOther {
         holder: LockValue::holder_of(raw),
@@ -145,10 +153,7 @@ pub(super) fn interpret(op: Op, reply: Value) -> NodeOutcome {
             ] if known.len() <= 1 => NodeOutcome::Queued {
                 place: u64::try_from(*place).unwrap_or(0),
                 ticket: reported_counter(ticket),
-                holder: match holder {
-                    Value::BulkString(raw) => LockValue::holder_of(raw),
-                    _ => None,
-                },
+                holder: holder_named(holder),
                 counter: known.first().and_then(known_counter),
             },
             unexpected => NodeOutcome::Error(format!("unexpected reply {unexpected:?}")),

@@ -5,6 +5,7 @@ pub mod apiserver;
 pub mod fair_order;
 pub mod fault_proxy;
 pub mod fixtures;
+pub mod forgotten_tokens;
 pub mod history;
 pub mod job_controller;
 pub mod node;
