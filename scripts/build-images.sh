@@ -1,0 +1,373 @@
+#!/usr/bin/env bash
+# build-images.sh OUTDIR [--binary PATH] [--dockerfile PATH] [--only NAME]... [--load DIR]
+#
+# Builds the images of the end-to-end tests as docker-archive tars without a container daemon, with the k8s-node
+# kit's mk-image.sh (${K8S_NODE_KIT:-<repo>/../shared/k8s-node}):
+#
+#   OUTDIR/redlock-operator.tar  localhost/redlock-operator:e2e  the operator binary (--binary PATH, default
+#       target/release/redlock-operator) in the image the Dockerfile's runtime stage (its last FROM) defines. The
+#       settings are read from that stage, not restated here: the binary at the path of its COPY --from, USER,
+#       ENTRYPOINT, CMD, EXPOSE, LABEL, ENV; the base image's own settings come from the table in base_image()
+#       (distroless/cc-debian12:nonroot: CA certificates, users root/nobody/nonroot (65532, home /home/nonroot),
+#       working directory /home/nonroot, SSL_CERT_FILE; glibc and libgcc are the libraries the binary links, which
+#       mk-image.sh's --bin copies). An instruction of that stage it cannot map is an error.
+#   OUTDIR/redis.tar             localhost/redlock-redis:e2e    the machine's redis-server (Debian's package,
+#       installed when missing) as /usr/local/bin/redis-server, what the chart's StatefulSet runs (`redis-server`
+#       on PATH, as user 999, with /data and /tmp mounted and a read-only root filesystem).
+#   OUTDIR/busybox.tar           busybox:1.36                   Debian's busybox-static with its applet symlinks
+#       in /bin (the default image of the Job tests' pods: sleep, false, sh).
+#
+# --dockerfile PATH  the Dockerfile to read (default: the repository's)
+# --only NAME        build only operator, redis or busybox (repeatable)
+# --load DIR         then load the tars into the k8s-node cluster whose state is in DIR (load-image.sh DIR TAR...)
+#
+# A tar newer than all its inputs (binary, linked libraries, Dockerfile, this script, mk-image.sh) and built from
+# the same recipe is kept. Progress goes to stderr; stdout is only the helm flags the chart needs for the images
+# built, one per line (`--set image.repository=...`), so `helm install ... $(scripts/build-images.sh DIR)` works.
+# Needs bash, python3, tar and root (mk-image.sh sets file owners; packages are installed with apt-get).
+set -euo pipefail
+
+OPERATOR_TAG=localhost/redlock-operator:e2e
+REDIS_TAG=localhost/redlock-redis:e2e
+BUSYBOX_TAG=busybox:1.36
+
+SCRIPT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
+REPO=$(cd "$(dirname "$SCRIPT")/.." && pwd)
+KIT=${K8S_NODE_KIT:-$REPO/../shared/k8s-node}
+
+die() { echo "build-images.sh: $*" >&2; exit 1; }
+say() { echo "build-images.sh: $*" >&2; }
+usage() { sed -n '2,28p' "$SCRIPT" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+
+[ $# -ge 1 ] || usage
+case $1 in -h | --help) usage ;; -*) die "the first argument is OUTDIR, got $1" ;; esac
+OUTDIR=$1
+shift
+BINARY=$REPO/target/release/redlock-operator
+DOCKERFILE=$REPO/Dockerfile
+LOAD_DIR=
+ONLY=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --binary | --dockerfile | --only | --load) [ $# -ge 2 ] || die "$1 needs a value" ;;&
+    --binary) BINARY=$2 ;;
+    --dockerfile) DOCKERFILE=$2 ;;
+    --only)
+      case $2 in operator | redis | busybox) ONLY+=("$2") ;; *) die "--only: operator, redis or busybox, not '$2'" ;; esac ;;
+    --load) LOAD_DIR=$2 ;;
+    -h | --help) usage ;;
+    *) die "unknown option $1 (see --help)" ;;
+  esac
+  shift 2
+done
+[ ${#ONLY[@]} -gt 0 ] || ONLY=(operator redis busybox)
+wanted() { [[ " ${ONLY[*]} " == *" $1 "* ]]; }
+
+MK_IMAGE=$KIT/mk-image.sh
+[ -x "$MK_IMAGE" ] || die "no $MK_IMAGE: set K8S_NODE_KIT to the k8s-node kit's folder"
+command -v python3 >/dev/null || die "python3 is needed (to read the Dockerfile and to edit the image config)"
+mkdir -p "$OUTDIR"
+OUTDIR=$(cd "$OUTDIR" && pwd)
+
+# ---------------------------------------------------------------------------------------------------- helpers
+# The Dockerfile's runtime stage as shell assignments: BASE, BIN_DEST, IMAGE_USER, ENTRYPOINT_JSON, CMD_JSON,
+# EXPOSED_JSON, LABELS_JSON and ENVS (array). Fails on any instruction it has no mapping for.
+parse_runtime_stage() {
+  python3 - "$1" <<'PY'
+import json, shlex, sys
+
+path = sys.argv[1]
+MAPPED = "FROM, LABEL, COPY --from, USER, EXPOSE, ENV, ENTRYPOINT, CMD"
+
+def fail(line, msg):
+    sys.exit(f"build-images.sh: {path}:{line}: {msg}")
+
+try:
+    lines = open(path, encoding="utf-8").read().split("\n")
+except OSError as e:
+    sys.exit(f"build-images.sh: cannot read the Dockerfile: {e}")
+
+# Parser directives (`# key=value` at the very top): only `syntax` is harmless here.
+for number, line in enumerate(lines, 1):
+    text = line.strip()
+    if not text.startswith("#") or "=" not in text:
+        break
+    key = text[1:].split("=", 1)[0].strip().lower()
+    if key == "escape":
+        fail(number, "the escape directive is not supported (only the default backslash)")
+
+# Instructions with their first line, continuation lines joined, comments dropped.
+instructions, current, start = [], None, 0
+for number, line in enumerate(lines, 1):
+    text = line.strip()
+    if text.startswith("#") or (not text and current is None):
+        continue
+    if current is None:
+        current, start = "", number
+    if line.rstrip().endswith("\\"):
+        current += line.rstrip()[:-1]
+        continue
+    current += line
+    instructions.append((start, current.strip()))
+    current = None
+if current is not None:
+    instructions.append((start, current.strip()))
+
+froms = [i for i, (_, text) in enumerate(instructions) if text.split(None, 1)[0].upper() == "FROM"]
+if not froms:
+    sys.exit(f"build-images.sh: {path}: no FROM instruction")
+stage = instructions[froms[-1]:]
+
+def exec_form(line, keyword, rest):
+    try:
+        value = json.loads(rest)
+    except ValueError:
+        value = None
+    if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        fail(line, f"{keyword} must be in exec form (a JSON array): the image has no shell for the shell form")
+    return value
+
+def words(line, keyword, rest):
+    if "$" in rest:
+        fail(line, f"{keyword} uses a variable ($): build-images.sh does not substitute them")
+    try:
+        return shlex.split(rest)
+    except ValueError as e:
+        fail(line, f"{keyword}: {e}")
+
+out = {"BASE": None, "BIN_SRC": None, "BIN_DEST": None, "IMAGE_USER": "", "ENTRYPOINT_JSON": "null",
+       "CMD_JSON": "null"}
+exposed, labels, envs = {}, {}, []
+for line, text in stage:
+    parts = text.split(None, 1)
+    keyword, rest = parts[0].upper(), (parts[1] if len(parts) > 1 else "").strip()
+    if keyword == "FROM":
+        args = words(line, keyword, rest)
+        if not args or args[0].startswith("--"):
+            fail(line, f"FROM {rest}: options are not supported")
+        if len(args) not in (1, 3) or (len(args) == 3 and args[1].upper() != "AS"):
+            fail(line, f"FROM {rest}: expected IMAGE [AS NAME]")
+        out["BASE"] = args[0]
+    elif keyword == "LABEL":
+        args = words(line, keyword, rest)
+        if len(args) >= 2 and "=" not in args[0]:
+            labels[args[0]] = " ".join(args[1:])
+        else:
+            for arg in args:
+                if "=" not in arg:
+                    fail(line, f"LABEL: expected KEY=VALUE, got '{arg}'")
+                key, value = arg.split("=", 1)
+                labels[key] = value
+    elif keyword == "COPY":
+        args = words(line, keyword, rest) if not rest.startswith("[") else exec_form(line, keyword, rest)
+        flags = [a for a in args if a.startswith("--")]
+        paths = [a for a in args if not a.startswith("--")]
+        if [f for f in flags if not f.startswith("--from=")] or not flags:
+            fail(line, "only `COPY --from=STAGE SRC DEST` (the binary) has a mapping: "
+                 "no other flags, nothing from the build context")
+        if len(paths) != 2 or out["BIN_DEST"] is not None:
+            fail(line, "only one COPY of one file (the binary) has a mapping")
+        src, dest = paths
+        if dest.endswith("/"):
+            dest += src.rstrip("/").rsplit("/", 1)[-1]
+        if not dest.startswith("/"):
+            fail(line, f"COPY destination {dest} is relative (no WORKDIR mapping)")
+        out["BIN_SRC"], out["BIN_DEST"] = src, dest
+    elif keyword == "USER":
+        args = words(line, keyword, rest)
+        if len(args) != 1:
+            fail(line, "USER takes one USER[:GROUP]")
+        out["IMAGE_USER"] = args[0]
+    elif keyword == "EXPOSE":
+        for port in words(line, keyword, rest):
+            number_, _, proto = port.partition("/")
+            proto = proto.lower() or "tcp"
+            if not number_.isdigit() or proto not in ("tcp", "udp", "sctp"):
+                fail(line, f"EXPOSE {port}: expected PORT[/tcp|udp|sctp]")
+            exposed[f"{int(number_)}/{proto}"] = {}
+    elif keyword == "ENV":
+        args = words(line, keyword, rest)
+        if len(args) >= 2 and "=" not in args[0]:
+            args = [args[0] + "=" + " ".join(args[1:])]
+        for arg in args:
+            if "=" not in arg or "\n" in arg:
+                fail(line, f"ENV: expected KEY=VALUE, got '{arg}'")
+            envs.append(arg)
+    elif keyword in ("ENTRYPOINT", "CMD"):
+        out[keyword + "_JSON"] = json.dumps(exec_form(line, keyword, rest))
+    else:
+        fail(line, f"{keyword} in the runtime stage has no mapping in build-images.sh "
+             f"(it maps {MAPPED}); build that image with docker, or teach the script")
+if out["BIN_DEST"] is None:
+    sys.exit(f"build-images.sh: {path}: the runtime stage copies no binary (COPY --from=STAGE SRC DEST)")
+out["EXPOSED_JSON"] = json.dumps(exposed, separators=(",", ":")) if exposed else ""
+out["LABELS_JSON"] = json.dumps(labels, separators=(",", ":")) if labels else ""
+for key, value in out.items():
+    print(f"{key}={shlex.quote(value)}")
+print("ENVS=(" + " ".join(shlex.quote(e) for e in envs) + ")")
+PY
+}
+
+# Adds ExposedPorts and Labels (JSON objects, empty: none) to the config of the docker-archive TAR, which mk-image.sh
+# has no options for; the config's file is renamed after its new digest, the archive stays reproducible.
+add_to_config() {
+  python3 - "$@" <<'PY'
+import hashlib, io, json, os, sys, tarfile
+
+path, exposed, labels = sys.argv[1], sys.argv[2], sys.argv[3]
+epoch = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
+src = tarfile.open(path)
+members = {m.name.removeprefix("./"): m for m in src.getmembers()}
+manifest = json.loads(src.extractfile(members["manifest.json"]).read())
+old_name = manifest[0]["Config"]
+config = json.loads(src.extractfile(members[old_name]).read())
+if exposed:
+    config["config"]["ExposedPorts"] = json.loads(exposed)
+if labels:
+    config["config"]["Labels"] = json.loads(labels)
+config_bytes = json.dumps(config, separators=(",", ":")).encode()
+new_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
+manifest[0]["Config"] = new_name
+manifest_bytes = json.dumps(manifest, separators=(",", ":")).encode()
+replaced = {old_name: (new_name, config_bytes), "manifest.json": ("manifest.json", manifest_bytes)}
+
+entries = []
+for name, member in members.items():
+    if name in replaced:
+        new, data = replaced[name]
+        info = tarfile.TarInfo("./" + new if member.name.startswith("./") else new)
+        info.size, info.mode, info.mtime = len(data), member.mode, epoch
+        entries.append((info.name, info, data))
+    else:
+        entries.append((member.name, member, None))
+entries.sort(key=lambda e: (e[0] not in ("./", "."), e[0]))
+with tarfile.open(path + ".tmp", "w", format=tarfile.GNU_FORMAT) as dst:
+    for _, info, data in entries:
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        if data is not None:
+            dst.addfile(info, io.BytesIO(data))
+        elif info.isfile():
+            dst.addfile(info, src.extractfile(info))
+        else:
+            dst.addfile(info)
+src.close()
+os.replace(path + ".tmp", path)
+PY
+}
+
+# The libraries `ldd` lists for a binary (what mk-image.sh's --bin copies), for the freshness check.
+libraries() { { ldd "$1" 2>/dev/null || true; } | awk '/=> \// {print $3} $1 ~ /^\// {print $1}' | sort -u; }
+
+# build NAME TAG INPUTS-NEWLINE-SEPARATED EXPOSED LABELS MK-IMAGE-ARGS...: OUTDIR/NAME.tar unless it is up to date.
+build() {
+  local name=$1 tag=$2 inputs=$3 exposed=$4 labels=$5
+  shift 5
+  local out=$OUTDIR/$name.tar recipe_file=$OUTDIR/.$name.tar.recipe recipe input
+  recipe=$(printf '%s\n' "$tag" "$@" "exposed=$exposed" "labels=$labels" "epoch=${SOURCE_DATE_EPOCH:-0}")
+  if [ -f "$out" ] && [ -f "$recipe_file" ] && [ "$(cat "$recipe_file")" = "$recipe" ]; then
+    local fresh=1
+    while IFS= read -r input; do
+      [ -z "$input" ] || [ "$out" -nt "$input" ] || { fresh=0; break; }
+    done <<<"$inputs"
+    if [ $fresh = 1 ]; then
+      say "$name.tar ($tag) is up to date"
+      return
+    fi
+  fi
+  say "building $name.tar ($tag)"
+  rm -f "$recipe_file"
+  "$MK_IMAGE" "$out" "$tag" "$@" >&2
+  if [ -n "$exposed$labels" ]; then add_to_config "$out" "$exposed" "$labels"; fi
+  printf '%s\n' "$recipe" >"$recipe_file"
+}
+
+# install_package PACKAGE: apt-get install it (as root, where there is apt-get), or fail saying what is missing.
+install_package() {
+  [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 || die "Debian's $1 is missing: install it"
+  say "installing $1 (apt-get)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq --no-install-recommends "$1" >/dev/null 2>&1 ||
+    { apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends "$1" >/dev/null; } ||
+    die "apt-get install $1 failed"
+}
+
+# A statically linked busybox (the image has no libraries for a dynamic one).
+static_busybox() {
+  local candidate
+  for candidate in "$(command -v busybox || true)" /bin/busybox /usr/bin/busybox; do
+    if [ -n "$candidate" ] && [ -x "$candidate" ] && ! ldd "$candidate" >/dev/null 2>&1; then
+      echo "$candidate"
+      return
+    fi
+  done
+  return 1
+}
+
+# ------------------------------------------------------------------------------------------------------ images
+tars=()
+helm_flags=()
+
+if wanted operator; then
+  [ -f "$DOCKERFILE" ] || die "no Dockerfile at $DOCKERFILE"
+  parsed=$(parse_runtime_stage "$DOCKERFILE")
+  BASE= BIN_SRC= BIN_DEST= IMAGE_USER= ENTRYPOINT_JSON= CMD_JSON= EXPOSED_JSON= LABELS_JSON= ENVS=()
+  eval "$parsed"
+  # What the base image brings: its files (mk-image.sh options), its users, and its default user.
+  case ${BASE%@sha256:*} in
+    gcr.io/distroless/cc-debian12:nonroot)
+      base_args=(--ca-certs --passwd nonroot:65532 --workdir /home/nonroot
+        --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt)
+      base_users=(root 0 nobody 65534 nonroot 65532) base_user=65532 ;;
+    *) die "$DOCKERFILE: the runtime stage's base image $BASE has no mapping (build-images.sh knows gcr.io/distroless/cc-debian12:nonroot)" ;;
+  esac
+  image_user=${IMAGE_USER:-$base_user}
+  for part in "${image_user%%:*}" "${image_user#*:}"; do
+    [[ "$part" =~ ^[0-9]+$ || " ${base_users[*]} " == *" $part "* ]] ||
+      die "$DOCKERFILE: USER $image_user: $part is not a user or group of $BASE"
+  done
+  [ -f "$BINARY" ] || die "no binary at $BINARY: cargo build --release --locked --bin redlock-operator, or pass --binary PATH"
+  config_args=()
+  for e in "${ENVS[@]+"${ENVS[@]}"}"; do config_args+=(--env "$e"); done
+  [ "$ENTRYPOINT_JSON" = null ] || config_args+=(--entrypoint "$ENTRYPOINT_JSON")
+  [ "$CMD_JSON" = null ] || config_args+=(--cmd "$CMD_JSON")
+  say "runtime stage: FROM $BASE, $BIN_SRC -> $BIN_DEST, USER $image_user"
+  build redlock-operator "$OPERATOR_TAG" "$(printf '%s\n' "$BINARY" "$DOCKERFILE" "$SCRIPT" "$MK_IMAGE"; libraries "$BINARY")" \
+    "$EXPOSED_JSON" "$LABELS_JSON" \
+    "${base_args[@]}" --bin "$BINARY:$BIN_DEST" --user "$image_user" "${config_args[@]+"${config_args[@]}"}"
+  tars+=("$OUTDIR/redlock-operator.tar")
+  helm_flags+=("--set image.repository=${OPERATOR_TAG%:*}" "--set image.tag=${OPERATOR_TAG##*:}")
+fi
+
+if wanted redis; then
+  command -v redis-server >/dev/null 2>&1 || install_package redis-server
+  redis=$(command -v redis-server)
+  # The chart's StatefulSet: `redis-server` from PATH as 999:999 (the official image's `redis` user), working
+  # directory /data (an emptyDir there; a read-only root filesystem elsewhere).
+  build redis "$REDIS_TAG" "$(printf '%s\n' "$redis" "$SCRIPT" "$MK_IMAGE"; libraries "$redis")" '{"6379/tcp":{}}' "" \
+    --bin "$redis:/usr/local/bin/redis-server" --passwd redis:999 --user 999:999 --workdir /data \
+    --cmd '["redis-server"]'
+  tars+=("$OUTDIR/redis.tar")
+  helm_flags+=("--set redis.image.repository=${REDIS_TAG%:*}" "--set redis.image.tag=${REDIS_TAG##*:}")
+fi
+
+if wanted busybox; then
+  busybox=$(static_busybox) || { install_package busybox-static && busybox=$(static_busybox); } ||
+    die "no static busybox after installing busybox-static"
+  # Staged at a fixed path, so that the recipe (mk-image.sh's arguments) stays the same from one run to the next.
+  stage=$OUTDIR/.busybox.root
+  rm -rf "$stage"
+  trap 'rm -rf "$stage"' EXIT
+  mkdir -p "$stage/bin"
+  cp "$busybox" "$stage/bin/busybox"
+  for applet in $("$busybox" --list); do [ "$applet" = busybox ] || ln -s busybox "$stage/bin/$applet"; done
+  build busybox "$BUSYBOX_TAG" "$(printf '%s\n' "$busybox" "$SCRIPT" "$MK_IMAGE")" "" "" \
+    --add "$stage/bin:/bin" --cmd '["sh"]'
+  tars+=("$OUTDIR/busybox.tar")
+fi
+
+if [ -n "$LOAD_DIR" ]; then
+  say "loading ${tars[*]} into $LOAD_DIR"
+  "$KIT/load-image.sh" "$LOAD_DIR" "${tars[@]}" >&2
+fi
+[ ${#helm_flags[@]} -eq 0 ] || printf '%s\n' "${helm_flags[@]}"
