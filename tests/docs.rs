@@ -1,8 +1,10 @@
 //! The docs stay true: every relative link and `#anchor` in the Markdown a user reads (README, CHANGELOG, docs/,
-//! the chart's README) resolves, and every shell block is either run by a test (the README's `local-path`
-//! blocks, tests/readme_local_path.rs) or says why it is not (`<!-- not run: <reason> -->` on the line before
-//! its fence). The example manifests are validated against the CRDs and the chart's schema by
-//! scripts/chart-check.sh; docs/reference/ is checked against the code by tests/reference_docs.rs.
+//! the chart's README) resolves inside the repository (a link that leaves it, such as `../shared/…`, is refused
+//! even where its target exists beside this checkout: a fresh clone has nothing there), and every shell block is
+//! either run by a test (the README's `local-path` blocks, tests/readme_local_path.rs) or says why it is not
+//! (`<!-- not run: <reason> -->` on the line before its fence). The example manifests are validated against the
+//! CRDs and the chart's schema by scripts/chart-check.sh; docs/reference/ is checked against the code by
+//! tests/reference_docs.rs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -107,47 +109,92 @@ fn link_targets(line: &str) -> Vec<String> {
     targets
 }
 
-#[test]
-fn every_relative_link_and_anchor_resolves() {
+/// Where a relative link from `file` (a Markdown file under `root`) points, or `None` when it leaves the
+/// repository: an absolute path, or a `..` that climbs above `root` at any step (`../main/README.md` from the
+/// root's README would resolve only in a checkout that happens to be named `main`). Lexical, so that a target
+/// which exists beside this checkout does not make the link pass.
+fn inside_repository(root: &Path, file: &Path, path: &str) -> Option<PathBuf> {
+    use std::path::Component;
+    let directory = file.parent()?.strip_prefix(root).ok()?;
+    let mut within: Vec<&std::ffi::OsStr> = directory
+        .components()
+        .map(|component| component.as_os_str())
+        .collect();
+    for component in Path::new(path).components() {
+        match component {
+            Component::Normal(name) => within.push(name),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                within.pop()?;
+            }
+            Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    Some(
+        within
+            .iter()
+            .fold(root.to_owned(), |resolved, name| resolved.join(name)),
+    )
+}
+
+/// What is wrong with the relative links and anchors of one document: each `file:line: target: why`.
+fn link_problems(root: &Path, file: &Path, text: &str) -> Vec<String> {
     let mut problems = Vec::new();
-    for file in documents() {
-        let text = std::fs::read_to_string(&file).expect("readable");
-        let shown = file.strip_prefix(ROOT).unwrap_or(&file).display().to_string();
-        for (number, line) in prose(&text) {
-            // Inline code is not a link.
-            let without_code: String = line
-                .split('`')
-                .enumerate()
-                .filter(|(index, _)| index % 2 == 0)
-                .map(|(_, part)| part)
-                .collect();
-            for target in link_targets(&without_code) {
-                if target.contains("://") || target.starts_with("mailto:") || target.is_empty() {
-                    continue;
-                }
-                let (path, anchor) = match target.split_once('#') {
-                    Some((path, anchor)) => (path, Some(anchor)),
-                    None => (target.as_str(), None),
-                };
-                let resolved = if path.is_empty() {
-                    file.clone()
-                } else {
-                    file.parent().expect("a directory").join(path)
-                };
-                if !resolved.exists() {
-                    problems.push(format!("{shown}:{number}: {target}: no such file"));
-                    continue;
-                }
-                if let Some(anchor) = anchor
-                    && resolved.extension().is_some_and(|ext| ext == "md")
-                {
-                    let target_text = std::fs::read_to_string(&resolved).expect("readable");
-                    if !anchors(&target_text).contains(anchor) {
-                        problems.push(format!("{shown}:{number}: {target}: no heading makes #{anchor}"));
+    let shown = file.strip_prefix(root).unwrap_or(file).display().to_string();
+    for (number, line) in prose(text) {
+        // Inline code is not a link.
+        let without_code: String = line
+            .split('`')
+            .enumerate()
+            .filter(|(index, _)| index % 2 == 0)
+            .map(|(_, part)| part)
+            .collect();
+        for target in link_targets(&without_code) {
+            if target.contains("://") || target.starts_with("mailto:") || target.is_empty() {
+                continue;
+            }
+            let (path, anchor) = match target.split_once('#') {
+                Some((path, anchor)) => (path, Some(anchor)),
+                None => (target.as_str(), None),
+            };
+            let resolved = if path.is_empty() {
+                file.to_owned()
+            } else {
+                match inside_repository(root, file, path) {
+                    Some(resolved) => resolved,
+                    None => {
+                        problems.push(format!(
+                            "{shown}:{number}: {target}: leaves the repository or is absolute (a fresh clone has \
+                             nothing there; link a file in the repository or a public https:// page)"
+                        ));
+                        continue;
                     }
+                }
+            };
+            if !resolved.exists() {
+                problems.push(format!("{shown}:{number}: {target}: no such file"));
+                continue;
+            }
+            if let Some(anchor) = anchor
+                && resolved.extension().is_some_and(|ext| ext == "md")
+            {
+                let target_text = std::fs::read_to_string(&resolved).expect("readable");
+                if !anchors(&target_text).contains(anchor) {
+                    problems.push(format!("{shown}:{number}: {target}: no heading makes #{anchor}"));
                 }
             }
         }
+    }
+    problems
+}
+
+#[test]
+fn every_relative_link_and_anchor_resolves() {
+    let root = Path::new(ROOT);
+    let mut problems = Vec::new();
+    for file in documents() {
+        let text = std::fs::read_to_string(&file).expect("readable");
+        problems.extend(link_problems(root, &file, &text));
     }
     assert!(problems.is_empty(), "broken links:\n{}", problems.join("\n"));
 }
@@ -209,4 +256,41 @@ fn anchors_follow_githubs_rules() {
         link_targets("see [a](../a.md#x) and [b](b.md \"title\")"),
         ["../a.md#x", "b.md"]
     );
+}
+
+#[test]
+fn links_that_leave_the_repository_are_refused_even_where_their_target_exists() {
+    let root = Path::new(ROOT);
+    let readme = root.join("README.md");
+    let guide = root.join("docs/how-to/install.md");
+    // The parent of the checkout exists on every machine, and `../main/README.md` from the README resolves
+    // here when the checkout is named `main`: both must still be refused.
+    let checkout = root
+        .file_name()
+        .and_then(|name| name.to_str())
+        .expect("the checkout's folder name");
+    let text = format!(
+        "[up](../)\n[seeds](../shared/seeds/)\n[self](../{checkout}/README.md)\n[abs]({ROOT}/README.md)\n"
+    );
+    let problems = link_problems(root, &readme, &text);
+    assert_eq!(problems.len(), 4, "{problems:#?}");
+    assert!(
+        problems
+            .iter()
+            .all(|problem| problem.contains("leaves the repository")),
+        "{problems:#?}"
+    );
+    assert!(problems[0].starts_with("README.md:1: ../: "), "{problems:#?}");
+    // Climbing back to the root is fine; one step more is not.
+    assert_eq!(
+        link_problems(
+            root,
+            &guide,
+            "[r](../../README.md#a-first-lock) [c](../../CHANGELOG.md)\n"
+        ),
+        Vec::<String>::new()
+    );
+    assert_eq!(link_problems(root, &guide, "[x](../../../README.md)\n").len(), 1);
+    // External pages are not checked here.
+    assert!(link_problems(root, &readme, "[d](https://example.org/x)\n").is_empty());
 }
