@@ -4,6 +4,8 @@
 #   docker run --rm redlock-operator:0.1.0 --help
 # Other subcommands: `crd` prints the CRDs; `lock` runs a command under a lock (copy the binary into your own
 # image for that: this one has no shell and no other programs).
+# scripts/build-images.sh builds the same image without a daemon for the end-to-end tests, from the runtime stage
+# below as written: it refuses an instruction there it has no mapping for (docs/contributing/testing.md).
 
 ARG RUST_VERSION=1.95
 
