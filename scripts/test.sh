@@ -33,30 +33,66 @@ mkdir -p target
 export REDLOCK_RBAC_RECORD_DIR="$PWD/target/rbac-requests"
 rm -rf "$REDLOCK_RBAC_RECORD_DIR"
 log=target/test-output.log
+# The end-to-end suites, run again below against other kinds of API.
+e2e_tests=(--test operator --test operator_faults --test leader --test jobs --test tenancy --test fencing_tokens --test cel_cases --test readme_local_path)
 cargo test --locked 2>&1 | tee "$log"
 # The end-to-end tests once more against the test API server in its realistic mode: jittered latency on every
 # request and watch event, late initial lists of Jobs and pods, watches that end or expire (410) and relist.
 # A failing test prints its seed; REDLOCK_E2E_SEED repeats the random choices.
 echo "==> end-to-end tests against the realistic test API server"
-REDLOCK_E2E_REALISTIC=1 cargo test --locked --no-fail-fast --test operator --test operator_faults --test leader --test jobs --test tenancy --test fencing_tokens --test cel_cases --test readme_local_path 2>&1 | tee -a "$log"
-# The end-to-end tests once more in their real-cluster mode (REDLOCK_E2E_KUBECONFIG), against a stand-in cluster:
-# the test API server and a simulated Job controller in a process of their own, shared by all the tests. Like a
-# real API server, it evaluates the CRDs' CEL rules, so the tests take their real-cluster paths.
-echo "==> end-to-end tests in real-cluster mode, against a stand-in cluster"
-cargo build --locked --example stand-in-cluster
-kubeconfig="$PWD/target/stand-in-cluster.kubeconfig"
-rm -f "$kubeconfig"
-"${CARGO_TARGET_DIR:-target}/debug/examples/stand-in-cluster" "$kubeconfig" 2>target/stand-in-cluster.log &
-stand_in=$!
-trap 'kill "$stand_in" 2>/dev/null || true' EXIT
-for _ in $(seq 100); do [ -f "$kubeconfig" ] && break; sleep 0.1; done
-if [ ! -f "$kubeconfig" ]; then
-  echo "the stand-in cluster did not start:" >&2
-  cat target/stand-in-cluster.log >&2
-  exit 1
+REDLOCK_E2E_REALISTIC=1 cargo test --locked --no-fail-fast "${e2e_tests[@]}" 2>&1 | tee -a "$log"
+# The end-to-end tests once more in their real-cluster mode (REDLOCK_E2E_KUBECONFIG), then the in-cluster suite
+# (the chart installed with the operator's image, `helm test`, the tutorials with real pods, failure drills), on
+# the first of: the cluster REDLOCK_E2E_KUBECONFIG names (a user's, kind for example: load the images first, see
+# docs/contributing/testing.md); a real single-node Kubernetes started here from ../shared/k8s-node
+# (REDLOCK_K8S_NODE_KIT), when it is beside the checkout and this runs as root; otherwise a stand-in cluster.
+node_kit=${REDLOCK_K8S_NODE_KIT:-$PWD/../shared/k8s-node}
+in_cluster_suite() { # KUBECONFIG
+  echo "==> the in-cluster suite"
+  REDLOCK_E2E_KUBECONFIG="$1" cargo test --locked --test in_cluster -- --ignored --test-threads=1 2>&1 | tee -a "$log"
+}
+if [ -n "${REDLOCK_E2E_KUBECONFIG:-}" ]; then
+  echo "==> end-to-end tests against the cluster of REDLOCK_E2E_KUBECONFIG"
+  cargo test --locked "${e2e_tests[@]}" 2>&1 | tee -a "$log"
+  [ "${REDLOCK_E2E_IN_CLUSTER:-1}" = 0 ] || in_cluster_suite "$REDLOCK_E2E_KUBECONFIG"
+elif [ -x "$node_kit/start.sh" ] && [ "$(id -u)" -eq 0 ]; then
+  phase_start=$SECONDS
+  node_dir=${REDLOCK_K8S_NODE_DIR:-$PWD/target/k8s-node}
+  echo "==> a real single-node Kubernetes in $node_dir (from $node_kit)"
+  # Stopped however this script ends: stop.sh undoes every change start.sh made to the host.
+  trap '"$node_kit/stop.sh" "$node_dir" >target/k8s-node-stop.log 2>&1 || true' EXIT
+  kubeconfig=$("$node_kit/start.sh" "$node_dir" 2>target/k8s-node-start.log | tail -n1)
+  # The operator's image as the Dockerfile's runtime stage defines it, around the binary the tests above built
+  # (a release build costs 7-17 minutes on two cores; REDLOCK_E2E_OPERATOR_BINARY=target/release/redlock-operator
+  # after `cargo build --release` runs the suites on that one).
+  echo "==> the images (scripts/build-images.sh), loaded into the node"
+  operator_binary=${REDLOCK_E2E_OPERATOR_BINARY:-${CARGO_TARGET_DIR:-target}/debug/redlock-operator}
+  cargo build --locked --bin redlock-operator
+  K8S_NODE_KIT=$node_kit scripts/build-images.sh target/images --binary "$operator_binary" --load "$node_dir" >/dev/null
+  echo "==> end-to-end tests against the real node"
+  REDLOCK_E2E_KUBECONFIG="$kubeconfig" cargo test --locked "${e2e_tests[@]}" 2>&1 | tee -a "$log"
+  in_cluster_suite "$kubeconfig"
+  "$node_kit/stop.sh" "$node_dir" >target/k8s-node-stop.log 2>&1
+  trap - EXIT
+  echo "==> the real-node phase took $((SECONDS - phase_start)) s"
+else
+  echo "==> end-to-end tests in real-cluster mode, against a stand-in cluster (no ../shared/k8s-node here, or not root)"
+  cargo build --locked --example stand-in-cluster
+  kubeconfig="$PWD/target/stand-in-cluster.kubeconfig"
+  rm -f "$kubeconfig"
+  "${CARGO_TARGET_DIR:-target}/debug/examples/stand-in-cluster" "$kubeconfig" 2>target/stand-in-cluster.log &
+  stand_in=$!
+  trap 'kill "$stand_in" 2>/dev/null || true' EXIT
+  for _ in $(seq 100); do [ -f "$kubeconfig" ] && break; sleep 0.1; done
+  if [ ! -f "$kubeconfig" ]; then
+    echo "the stand-in cluster did not start:" >&2
+    cat target/stand-in-cluster.log >&2
+    exit 1
+  fi
+  REDLOCK_E2E_KUBECONFIG="$kubeconfig" cargo test --locked "${e2e_tests[@]}" 2>&1 | tee -a "$log"
+  kill "$stand_in"
+  trap - EXIT
 fi
-REDLOCK_E2E_KUBECONFIG="$kubeconfig" cargo test --locked --test operator --test operator_faults --test leader --test jobs --test tenancy --test fencing_tokens --test cel_cases --test readme_local_path 2>&1 | tee -a "$log"
-kill "$stand_in"
 # The Helm chart: lint, render and validate (installs helm and a Python venv under target/tools when missing).
 echo "==> chart check"
 ./scripts/chart-check.sh

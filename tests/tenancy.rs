@@ -114,6 +114,7 @@ impl OtherNamespace {
         api.create(&PostParams::default(), &namespace)
             .await
             .expect("create namespace");
+        env.made_namespace(&name);
         Self { name }
     }
 

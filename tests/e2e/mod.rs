@@ -48,6 +48,9 @@ pub struct Env {
     /// cluster removed when the Env is dropped, a failed test's included.
     node: FakeNode,
     _dir: tempfile::TempDir,
+    /// The namespaces this test made (its own and [`Env::made_namespace`]'s): on a real cluster its operators
+    /// look only there, so that they never claim a lock of anyone else's on a cluster shared with other work.
+    namespaces: std::sync::Mutex<Vec<String>>,
     /// On a real cluster, this test's turn: every operator watches every namespace, so the tests of one binary
     /// take turns instead of reconciling each other's locks.
     _turn: Option<tokio::sync::OwnedMutexGuard<()>>,
@@ -94,6 +97,7 @@ impl Env {
             kubeconfig,
             node,
             _dir: dir,
+            namespaces: Default::default(),
             _turn: None,
         };
         env.apply_crds().await;
@@ -124,6 +128,7 @@ impl Env {
             kubeconfig: path.to_owned(),
             node,
             _dir: dir,
+            namespaces: Default::default(),
             _turn: Some(turn),
         };
         env.apply_crds().await;
@@ -207,6 +212,29 @@ impl Env {
             (established == 2).then_some(())
         })
         .await;
+    }
+
+    /// Records `name` as a namespace of this test's, for the scope of the operators it starts afterwards.
+    pub fn made_namespace(&self, name: &str) {
+        if let Ok(mut namespaces) = self.namespaces.lock() {
+            namespaces.push(name.to_owned());
+        }
+    }
+
+    /// What an operator started without a scope of its own looks at: everything on the test server, which only
+    /// this test uses; this test's namespaces on a real cluster.
+    fn default_scope(&self) -> LockScope {
+        if self.is_test_server() {
+            return LockScope::default();
+        }
+        let mut namespaces = vec![self.namespace.clone()];
+        if let Ok(made) = self.namespaces.lock() {
+            namespaces.extend(made.iter().cloned());
+        }
+        LockScope {
+            namespaces,
+            selector: None,
+        }
     }
 
     async fn create_namespace(&self) {
@@ -370,7 +398,7 @@ pub async fn operator_of_installation(
         env.operator_client(),
         secret,
         None,
-        Some((installation, LockScope::default())),
+        Some((installation, env.default_scope())),
     )
     .await
 }
@@ -401,7 +429,7 @@ async fn operator_of(
 ) -> (Running, CancellationToken) {
     let (installation, scope) = match installation {
         Some((name, scope)) => (Some(name.to_owned()), scope),
-        None => (None, LockScope::default()),
+        None => (None, env.default_scope()),
     };
     if std::env::var_os("RUST_LOG").is_some() {
         redlock_operator::telemetry::init(redlock_operator::telemetry::LogFormat::Text, "warn");
