@@ -154,6 +154,17 @@ pub const REASONS: &[Reason] = &[
             free to hold it now, so the key is given up. Check the pods' readiness.",
     },
     Reason {
+        name: "PermitsLowered",
+        shown: Shown::Event {
+            kind: "DistributedLock",
+            warning: false,
+        },
+        meaning: "Leader election, spec.permits lowered: the permit the note names, above the new count, was \
+            given up: its leader lost the label, and the permit is released once the validity shown to it has \
+            ended, or at once if its pod is gone (the note says which); no pod gets it while it is above the \
+            count. Nothing to do.",
+    },
+    Reason {
         name: "QuorumNotFound",
         shown: Shown::Event {
             kind: "DistributedLock",
@@ -509,16 +520,6 @@ pub const REASONS: &[Reason] = &[
         },
         meaning: "A semaphore has no permit held now. Its Held condition tells of every permit, not why one \
             waits: see the phase, the queue or candidates, Ready and the Events.",
-    },
-    Reason {
-        name: "PermitsLowered",
-        shown: Shown::Condition {
-            kind: "DistributedLock",
-            condition: "Held",
-            status: "False",
-        },
-        meaning: "Leader election, spec.permits lowered: a permit above it loses its leader's label and is \
-            released once its validity has ended. Nothing to do.",
     },
     Reason {
         name: "QueueEmpty",

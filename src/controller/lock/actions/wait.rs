@@ -11,7 +11,7 @@ use crate::api::{DistributedLock, LockPhase};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::lock::handover::Release;
-use crate::controller::lock::permit_status::{permits_of, status_of};
+use crate::controller::lock::permit_status::{is_closing, open_permits, permits_of, status_of};
 use crate::controller::lock::policy::Waiting;
 use crate::controller::lock::status;
 use crate::controller::lock::status_write::{write_permit_status, write_status};
@@ -119,9 +119,14 @@ pub async fn wait_for_policy(target: &Target<'_>, ctx: &Context, waiting: &Waiti
         Some(status::policy_waiting(current, waiting, &decoration, stamp))
     })
     .await?;
-    if written && waiting.warn_if_was_held && before == Some(LockPhase::Held) {
+    let closing =
+        usize::try_from(open_permits(target.lock)).is_ok_and(|open| is_closing(target.permit, open));
+    if written
+        && before == Some(LockPhase::Held)
+        && let Some(type_) = event_if_was_held(waiting, closing)
+    {
         target
-            .publish(ctx, EventType::Warning, waiting.reason, waiting.message.clone())
+            .publish(ctx, type_, waiting.reason, waiting.message.clone())
             .await;
     }
     // A key given up is released by the look at its release time.
@@ -130,4 +135,54 @@ pub async fn wait_for_policy(target: &Target<'_>, ctx: &Context, waiting: &Waiti
         _ => waiting.retry,
     };
     Ok(Action::requeue(retry))
+}
+
+/// The Event a wait publishes when the lock (or the permit) was held until now: a Warning where the policy asks
+/// for one; a Normal one when a permit above a lowered spec.permits (`closing`) is given up, as the only place its
+/// reason shows (a semaphore's `Held` condition tells of every permit, so it overwrites the given-up permit's
+/// reason in the same write). `None`: no Event.
+fn event_if_was_held(waiting: &Waiting, closing: bool) -> Option<EventType> {
+    if waiting.warn_if_was_held {
+        Some(EventType::Warning)
+    } else if closing && waiting.release_kept {
+        Some(EventType::Normal)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiting(reason: &'static str, release_kept: bool, warn_if_was_held: bool) -> Waiting {
+        Waiting {
+            reason,
+            message: String::new(),
+            keep_lost: false,
+            release_kept,
+            warn_if_was_held,
+            retry: Duration::from_secs(30),
+        }
+    }
+
+    #[test]
+    fn a_permit_given_up_above_a_lowered_count_says_so_in_an_event() {
+        let lowered = waiting("PermitsLowered", true, false);
+        assert_eq!(
+            event_if_was_held(&lowered, true),
+            Some(EventType::Normal),
+            "the status write overwrites its reason with the semaphore's Held condition: the Event shows it"
+        );
+        assert_eq!(event_if_was_held(&lowered, false), None);
+        let no_candidates = waiting("NoCandidates", true, true);
+        assert_eq!(event_if_was_held(&no_candidates, false), Some(EventType::Warning));
+        assert_eq!(event_if_was_held(&no_candidates, true), Some(EventType::Warning));
+        let job_stopping = waiting("WaitingForFencedJob", false, false);
+        assert_eq!(
+            event_if_was_held(&job_stopping, true),
+            None,
+            "a Job on a permit above the count keeps its keys until they expire: not given up"
+        );
+    }
 }
