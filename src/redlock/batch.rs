@@ -12,7 +12,7 @@ use super::client::Redlock;
 use super::error::ExtendError;
 use super::fan_out::Tail;
 use super::lease::Lease;
-use super::node::Ready;
+use super::node::{Purpose, Reach, Ready};
 use super::outcome::{NodeOutcome, NodeReport, OperationReport};
 use super::quorum::Tally;
 use super::rules::{Op, extend_outcome, interpret};
@@ -67,9 +67,13 @@ impl Redlock {
         // Leases whose validity already ended are not sent; they fail as a single extension would.
         let live: Vec<bool> = leases.iter().map(|lease| started < lease.valid_until).collect();
         let mut pending = FuturesUnordered::new();
+        let mut answered = vec![true; nodes.len()];
         for (index, node) in nodes.iter().enumerate() {
-            match node.ready(started) {
-                Ok(ready) => pending.push(self.pipeline_on_node(index, ready, leases, &live, repair)),
+            match node.reach(started, Purpose::Vote) {
+                Ok(reach) => {
+                    answered[index] = false;
+                    pending.push(self.pipeline_on_node(index, reach, leases, &live, repair));
+                }
                 Err(outcome) => {
                     for per_lease in &mut outcomes {
                         per_lease[index] = outcome.clone();
@@ -92,12 +96,21 @@ impl Redlock {
             let Some((index, replies, latency)) = pending.next().await else {
                 break;
             };
+            answered[index] = true;
             latencies[index] = latency;
             for ((per_lease, outcome), lease) in outcomes.iter_mut().zip(replies).zip(leases) {
                 per_lease[index] = lease.counted(index, outcome);
             }
         }
         let decided_at = Instant::now();
+        for (index, _) in answered.iter().enumerate().filter(|(_, answered)| !**answered) {
+            let undecided = nodes[index].undecided();
+            for (per_lease, live) in outcomes.iter_mut().zip(&live) {
+                if *live {
+                    per_lease[index] = undecided.clone();
+                }
+            }
+        }
         // Masters that had not answered when every lease was decided still get their pipeline (the repair of
         // keys they lost among it): dropped, one not sent yet never would be.
         self.finish_tail_in_background(
@@ -139,7 +152,7 @@ impl Redlock {
     fn pipeline_on_node(
         &self,
         index: usize,
-        ready: Ready,
+        reach: Reach,
         leases: &[Lease],
         live: &[bool],
         repair: Repair,
@@ -168,14 +181,17 @@ impl Redlock {
         }
         let count = sent.iter().filter(|live| **live).count();
         let timeout = node.node_timeout() + PER_COMMAND_ALLOWANCE * u32::try_from(count).unwrap_or(u32::MAX);
-        let Ready {
-            mut conn, generation, ..
-        } = ready;
         Box::pin(async move {
-            let started = Instant::now();
-            let reply = tokio::time::timeout(timeout, pipe.query_async::<Vec<Value>>(&mut conn)).await;
             let per_lease =
                 |outcome: &dyn Fn() -> NodeOutcome| sent.iter().map(|_| outcome()).collect::<Vec<_>>();
+            let Ready {
+                mut conn, generation, ..
+            } = match node.connection(reach).await {
+                Ok(ready) => ready,
+                Err(outcome) => return (index, per_lease(&|| outcome.clone()), None),
+            };
+            let started = Instant::now();
+            let reply = tokio::time::timeout(timeout, pipe.query_async::<Vec<Value>>(&mut conn)).await;
             match reply {
                 Err(_) => (index, per_lease(&|| NodeOutcome::Timeout), None),
                 Ok(Err(err)) => {

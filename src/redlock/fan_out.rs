@@ -1,6 +1,7 @@
-//! One operation on every master at once: sent concurrently, decided as soon as a majority voted or can no
-//! longer vote, and the masters that had not answered by then finished in the background (within the per-node
-//! timeout) instead of dropped, so that a decided acquisition does not sit on a bare majority and a release
+//! One operation on every master at once: sent concurrently (a master still connecting gets up to the node
+//! timeout to be verified), decided as soon as a majority voted or can no longer vote, and the masters that had
+//! not answered by then finished in the background (within the per-node timeout, and one more for a master still
+//! connecting) instead of dropped, so that a decided acquisition does not sit on a bare majority and a release
 //! reaches every master. A failed acquisition is undone here too, each unlock ordered behind its master's SET.
 
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use tokio::time::Instant;
 
 use super::client::Redlock;
 use super::lease::Lease;
+use super::node::{Purpose, Reach};
 use super::outcome::{NodeOutcome, NodeReport, OperationReport};
 use super::quorum::{Tally, quorum_of};
 use super::rules::Op;
@@ -115,10 +117,12 @@ impl Redlock {
         });
     }
 
-    /// Sends `op` to the masters selected by `only` (all when `None`) concurrently. With `decide_early`,
-    /// returns as soon as a majority voted yes or can no longer do so; the masters still answering are handed
-    /// back in `pending` (their outcome shows as `Pending`). An extension passes its lease as `extended`, whose
-    /// unconfirmed masters do not vote.
+    /// Sends `op` to the masters selected by `only` (all when `None`) concurrently. A master whose connection
+    /// is still being set up (a fresh client, a reconnection) is waited for up to the node timeout, so that it
+    /// is not counted out while it might still vote. With `decide_early`, returns as soon as a majority voted
+    /// yes or can no longer do so; the masters still answering are handed back in `pending` (their outcome
+    /// shows as `Pending`, or as unavailable while still connecting). An extension passes its lease as
+    /// `extended`, whose unconfirmed masters do not vote.
     pub(super) async fn fan_out(
         &self,
         op: Op,
@@ -145,12 +149,12 @@ impl Redlock {
             if only.is_some_and(|only| !only.contains(&index)) {
                 continue;
             }
-            let ready = match op {
-                Op::Release | Op::LeaveQueue { .. } => node.connected(),
-                _ => node.ready(started),
+            let purpose = match op {
+                Op::Release | Op::LeaveQueue { .. } => Purpose::Cleanup,
+                Op::Acquire { .. } | Op::Extend { .. } => Purpose::Vote,
             };
-            match ready {
-                Ok(ready) => pending.push(self.run_on_node(index, ready, op, keys.clone(), value.clone())),
+            match node.reach(started, purpose) {
+                Ok(reach) => pending.push(self.run_on_node(index, reach, op, keys.clone(), value.clone())),
                 Err(outcome) => {
                     tally.record(false);
                     reports[index].outcome = outcome;
@@ -170,6 +174,11 @@ impl Redlock {
             reports[index].outcome = outcome;
             reports[index].latency = latency;
             decision = tally.decided();
+        }
+        for (index, report) in reports.iter_mut().enumerate() {
+            if report.outcome == NodeOutcome::Pending && only.is_none_or(|only| only.contains(&index)) {
+                report.outcome = nodes[index].undecided();
+            }
         }
         FanOut {
             report: OperationReport {
@@ -206,7 +215,7 @@ impl Redlock {
                         if let Ok(ready) = self.inner.nodes[index].connected() {
                             unlocks.push(self.run_on_node(
                             index,
-                            ready,
+                            Reach::Now(ready),
                             Op::Release,
                             Keys::of(Op::Release, resource),
                             value.clone(),

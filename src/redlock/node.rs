@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -48,6 +48,25 @@ pub(crate) struct Ready {
     pub generation: u64,
 }
 
+/// What an operation uses a master for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Purpose {
+    /// Writes whose answers are votes: a verified connection to a master out of its quarantine.
+    Vote,
+    /// Deleting our own entries, harmless anywhere: any verified connection, quarantined or not.
+    Cleanup,
+}
+
+/// How an operation gets to a master: over its verified connection now, or over the one being set up (connection
+/// and restart check) once it is verified, if that is by `deadline` (the operation's start plus the node timeout).
+pub(crate) enum Reach {
+    Now(Ready),
+    By { deadline: Instant, purpose: Purpose },
+}
+
+/// What a master without a verified connection is reported as while its connection is being set up.
+const CONNECTING: &str = "connecting";
+
 #[derive(Clone, Copy)]
 struct Settings {
     node_timeout: Duration,
@@ -59,6 +78,9 @@ struct Settings {
 #[derive(Default)]
 struct State {
     conn: Option<MultiplexedConnection>,
+    /// A connection is being set up (or is about to be: a new master, or one whose connection was just
+    /// dropped): operations wait for it, up to the node timeout, before counting the master out.
+    connecting: bool,
     /// Bumped on every new connection, so an error seen on an old one cannot drop a newer one.
     generation: u64,
     info: Option<ServerInfo>,
@@ -74,6 +96,8 @@ pub(crate) struct Node {
     settings: Settings,
     state: Mutex<State>,
     reconnect: Notify,
+    /// Counts the connection attempts that ended, verified or not: what operations waiting for one watch.
+    attempts: watch::Sender<u64>,
 }
 
 impl Node {
@@ -113,8 +137,13 @@ impl Node {
                 quarantine_period: config.quarantine_period(),
                 assume_durable: config.assume_durable,
             },
-            state: Mutex::new(State::default()),
+            // Its first attempt starts with the engine.
+            state: Mutex::new(State {
+                connecting: true,
+                ..State::default()
+            }),
             reconnect: Notify::new(),
+            attempts: watch::Sender::new(0),
         })
     }
 
@@ -130,36 +159,88 @@ impl Node {
 
     /// A verified connection that may be written to and whose vote counts, or why not.
     pub(crate) fn ready(&self, now: Instant) -> Result<Ready, NodeOutcome> {
-        let state = self.state();
-        let Some(conn) = state.conn.clone() else {
-            let reason = state.last_error.clone().unwrap_or_else(|| "connecting".into());
-            drop(state);
-            self.reconnect.notify_one();
-            return Err(NodeOutcome::Unavailable(reason));
-        };
-        if let Some(until) = state.quarantined_until.filter(|until| *until > now) {
-            return Err(NodeOutcome::Quarantined {
-                remaining: until - now,
-            });
-        }
-        Ok(Ready {
-            conn,
-            generation: state.generation,
-        })
+        self.usable(now, Purpose::Vote)?
+            .ok_or_else(|| NodeOutcome::Unavailable(CONNECTING.into()))
     }
 
     /// Any verified connection, quarantined or not: deleting our own key is harmless anywhere.
     pub(crate) fn connected(&self) -> Result<Ready, NodeOutcome> {
-        let state = self.state();
-        match state.conn.clone() {
-            Some(conn) => Ok(Ready {
-                conn,
-                generation: state.generation,
-            }),
-            None => Err(NodeOutcome::Unavailable(
-                state.last_error.clone().unwrap_or_else(|| "connecting".into()),
-            )),
+        self.usable(Instant::now(), Purpose::Cleanup)?
+            .ok_or_else(|| NodeOutcome::Unavailable(CONNECTING.into()))
+    }
+
+    /// How an operation that starts at `now` gets to this master for `purpose`: its verified connection, or the
+    /// one being set up, which the operation waits for up to the node timeout; `Err` when the master is out at
+    /// once (quarantined for a vote, or not connected and no connection being set up: down, between retries).
+    pub(crate) fn reach(&self, now: Instant, purpose: Purpose) -> Result<Reach, NodeOutcome> {
+        Ok(match self.usable(now, purpose)? {
+            Some(ready) => Reach::Now(ready),
+            None => Reach::By {
+                deadline: now.checked_add(self.settings.node_timeout).unwrap_or(now),
+                purpose,
+            },
+        })
+    }
+
+    /// The verified connection `reach` leads to. A connection being set up is waited for until its deadline,
+    /// and is then checked for its purpose (the quarantine for a vote) as one found at once would be.
+    pub(crate) async fn connection(&self, reach: Reach) -> Result<Ready, NodeOutcome> {
+        let (deadline, purpose) = match reach {
+            Reach::Now(ready) => return Ok(ready),
+            Reach::By { deadline, purpose } => (deadline, purpose),
+        };
+        // Subscribed before looking, so that an attempt ending in between is not missed.
+        let mut attempts = self.attempts.subscribe();
+        loop {
+            if let Some(ready) = self.usable(Instant::now(), purpose)? {
+                return Ok(ready);
+            }
+            if !matches!(
+                tokio::time::timeout_at(deadline, attempts.changed()).await,
+                Ok(Ok(()))
+            ) {
+                return Err(NodeOutcome::Unavailable(format!(
+                    "{CONNECTING}, not verified within the node timeout ({})",
+                    crate::duration::format(self.settings.node_timeout)
+                )));
+            }
         }
+    }
+
+    /// How a master that had not answered when an operation was decided is reported: still connecting (it got
+    /// no request yet), or pending.
+    pub(crate) fn undecided(&self) -> NodeOutcome {
+        let state = self.state();
+        if state.conn.is_none() && state.connecting {
+            NodeOutcome::Unavailable(CONNECTING.into())
+        } else {
+            NodeOutcome::Pending
+        }
+    }
+
+    /// The verified connection `purpose` may use at `now`; `Ok(None)` while one is being set up.
+    fn usable(&self, now: Instant, purpose: Purpose) -> Result<Option<Ready>, NodeOutcome> {
+        let state = self.state();
+        let Some(conn) = state.conn.clone() else {
+            if state.connecting {
+                return Ok(None);
+            }
+            let reason = state.last_error.clone().unwrap_or_else(|| "not connected".into());
+            drop(state);
+            self.reconnect.notify_one();
+            return Err(NodeOutcome::Unavailable(reason));
+        };
+        if purpose == Purpose::Vote
+            && let Some(until) = state.quarantined_until.filter(|until| *until > now)
+        {
+            return Err(NodeOutcome::Quarantined {
+                remaining: until - now,
+            });
+        }
+        Ok(Some(Ready {
+            conn,
+            generation: state.generation,
+        }))
     }
 
     pub(crate) fn record_latency(&self, latency: Duration) {
@@ -186,6 +267,8 @@ impl Node {
             state.last_error = Some(message.clone());
             if broken && state.generation == generation && state.conn.is_some() {
                 state.conn = None;
+                // Told below, the background task reconnects at once.
+                state.connecting = true;
                 tracing::warn!(master = %self.endpoint, error = %message, "lost connection to Redis master");
             }
         }
@@ -217,17 +300,25 @@ impl Node {
     /// Opens a connection, reads `INFO server` for the restart check, loads the scripts, and only then makes
     /// the connection usable. The whole sequence is bounded by the connect timeout.
     pub(crate) async fn connect(&self) -> Result<(), String> {
+        self.state().connecting = true;
         let result = tokio::time::timeout(self.settings.connect_timeout, self.open_and_verify()).await;
         let outcome = match result {
-            Ok(Ok(())) => return Ok(()),
-            Ok(Err(message)) => message,
-            Err(_) => format!(
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(message)) => Err(message),
+            Err(_) => Err(format!(
                 "no answer within the connect timeout ({})",
                 crate::duration::format(self.settings.connect_timeout)
-            ),
+            )),
         };
-        self.state().last_error = Some(outcome.clone());
-        Err(outcome)
+        {
+            let mut state = self.state();
+            state.connecting = false;
+            if let Err(message) = &outcome {
+                state.last_error = Some(message.clone());
+            }
+        }
+        self.attempts.send_modify(|ended| *ended = ended.wrapping_add(1));
+        outcome
     }
 
     async fn open_and_verify(&self) -> Result<(), String> {

@@ -22,7 +22,7 @@ use super::error::AcquireError;
 use super::fan_out::Tail;
 use super::lease::Lease;
 use super::lease::{Holding, next_token, validity_left};
-use super::node::{Node, Ready};
+use super::node::{Node, Purpose, Reach, Ready};
 use super::operations::AcquireOptions;
 use super::operations::PROPOSAL_ROUNDS;
 use super::outcome::{NodeOutcome, NodeReport, OperationReport};
@@ -314,8 +314,9 @@ impl Redlock {
         }
     }
 
-    /// One round on every eligible master at once, decided as soon as a candidate has a majority or none can
-    /// get one; the masters still answering are handed back.
+    /// One round on every eligible master at once (one still connecting is waited for up to the node timeout, as
+    /// in every fan-out), decided as soon as a candidate has a majority or none can get one; the masters still
+    /// answering are handed back.
     async fn permit_round(
         &self,
         candidates: &Candidates,
@@ -328,9 +329,9 @@ impl Redlock {
         let mut answers: Vec<Option<Answer>> = vec![None; nodes.len()];
         let mut pending = FuturesUnordered::new();
         for (index, node) in nodes.iter().enumerate() {
-            match node.ready(now) {
-                Ok(ready) => {
-                    pending.push(self.acquire_any_on_node(index, ready, candidates, value, ttl, waiter))
+            match node.reach(now, Purpose::Vote) {
+                Ok(reach) => {
+                    pending.push(self.acquire_any_on_node(index, reach, candidates, value, ttl, waiter))
                 }
                 Err(outcome) => answers[index] = Some(Answer::Failed(outcome)),
             }
@@ -358,7 +359,7 @@ impl Redlock {
     fn acquire_any_on_node(
         &self,
         index: usize,
-        ready: Ready,
+        reach: Reach,
         candidates: &Candidates,
         value: &LockValue,
         ttl: Duration,
@@ -385,10 +386,13 @@ impl Redlock {
             invocation.arg(*token);
         }
         let count = candidates.keys.len();
-        let Ready {
-            mut conn, generation, ..
-        } = ready;
         Box::pin(async move {
+            let Ready {
+                mut conn, generation, ..
+            } = match node.connection(reach).await {
+                Ok(ready) => ready,
+                Err(outcome) => return (index, Answer::Failed(outcome)),
+            };
             let started = Instant::now();
             let reply =
                 tokio::time::timeout(node.node_timeout(), invocation.invoke_async::<Value>(&mut conn)).await;
@@ -417,7 +421,7 @@ impl Redlock {
             .zip(self.inner.nodes.iter())
             .map(|(answer, node)| {
                 let outcome = match answer {
-                    None => NodeOutcome::Pending,
+                    None => node.undecided(),
                     Some(Answer::Granted(candidate)) if Some(*candidate) == winner => NodeOutcome::Granted,
                     Some(Answer::Granted(_)) => NodeOutcome::HeldByOther {
                         holder: None,

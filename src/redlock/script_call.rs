@@ -11,7 +11,7 @@ use redis::{ErrorKind, ServerErrorKind, Value};
 use tokio::time::Instant;
 
 use super::client::Redlock;
-use super::node::Ready;
+use super::node::{Reach, Ready};
 use super::outcome::NodeOutcome;
 use super::rules::{Op, interpret};
 use super::scripts;
@@ -55,11 +55,12 @@ impl Keys {
 pub(super) type NodeFuture = BoxFuture<'static, (usize, NodeOutcome, Option<Duration>)>;
 
 impl Redlock {
-    /// Runs `op` on master `index` over its verified connection `ready`, bounded by the per-node timeout.
+    /// Runs `op` on master `index` over the verified connection `reach` leads to (waiting for one being set up
+    /// until its deadline), bounded by the per-node timeout.
     pub(super) fn run_on_node(
         &self,
         index: usize,
-        ready: Ready,
+        reach: Reach,
         op: Op,
         Keys {
             resource,
@@ -70,12 +71,15 @@ impl Redlock {
         value: LockValue,
     ) -> NodeFuture {
         let node = self.inner.nodes[index].clone();
-        let Ready {
-            mut conn, generation, ..
-        } = ready;
         let retention_ms = self.inner.retention_ms;
         let skip_queue = self.inner.config.skips_queue();
         Box::pin(async move {
+            let Ready {
+                mut conn, generation, ..
+            } = match node.connection(reach).await {
+                Ok(ready) => ready,
+                Err(outcome) => return (index, outcome, None),
+            };
             let started = Instant::now();
             let command = async {
                 let script = match op {
