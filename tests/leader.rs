@@ -142,12 +142,17 @@ async fn setup_long_ttl(
     seed: u8,
 ) -> (String, Running, tokio_util::sync::CancellationToken) {
     let quorum = env.unique("q");
+    create_long_ttl_quorum(masters, env, &quorum).await;
+    start_on(env, seed, quorum).await
+}
+
+/// The quorum of [`setup_long_ttl`].
+async fn create_long_ttl_quorum(masters: &RedisCluster, env: &Env, quorum: &str) {
     env.create_quorum_from(serde_json::json!({
         "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
         "spec": { "endpoints": masters.urls(), "maxTtl": "60s", "nodeTimeout": "100ms", "assumeDurable": true }
     }))
     .await;
-    start_on(env, seed, quorum).await
 }
 
 async fn start_on(
@@ -463,7 +468,19 @@ fn spawn_elect(
     script: &str,
     out: &std::path::Path,
 ) -> tokio::process::Child {
-    spawn_helper(
+    spawn_elect_logging(env, pod, token_file, script, out, std::process::Stdio::null())
+}
+
+/// [`spawn_elect`] with elect's own log going to `stderr`.
+fn spawn_elect_logging(
+    env: &Env,
+    pod: &str,
+    token_file: &std::path::Path,
+    script: &str,
+    out: &std::path::Path,
+    stderr: std::process::Stdio,
+) -> tokio::process::Child {
+    spawn_helper_logging(
         env,
         &["elect", "--lock", "web", "--pod", pod],
         script,
@@ -472,6 +489,7 @@ fn spawn_elect(
             ("OUT", out.as_os_str()),
             ("POD", pod.as_ref()),
         ],
+        stderr,
     )
 }
 
@@ -661,6 +679,265 @@ async fn a_leader_that_reports_its_work_stopped_hands_over_before_its_validity_e
         .expect("status");
     assert_eq!(status.code(), Some(0), "the command's own status after SIGTERM");
     let _ = web1.kill().await;
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
+
+/// web-0 leading a fresh lock under a fresh `elect` that reports with its pod's token: its command writes its
+/// lines to `out` (its token and the validity shown when it started, then `stop`), elect its own log to `log`.
+struct ReportingLeader {
+    elect: tokio::process::Child,
+    out: std::path::PathBuf,
+    log: std::path::PathBuf,
+    /// The command's first line: `start <token> <REDLOCK_VALID_UNTIL>`.
+    started: String,
+    _dir: tempfile::TempDir,
+}
+
+impl ReportingLeader {
+    /// Pods web-0 and web-1, the lock `web` of `ttl` led by web-0, and web-0's elect; returns once its command
+    /// has started.
+    async fn start(env: &Env, quorum: &str, ttl: &str) -> Self {
+        ready_pods(env, &["web-0", "web-1"]).await;
+        web_lock(env, quorum, ttl, None).await;
+        wait_for_leader(env, "web-0").await;
+        let dir = tempfile::tempdir().expect("dir");
+        let token_file = dir.path().join("web-0.token");
+        let token = pod_token(env, "web-0", "redlock-operator").await;
+        std::fs::write(&token_file, token).expect("token file");
+        let (out, log) = (dir.path().join("out"), dir.path().join("elect.log"));
+        let script = "echo \"start $REDLOCK_FENCING_TOKEN $REDLOCK_VALID_UNTIL\" >> \"$OUT\"; trap 'echo stop >> \"$OUT\"; exit 0' TERM; while true; do sleep 0.05; done";
+        let stderr = std::fs::File::create(&log).expect("elect's log");
+        let elect = spawn_elect_logging(env, "web-0", &token_file, script, &out, stderr.into());
+        let started = eventually("web-0's command to start", || async {
+            let said = std::fs::read_to_string(&out).unwrap_or_default();
+            said.lines().next().map(str::to_owned)
+        })
+        .await;
+        assert!(started.starts_with("start 1 "), "the first grant: {started}");
+        Self {
+            elect,
+            out,
+            log,
+            started,
+            _dir: dir,
+        }
+    }
+
+    /// The validity shown to the command when it started: its grant's.
+    fn first_shown(&self) -> k8s_openapi::jiff::Timestamp {
+        self.started
+            .split(' ')
+            .nth(2)
+            .and_then(|text| text.parse().ok())
+            .expect("the command got REDLOCK_VALID_UNTIL")
+    }
+
+    /// SIGTERM to elect, as the kubelet stops a pod's container.
+    fn terminate(&self) {
+        let pid = i32::try_from(self.elect.id().expect("pid")).expect("pid");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM)
+            .expect("SIGTERM");
+    }
+
+    async fn command_stopped(&self, why: &str) {
+        eventually(why, || async {
+            let said = std::fs::read_to_string(&self.out).unwrap_or_default();
+            said.ends_with("stop\n").then_some(())
+        })
+        .await;
+    }
+
+    /// Waits until elect logs `wanted`; fails at once, saying `why`, if it exits first.
+    async fn wait_for_log(&mut self, wanted: &str, why: &str) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let said = std::fs::read_to_string(&self.log).unwrap_or_default();
+            if said.contains(wanted) {
+                return;
+            }
+            if let Ok(Some(status)) = self.elect.try_wait() {
+                let said = std::fs::read_to_string(&self.log).unwrap_or_default();
+                assert!(
+                    said.contains(wanted),
+                    "elect exited ({status}) {why}; its log:\n{said}"
+                );
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for elect to log `{wanted}`"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits for elect to exit after its report was taken, with exit status 0.
+    async fn exits_having_reported(mut self) {
+        let status = tokio::time::timeout(PATIENCE, self.elect.wait())
+            .await
+            .expect("elect exits once its report is taken")
+            .expect("status");
+        let said = std::fs::read_to_string(&self.log).unwrap_or_default();
+        assert!(
+            said.contains("reported the work under fencing token 1 stopped"),
+            "elect did not report: {said}"
+        );
+        assert_eq!(status.code(), Some(0), "after SIGTERM");
+    }
+}
+
+/// Reports the operator took (`redlock_stopped_reports_total{outcome="taken"}`).
+async fn reports_taken(running: &Running) -> f64 {
+    let (_, text) = http_get(running.metrics_addr, "/metrics")
+        .await
+        .expect("/metrics");
+    text.lines()
+        .find(|line| line.starts_with("redlock_stopped_reports_total{") && line.contains("outcome=\"taken\""))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// web-1 leads, before `shown` (the validity shown to web-0) has ended, on web-0's one report taken.
+async fn handed_over_on_the_report(env: &Env, running: &Running, shown: k8s_openapi::jiff::Timestamp) {
+    wait_for_leader(env, "web-1").await;
+    assert!(
+        k8s_openapi::jiff::Timestamp::now() < shown,
+        "the hand-over waited for the validity shown"
+    );
+    assert_eq!(reports_taken(running).await, 1.0, "the operator took one report");
+}
+
+/// The defect seen on a real node with the chart: the first deletion of a leader pod was not reported (the
+/// hand-over still took 0.3 s, by the pod's disappearance, while the Event named the end of the validity).
+/// `elect` tried to report only until the validity shown at its grant had ended, never a later one: a leader
+/// deleted after leading for a TTL (extended all along) gave up at once, silently, when status had not recorded
+/// its key as given up yet at its command's exit, as when the kubelet's SIGTERM comes first (on k8s-node it did
+/// in most deletions; a second leader, deleted within a TTL of its grant, reported). Here: a fresh lock, a fresh
+/// `elect`, its first grant held past the validity shown when it started; then in the kubelet's order, each step
+/// awaited: SIGTERM, the command stopped, the pod deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_deleted_after_its_grants_first_validity_still_reports_on_sigterm() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let (quorum, running, shutdown) = setup_long_ttl(&masters, &env, 32).await;
+    let mut web0 = ReportingLeader::start(&env, &quorum, "10s").await;
+    let first_shown = web0.first_shown();
+
+    // Lead past the validity shown at the grant: the operator extends the lock meanwhile.
+    let left = first_shown.duration_since(k8s_openapi::jiff::Timestamp::now());
+    tokio::time::sleep(Duration::try_from(left).unwrap_or_default() + Duration::from_millis(200)).await;
+    assert!(k8s_openapi::jiff::Timestamp::now() > first_shown);
+    assert_eq!(
+        labelled(&env).await,
+        ["web-0"],
+        "web-0 still leads its first grant"
+    );
+
+    // The kubelet's SIGTERM: the command stops while status still shows the grant.
+    web0.terminate();
+    web0.command_stopped("web-0's command to stop").await;
+    web0.wait_for_log(
+        "it is reported once status records the key as given up",
+        "after SIGTERM before status recorded its key as given up: it reported nothing",
+    )
+    .await;
+    let shown = valid_until(&env, "web-0").await;
+    assert!(shown > first_shown, "status shows the extensions: {shown}");
+
+    // The deletion makes the operator record the key as given up (the pod is terminating, not gone).
+    pods(&env)
+        .delete("web-0", &DeleteParams::default())
+        .await
+        .expect("delete web-0");
+    web0.exits_having_reported().await;
+    handed_over_on_the_report(&env, &running, shown).await;
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
+
+/// A door in front of the operator's report endpoint, for a test to hold reports in flight: connections are
+/// accepted (and counted) at once, and relayed once the door is opened.
+struct ReportDoor {
+    addr: std::net::SocketAddr,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    to: tokio::sync::watch::Sender<Option<std::net::SocketAddr>>,
+}
+
+impl ReportDoor {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("door");
+        let addr = listener.local_addr().expect("door address");
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (to, opened) = tokio::sync::watch::channel(None::<std::net::SocketAddr>);
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut opened = opened.clone();
+                tokio::spawn(async move {
+                    let Ok(Some(upstream)) = opened.wait_for(Option::is_some).await.map(|to| *to) else {
+                        return;
+                    };
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        Self { addr, accepted, to }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/v1/stopped", self.addr)
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Relays what is held, and all that comes, to `upstream`.
+    fn open_to(&self, upstream: std::net::SocketAddr) {
+        self.to.send_replace(Some(upstream));
+    }
+}
+
+/// The other order of a deletion on a real node: status stops showing the leader (the operator saw the pod
+/// terminating) before the kubelet's SIGTERM reaches `elect`. `elect` stops its command on the move and reports in
+/// the background; the SIGTERM must not cut that report short (it did: `elect` exited at once, and the key waited
+/// for the pod to go). The report is held at a door until `elect` has taken the SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_move_came_before_sigterm_finishes_its_report() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let door = ReportDoor::start().await;
+    let quorum = env.unique("q");
+    create_long_ttl_quorum(&masters, &env, &quorum).await;
+    let (running, shutdown) = operator_reporting_to(&env, &installation_secret(33), &door.url()).await;
+    quorum_available(&env, &quorum).await;
+    let mut web0 = ReportingLeader::start(&env, &quorum, "20s").await;
+    let shown = valid_until(&env, "web-0").await;
+
+    // The deletion: status stops showing web-0, whose elect stops the command and sends its report (held).
+    pods(&env)
+        .delete("web-0", &DeleteParams::default())
+        .await
+        .expect("delete web-0");
+    web0.command_stopped("web-0's command to stop on the move").await;
+    eventually("web-0's report to reach the door", || async {
+        (door.accepted() > 0).then_some(())
+    })
+    .await;
+    // Then the kubelet's SIGTERM, while the report is in flight.
+    web0.terminate();
+    web0.wait_for_log(
+        "finishing the report",
+        "on SIGTERM with its report in flight: the report was cut short",
+    )
+    .await;
+    door.open_to(running.metrics_addr);
+    web0.exits_having_reported().await;
+    handed_over_on_the_report(&env, &running, shown).await;
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }

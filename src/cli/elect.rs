@@ -6,15 +6,19 @@
 
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
 
 use super::exit_code;
-use super::report::{Reporter, report_stopped, report_stopped_unless_signalled};
+use super::report::{Reporter, report_stopped, unless_signalled};
 use super::supervise::Ended;
-use super::term::{current_term, follow_lock, run_in_term, term_of};
+use super::term::{Term, current_term, follow_lock, run_in_term, term_of};
+use crate::api::DistributedLock;
 use crate::api::holder_contract::REPORT_TOKEN_PATH;
 
 #[derive(Debug, Args)]
@@ -76,20 +80,19 @@ pub async fn run(args: ElectArgs) -> i32 {
     else {
         return fail(exit_code::SOFTWARE, "cannot install signal handlers".into());
     };
-    let reporter = Reporter {
-        holder: &args.pod,
-        lock: &args.lock,
-        token_file: &args.report_token_file,
-        tool: "elect",
-    };
+    // Reports under way for terms stopped on a move or a loss: a SIGTERM that comes meanwhile (the pod deleted: the
+    // operator's status write often reaches us before the kubelet's signal) waits for them before exiting.
+    let mut reports = JoinSet::new();
     loop {
         let current = tokio::select! {
+            // A signal that came while the command was being stopped goes first: no new term after it.
+            biased;
+            _ = sigterm.recv() => return finish_reports(&mut reports).await,
+            _ = sigint.recv() => return finish_reports(&mut reports).await,
             current = current_term(&mut followed.terms, args.fence_margin) => match current {
                 Some(current) => current,
                 None => return fail(exit_code::SOFTWARE, "the watch ended".into()),
             },
-            _ = sigterm.recv() => return 0,
-            _ = sigint.recv() => return 0,
         };
         eprintln!(
             "redlock-operator elect: {} leads {namespace}/{} with fencing token {}",
@@ -116,7 +119,8 @@ pub async fn run(args: ElectArgs) -> i32 {
             Ended::Signalled(code) => {
                 // The pod is being stopped (a rolling update): the operator moves the lock, and the report
                 // lets the next leader have it as soon as that is recorded. A second signal ends the wait.
-                report_stopped_unless_signalled(&reporter, &current, followed.latest.clone()).await;
+                spawn_report(&mut reports, &args, current, followed.latest.clone());
+                unless_signalled(join_all(&mut reports)).await;
                 return code;
             }
             Ended::StoppedOnLoss => {
@@ -126,20 +130,47 @@ pub async fn run(args: ElectArgs) -> i32 {
                 );
                 // Reported while this pod waits to lead again: the grant it stopped is never shown again, so
                 // the work cannot start under it (`lock::reports::rule`).
-                let holder = args.pod.clone();
-                let lock = args.lock.clone();
-                let token_file = args.report_token_file.clone();
-                let latest = followed.latest.clone();
-                tokio::spawn(async move {
-                    let reporter = Reporter {
-                        holder: &holder,
-                        lock: &lock,
-                        token_file: &token_file,
-                        tool: "elect",
-                    };
-                    report_stopped(&reporter, &current, latest).await;
-                });
+                spawn_report(&mut reports, &args, current, followed.latest.clone());
             }
         }
     }
+}
+
+/// Reports in the background that the work under `current` stopped.
+fn spawn_report(
+    reports: &mut JoinSet<()>,
+    args: &ElectArgs,
+    current: Term,
+    latest: watch::Receiver<Option<Arc<DistributedLock>>>,
+) {
+    while reports.try_join_next().is_some() {}
+    let holder = args.pod.clone();
+    let lock = args.lock.clone();
+    let token_file = args.report_token_file.clone();
+    reports.spawn(async move {
+        let reporter = Reporter {
+            holder: &holder,
+            lock: &lock,
+            token_file: &token_file,
+            tool: "elect",
+        };
+        report_stopped(&reporter, &current, latest).await;
+    });
+}
+
+/// After a SIGTERM or SIGINT while not leading: the reports under way are finished first (each ends at the latest
+/// when the validity shown for its grant ends), unless a second signal comes. Exit status 0.
+async fn finish_reports(reports: &mut JoinSet<()>) -> i32 {
+    while reports.try_join_next().is_some() {}
+    if !reports.is_empty() {
+        eprintln!(
+            "redlock-operator elect: finishing the report that the work stopped before exiting (a second SIGTERM or SIGINT ends the wait)"
+        );
+        unless_signalled(join_all(reports)).await;
+    }
+    0
+}
+
+async fn join_all(reports: &mut JoinSet<()>) {
+    while reports.join_next().await.is_some() {}
 }

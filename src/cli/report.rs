@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use super::term::Term;
 use crate::api::DistributedLock;
 use crate::api::holder_contract::StoppedReport;
+use crate::api::lock::ReleasingKey;
 
 /// One attempt's bound: the operator answers after two reads and a token review.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -38,29 +39,55 @@ pub struct Reporter<'a> {
 }
 
 /// Reports that the work under `term` has stopped, once status shows its key given up; gives up when the
-/// validity shown has ended (the operator releases the key then anyway), the lock is gone, or the operator
-/// refuses the report for good.
+/// validity shown for the grant has ended (the operator releases the key then anyway), the lock is gone, or the
+/// operator refuses the report for good.
+///
+/// That validity is the latest one status showed for the grant when the work stopped, or the release time status
+/// records for its key, not the one `term` was started with: a grant extended for longer than a TTL had long
+/// outlived that one, and its report was given up at once (the first deletion of a leader pod on a real node went
+/// unreported so). Later extensions do not prolong the wait: a container restarted in its pod (a failed liveness
+/// probe) waits at most for the validity it was shown.
 pub async fn report_stopped(
     reporter: &Reporter<'_>,
     term: &Term,
     mut latest: watch::Receiver<Option<Arc<DistributedLock>>>,
 ) {
     let permit = term.permit.unwrap_or(0);
-    let left = Duration::try_from(term.valid_until.duration_since(Timestamp::now())).unwrap_or_default();
-    let deadline = Instant::now() + left;
     let report = StoppedReport {
         lock: reporter.lock.to_owned(),
         permit,
         fencing_token: term.token,
     };
+    let stopped_with = latest.borrow().clone();
+    let shown = shown_until(stopped_with.as_deref(), reporter.holder, term);
+    let mut announced = false;
     loop {
         let seen = latest.borrow_and_update().clone();
         let Some(lock) = seen else {
+            eprintln!(
+                "redlock-operator {}: the lock is gone: the work under fencing token {} is not reported",
+                reporter.tool, term.token
+            );
             return;
         };
+        let deadline = instant_at(release_time(&lock, reporter.holder, permit, term.token).max(Some(shown)));
         match given_up(&lock, reporter.holder, permit, term.token) {
-            GivenUp::Released => return,
-            GivenUp::NotYet => {}
+            GivenUp::Released => {
+                eprintln!(
+                    "redlock-operator {}: status no longer shows or records the grant of fencing token {}: its key was released already, nothing to report",
+                    reporter.tool, term.token
+                );
+                return;
+            }
+            GivenUp::NotYet => {
+                if !announced {
+                    eprintln!(
+                        "redlock-operator {}: the work under fencing token {} stopped; it is reported once status records the key as given up",
+                        reporter.tool, term.token
+                    );
+                    announced = true;
+                }
+            }
             GivenUp::ReportTo(None) => {
                 eprintln!(
                     "redlock-operator {}: the operator takes no reports (no status.handOverUrl): the key goes when the validity shown ends",
@@ -87,16 +114,45 @@ pub async fn report_stopped(
                     tracing::debug!(%message, "the operator could not be reached; trying again");
                     tokio::select! {
                         () = tokio::time::sleep(RETRY_PAUSE) => continue,
-                        () = tokio::time::sleep_until(deadline) => return,
+                        () = tokio::time::sleep_until(deadline) => return gave_up(reporter, term),
                     }
                 }
             },
         }
         tokio::select! {
             changed = latest.changed() => if changed.is_err() { return },
-            () = tokio::time::sleep_until(deadline) => return,
+            () = tokio::time::sleep_until(deadline) => return gave_up(reporter, term),
         }
     }
+}
+
+fn gave_up(reporter: &Reporter<'_>, term: &Term) {
+    eprintln!(
+        "redlock-operator {}: the validity shown for fencing token {} ended before a report was taken: not reported (the key is released now anyway)",
+        reporter.tool, term.token
+    );
+}
+
+/// The end of the latest validity `lock`'s status shows `holder` for the grant `term` was started under (its
+/// extensions since included), and never before `term`'s own. Pure.
+fn shown_until(lock: Option<&DistributedLock>, holder: &str, term: &Term) -> Timestamp {
+    lock.and_then(|lock| super::term::term_of(lock, holder))
+        .filter(|shown| shown.token == term.token && shown.permit == term.permit)
+        .map_or(term.valid_until, |shown| shown.valid_until.max(term.valid_until))
+}
+
+/// When status says the key of `permit` given up by `holder` with `token` is released. Pure.
+fn release_time(lock: &DistributedLock, holder: &str, permit: u32, token: i64) -> Option<Timestamp> {
+    recorded(lock, holder, permit, token).map(|entry| entry.release_at.0)
+}
+
+/// The instant on this process's monotonic clock when the wall clock shows `at` (now, if it has passed).
+fn instant_at(at: Option<Timestamp>) -> Instant {
+    let left = at.map(|at| at.duration_since(Timestamp::now()));
+    Instant::now()
+        + left
+            .and_then(|left| Duration::try_from(left).ok())
+            .unwrap_or_default()
 }
 
 /// [`report_stopped`], cut short by a SIGTERM or SIGINT that comes while it waits (one that came before, and was
@@ -106,14 +162,20 @@ pub(crate) async fn report_stopped_unless_signalled(
     term: &Term,
     latest: watch::Receiver<Option<Arc<DistributedLock>>>,
 ) {
+    unless_signalled(report_stopped(reporter, term, latest)).await;
+}
+
+/// Runs `work` until it ends or a SIGTERM or SIGINT comes meanwhile (one that came before does not count: the
+/// listeners are new).
+pub(crate) async fn unless_signalled(work: impl Future<Output = ()>) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut sigterm), Ok(mut sigint)) =
         (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
     else {
-        return report_stopped(reporter, term, latest).await;
+        return work.await;
     };
     tokio::select! {
-        () = report_stopped(reporter, term, latest) => {}
+        () = work => {}
         _ = sigterm.recv() => {}
         _ = sigint.recv() => {}
     }
@@ -129,17 +191,26 @@ enum GivenUp {
     Released,
 }
 
+/// The key of `permit` given up by `holder` with `token`, as `lock`'s status records it. Pure.
+fn recorded<'a>(
+    lock: &'a DistributedLock,
+    holder: &str,
+    permit: u32,
+    token: i64,
+) -> Option<&'a ReleasingKey> {
+    lock.status.as_ref()?.releasing.iter().find(|entry| {
+        u32::try_from(entry.permit).ok() == Some(permit)
+            && entry.holder == holder
+            && entry.fencing_token == token
+    })
+}
+
 /// Whether `lock`'s status records the key of `permit` given up by `holder` with `token`. Pure.
 fn given_up(lock: &DistributedLock, holder: &str, permit: u32, token: i64) -> GivenUp {
     let Some(status) = lock.status.as_ref() else {
         return GivenUp::NotYet;
     };
-    let waiting = status.releasing.iter().any(|entry| {
-        u32::try_from(entry.permit).ok() == Some(permit)
-            && entry.holder == holder
-            && entry.fencing_token == token
-    });
-    if waiting {
+    if recorded(lock, holder, permit, token).is_some() {
         return GivenUp::ReportTo(status.hand_over_url.clone());
     }
     let shown = super::term::term_of(lock, holder)
@@ -269,6 +340,42 @@ mod tests {
             GivenUp::Released,
             "another pod's"
         );
+    }
+
+    fn term(token: i64, second: i64) -> Term {
+        Term {
+            permit: None,
+            token,
+            valid_until: Timestamp::from_second(second).unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_report_is_tried_until_the_latest_validity_shown_for_its_grant_ends() {
+        let at = |second| Timestamp::from_second(second).unwrap();
+        // Status shows the grant until 1000: extended since it started with a validity ending at 990.
+        let extended = lock(Some(7), None);
+        assert_eq!(shown_until(Some(&extended), "web-0", &term(7, 990)), at(1_000));
+        assert_eq!(
+            shown_until(Some(&extended), "web-0", &term(6, 990)),
+            at(990),
+            "another grant's validity"
+        );
+        assert_eq!(
+            shown_until(Some(&extended), "web-1", &term(7, 990)),
+            at(990),
+            "another holder's"
+        );
+        assert_eq!(shown_until(None, "web-0", &term(7, 990)), at(990));
+        assert_eq!(
+            shown_until(Some(&extended), "web-0", &term(7, 1_005)),
+            at(1_005),
+            "never before the grant's own"
+        );
+        let recorded = lock(None, Some(7));
+        assert_eq!(release_time(&recorded, "web-0", 0, 7), Some(at(1_000)));
+        assert_eq!(release_time(&recorded, "web-0", 0, 6), None);
+        assert_eq!(release_time(&extended, "web-0", 0, 7), None);
     }
 
     #[test]

@@ -194,17 +194,18 @@ pub async fn follow(
         };
         match event {
             Ok(Some(watcher::Event::Apply(object) | watcher::Event::InitApply(object))) => {
+                let next = term_of(&object);
+                // The lock first: whoever a term wakes finds the lock that showed it (a report reads it).
+                sinks.seen.send_replace(Some(Arc::new(object)));
                 sinks.terms.send_if_modified(|current| {
-                    let next = term_of(&object);
                     let changed = *current != next;
                     *current = next;
                     changed
                 });
-                sinks.seen.send_replace(Some(Arc::new(object)));
             }
             Ok(Some(watcher::Event::Delete(_))) => {
-                sinks.terms.send_replace(None);
                 sinks.seen.send_replace(None);
+                sinks.terms.send_replace(None);
             }
             Ok(Some(_)) => {}
             Ok(None) => return,

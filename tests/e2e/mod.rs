@@ -383,7 +383,25 @@ pub async fn operator_with_client(
     secret: &[u8],
     identity: Option<&str>,
 ) -> (Running, CancellationToken) {
-    operator_of(env, client, secret, identity, None).await
+    operator_of(env, client, secret, identity, None, None).await
+}
+
+/// [`operator`] showing `hand_over_url` in status as where holders report their work stopped (a door in front of
+/// its own endpoint, say), instead of its metrics address.
+pub async fn operator_reporting_to(
+    env: &Env,
+    secret: &[u8],
+    hand_over_url: &str,
+) -> (Running, CancellationToken) {
+    operator_of(
+        env,
+        env.operator_client(),
+        secret,
+        None,
+        None,
+        Some(hand_over_url.to_owned()),
+    )
+    .await
 }
 
 /// An operator of the installation `installation` (another than the tests' usual one, for tests of two
@@ -399,6 +417,7 @@ pub async fn operator_of_installation(
         secret,
         None,
         Some((installation, env.default_scope())),
+        None,
     )
     .await
 }
@@ -416,6 +435,7 @@ pub async fn operator_scoped(
         secret,
         None,
         Some((installation, scope)),
+        None,
     )
     .await
 }
@@ -426,6 +446,7 @@ async fn operator_of(
     secret: &[u8],
     identity: Option<&str>,
     installation: Option<(&str, LockScope)>,
+    hand_over_url: Option<String>,
 ) -> (Running, CancellationToken) {
     let (installation, scope) = match installation {
         Some((name, scope)) => (Some(name.to_owned()), scope),
@@ -449,7 +470,7 @@ async fn operator_of(
         instance: identity.unwrap_or("single").to_owned(),
         installation,
         scope,
-        hand_over_url: None,
+        hand_over_url,
     };
     let running = start(client, options, shutdown.clone())
         .await
@@ -691,13 +712,24 @@ pub fn spawn_helper(
     script: &str,
     vars: &[(&str, &std::ffi::OsStr)],
 ) -> tokio::process::Child {
+    spawn_helper_logging(env, args, script, vars, std::process::Stdio::null())
+}
+
+/// [`spawn_helper`] with the helper's own log (its stderr) going to `stderr`.
+pub fn spawn_helper_logging(
+    env: &Env,
+    args: &[&str],
+    script: &str,
+    vars: &[(&str, &std::ffi::OsStr)],
+    stderr: std::process::Stdio,
+) -> tokio::process::Child {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_redlock-operator"))
         .args(args)
         .args(["--namespace", &env.namespace, "--", "sh", "-c", script])
         .env("KUBECONFIG", &env.kubeconfig)
         .envs(vars.iter().map(|(key, value)| (*key, *value)))
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(stderr)
         .kill_on_drop(true)
         .spawn()
         .expect("the helper starts")
