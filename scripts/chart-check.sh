@@ -331,6 +331,13 @@ check_rejects "validator rejects an admission policy that lets a user unsuspend 
 check_rejects "validator rejects an admission policy that lets a user label a running Job" \
   "a user labels a running Job): expected deny, got allow" \
   validate_mutated "variables.lock == variables.oldLock ||" "true ||"
+check_rejects "validator rejects a fenced-objects policy that lets a stale token in" \
+  "a token below the lock's): expected deny, got allow" \
+  validate_mutated "variables.token >= variables.lockToken &&" "true &&"
+check_rejects "validator rejects a fenced-objects policy that lets a write remove the label without a token" \
+  "the label removed without a token): expected deny, got allow" \
+  validate_mutated "params.metadata.name == variables.lock || params.metadata.name == variables.oldLock" \
+  "params.metadata.name == variables.lock"
 check_rejects "validator rejects #insecure in a RedisQuorum endpoint (CRD CEL rule)" "is refused; give the CA" \
   validate_mutated "- redis://redlock-redlock-operator-redis-0" "- rediss://redlock-redlock-operator-redis-0:6379#insecure
     - redis://redlock-redlock-operator-redis-0"

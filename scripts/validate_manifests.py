@@ -451,8 +451,9 @@ def selector_matches(selector, labels):
     return True
 
 
-def admission_decision(policy, obj, old=None, username="system:admin"):
-    """None when the policy does not apply to obj (a CREATE, or an UPDATE from old); otherwise (allowed, message)."""
+def admission_decision(policy, obj, old=None, username="system:admin", params=None):
+    """None when the policy does not apply to obj (a CREATE, or an UPDATE from old); otherwise (allowed, message).
+    `params`: the param object the policy is evaluated with (one of a paramRef's), None without paramKind."""
     spec = policy["spec"]
     constraints = spec.get("matchConstraints") or {}
     operation = "CREATE" if old is None else "UPDATE"
@@ -463,7 +464,7 @@ def admission_decision(policy, obj, old=None, username="system:admin"):
             selector_matches(constraints["objectSelector"], o["metadata"].get("labels") or {})
             for o in filter(None, (obj, old))):
         return None
-    activation = {"object": obj, "oldObject": old,
+    activation = {"object": obj, "oldObject": old, "params": params,
                   "request": {"operation": operation, "userInfo": {"username": username}}}
     variables = celpy.celtypes.MapType()
     for variable in spec.get("variables") or []:
@@ -494,6 +495,8 @@ def check_admission_policy(policy):
         except Exception as err:  # noqa: BLE001
             errors.append(f"CEL expression {expression!r} does not compile: {err}")
     rules = (spec.get("matchConstraints") or {}).get("resourceRules") or []
+    if not errors and (spec.get("paramKind") or {}).get("kind") == "DistributedLock":
+        return check_fenced_objects_policy(policy)
     if errors or not any("jobs" in rule.get("resources", []) for rule in rules):
         return errors
 
@@ -541,6 +544,60 @@ def check_admission_policy(policy):
             errors.append(f"sample Job ({name}): expected {expected}, got {got}")
         elif got == "deny" and ("suspend" not in decision[1] or "redlock.io/lock=" not in decision[1]):
             errors.append(f"sample Job ({name}): the message does not say what to do: {decision[1]!r}")
+    return errors
+
+
+def check_fenced_objects_policy(policy):
+    """The fenced-objects policy against sample ConfigMap updates, evaluated once per lock of the namespace as the
+    API server does with a paramRef selector: refused when any lock's evaluation refuses."""
+    errors = []
+    operator = next((c["expression"].split("'")[1] for c in policy["spec"].get("matchConditions") or []
+                     if "request.userInfo.username" in c["expression"]), "")
+    if not operator.startswith("system:serviceaccount:"):
+        return [f"the fenced-objects policy does not exempt the operator's ServiceAccount: {operator!r}"]
+
+    def cm(lock=None, token=None):
+        meta = {"name": "sample", "labels": {"redlock.io/fenced-by": lock} if lock else {"app": "x"}}
+        if token is not None:
+            meta["annotations"] = {"redlock.io/fencing-token": token}
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"k": "v"}}
+
+    work = {"apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock", "metadata": {"name": "work"},
+            "status": {"fencingToken": 5}}
+    never_held = {"apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock", "metadata": {"name": "work"}}
+    other = {"apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock", "metadata": {"name": "other"},
+             "status": {"fencingToken": 99}}
+    locks = [work, other]
+    # (name, new ConfigMap, old ConfigMap, the namespace's locks, user, expected)
+    cases = [
+        ("the holder's token", cm("work", "5"), cm("work", "5"), locks, "user", "allow"),
+        ("a token above the lock's (status not caught up)", cm("work", "6"), cm("work", "5"), locks, "user", "allow"),
+        ("a token below the lock's", cm("work", "4"), cm("work", "4"), locks, "user", "deny"),
+        ("a token below the object's", cm("work", "6"), cm("work", "7"), locks, "user", "deny"),
+        ("no annotation", cm("work"), cm("work", "5"), locks, "user", "deny"),
+        ("not a token", cm("work", "5x"), cm("work", "5"), locks, "user", "deny"),
+        ("a lock never held, with a token", cm("work", "0"), cm("work"), [never_held], "user", "allow"),
+        ("a lock never held, no annotation", cm("work"), cm("work"), [never_held], "user", "deny"),
+        ("the label removed without a token", cm(), cm("work", "5"), locks, "user", "deny"),
+        ("the label removed with the token", cm(None, "5"), cm("work", "5"), locks, "user", "allow"),
+        ("the label put on with a token below the lock's", cm("work", "1"), cm(), locks, "user", "deny"),
+        ("another lock's higher token does not matter", cm("work", "5"), cm("work", "5"), [other, work], "user",
+         "allow"),
+        ("the operator's write", cm("work"), cm("work", "5"), locks, operator, "skip"),
+        ("an unlabelled object", cm(), cm(), locks, "user", "skip"),
+    ]
+    for name, sample, old, params, user, expected in cases:
+        try:
+            decisions = [admission_decision(policy, sample, old, user, lock) for lock in params]
+        except Exception as err:  # noqa: BLE001
+            errors.append(f"sample ConfigMap ({name}): evaluation failed: {err}")
+            continue
+        denied = [d for d in decisions if d is not None and not d[0]]
+        got = "deny" if denied else ("skip" if all(d is None for d in decisions) else "allow")
+        if got != expected:
+            errors.append(f"sample ConfigMap ({name}): expected {expected}, got {got}")
+        elif got == "deny" and ("lock work" not in denied[0][1] or "fencing" not in denied[0][1]):
+            errors.append(f"sample ConfigMap ({name}): the message does not name the lock: {denied[0][1]!r}")
     return errors
 
 

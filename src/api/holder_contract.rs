@@ -26,6 +26,11 @@ pub const STALE_ANNOTATION: &str = "redlock.io/stale";
 /// On a fenced Job whose token can no longer be used, once its `status.startTime` was cleared so that its pod
 /// template can take a new token: it waits in the queue again.
 pub const REQUEUED_ANNOTATION: &str = "redlock.io/requeued";
+/// On any namespaced object (put there by users): the lock, in the object's namespace, whose holders alone may
+/// update it. The chart's fenced-objects ValidatingAdmissionPolicy admits an update only when the object written
+/// carries [`TOKEN_ANNOTATION`] not lower than the lock's status.fencingToken nor than the object's own; the
+/// operator itself does not read it.
+pub const FENCED_BY_LABEL: &str = "redlock.io/fenced-by";
 /// On each DistributedLock: the installation of the operator that keeps it (`<namespace>/<name>`, by default its
 /// Lease's). Another installation leaves the lock alone; removing the annotation lets any installation claim it.
 pub const INSTALLATION_ANNOTATION: &str = "redlock.io/installation";

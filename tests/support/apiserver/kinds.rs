@@ -45,7 +45,7 @@ const BASE: Kind = Kind {
     special: Special::Plain,
 };
 
-pub(super) static KINDS: [Kind; 11] = [
+pub(super) static KINDS: [Kind; 13] = [
     Kind {
         plural: "pods",
         kind: "Pod",
@@ -125,6 +125,26 @@ pub(super) static KINDS: [Kind; 11] = [
         generation: true,
         unconditional_update: false,
         special: Special::Custom,
+        ..BASE
+    },
+    // Stored, and evaluated on every create and update (admission.rs).
+    Kind {
+        group: "admissionregistration.k8s.io",
+        plural: "validatingadmissionpolicies",
+        kind: "ValidatingAdmissionPolicy",
+        namespaced: false,
+        status: true,
+        generation: true,
+        unconditional_update: false,
+        ..BASE
+    },
+    Kind {
+        group: "admissionregistration.k8s.io",
+        plural: "validatingadmissionpolicybindings",
+        kind: "ValidatingAdmissionPolicyBinding",
+        namespaced: false,
+        generation: true,
+        unconditional_update: false,
         ..BASE
     },
     Kind {

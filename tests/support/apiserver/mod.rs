@@ -43,13 +43,17 @@
 //!   must be bound to a registered node (`support::node`), as on a real cluster.
 //! - Service-account tokens bound to pods (`tokens.rs`): TokenRequest and TokenReview, with the real server's
 //!   binding, audience, expiry and pod-deletion rules.
+//! - ValidatingAdmissionPolicies and their bindings (`admission.rs`): stored, and evaluated on every create and
+//!   update with their params (`paramKind`, `paramRef`), variables, match conditions and message expressions;
+//!   the refusal worded as the real server words it.
 //! - Test controls (`controls.rs`): [`TestApiServer::fail_next`], [`TestApiServer::set_down`],
 //!   [`TestApiServer::request_count`]; [`TestApiServer::set_pod_gc`], [`TestApiServer::pod_gc_passes`].
 //!
 //! # What it leaves out
 //!
-//! - Authentication, authorization, admission (no webhooks and no built-in admission plugins such as
-//!   ServiceAccount or LimitRanger), API priority and fairness, TLS, protobuf and CBOR, aggregated discovery,
+//! - Authentication, authorization, admission but ValidatingAdmissionPolicies (no webhooks, no
+//!   MutatingAdmissionPolicies and no built-in admission plugins such as ServiceAccount or LimitRanger), API
+//!   priority and fairness, TLS, protobuf and CBOR, aggregated discovery,
 //!   `/version`, OpenAPI v2, Tables of built-in kinds and of watches, `fieldValidation` beyond `Strict` on
 //!   custom resources. Refused with 400 so that a test cannot silently depend on them: `dryRun`, DeleteOptions preconditions, streaming lists (`sendInitialEvents`,
 //!   `resourceVersionMatch` on a watch) and LIST with `resourceVersionMatch=Exact`.
@@ -91,6 +95,7 @@
 //!   with those codes are retried the same way; each retry is counted.
 //! - Requests are counted and faults injected per resource plural.
 
+mod admission;
 mod apply;
 mod controls;
 mod custom_schema;

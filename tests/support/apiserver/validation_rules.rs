@@ -31,17 +31,17 @@ use serde_json::Value;
 use super::errors::FieldError;
 
 /// The standard CEL environment, with `duration()`, `matches()` and the macros.
-static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| Arc::new(Env::stdlib()));
+pub(super) static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| Arc::new(Env::stdlib()));
 
 /// Compiled rules by their text: every write evaluates the same few rules.
 static COMPILED: LazyLock<Mutex<HashMap<String, Arc<Compiled>>>> = LazyLock::new(Mutex::default);
 
-struct Compiled {
-    program: Result<Program, String>,
+pub(super) struct Compiled {
+    pub program: Result<Program, String>,
     reads_old_self: bool,
 }
 
-fn compiled(rule: &str) -> Arc<Compiled> {
+pub(super) fn compiled(rule: &str) -> Arc<Compiled> {
     let mut cache = COMPILED.lock().unwrap_or_else(PoisonError::into_inner);
     cache
         .entry(rule.to_owned())
@@ -201,7 +201,7 @@ fn check_rules(schema: &Value, rules: &[Value], value: &Value, at: &Place<'_>, e
 }
 
 /// A messageExpression's message, when it evaluates to a one-line non-empty string.
-fn message_from(expression: &str, context: &Context<'_, '_>) -> Option<String> {
+pub(super) fn message_from(expression: &str, context: &Context<'_, '_>) -> Option<String> {
     let program = compiled(expression);
     match program.program.as_ref().ok()?.execute(context) {
         Ok(Cel::String(text)) => {
@@ -236,7 +236,7 @@ fn rule_error(rule: &Value, at: &Place<'_>, type_name: &str, detail: String) -> 
 /// A JSON value as CEL sees it through its schema (UnstructuredToVal): objects with declared properties show
 /// only those (the root also its apiVersion, kind, and metadata name and generateName), integers are int
 /// and numbers double whatever their JSON spelling.
-fn to_cel(value: &Value, schema: &Value, root: bool) -> Cel {
+pub(super) fn to_cel(value: &Value, schema: &Value, root: bool) -> Cel {
     let type_name = schema.get("type").and_then(Value::as_str);
     match value {
         Value::Null => Cel::Null,

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::admission::{Operation, Request, admit};
 use super::custom_schema::admit_custom_resource;
 use super::errors::{ApiError, ApiResult, bad_json};
 use super::kinds::{Kind, Special};
@@ -75,6 +76,16 @@ pub(super) fn create(
     }
     prepare_create(kind, &mut object)?;
     admit_custom_resource(state, kind, &mut object, None)?;
+    admit(
+        state,
+        &Request {
+            kind,
+            operation: Operation::Create,
+            status: false,
+            object: &object,
+            old: None,
+        },
+    )?;
     if had_resource_version {
         // The storage layer's error, which the real server reports as a 500 with an unknown reason.
         return Err(ApiError::new(
@@ -213,6 +224,16 @@ pub(super) fn update(
         }
     }
     admit_custom_resource(state, kind, &mut new, Some(old))?;
+    admit(
+        state,
+        &Request {
+            kind,
+            operation: Operation::Update,
+            status,
+            object: &new,
+            old: Some(old),
+        },
+    )?;
     if kind.generation && !same_spec(old, &new, kind.status) {
         meta_mut(&mut new).insert("generation".into(), next_generation(old).into());
     }

@@ -1,0 +1,296 @@
+//! End-to-end: fenced objects. The chart's ValidatingAdmissionPolicy (`templates/fenced-objects-policy.yaml`,
+//! rendered by `helm template`) installed on the API — the in-process test API server, which evaluates it as the
+//! real one does, or a real cluster when `REDLOCK_E2E_KUBECONFIG` names a kubeconfig — and the real operator
+//! holding a lock: an object labelled `redlock.io/fenced-by` takes an update only with a fencing token not lower
+//! than the lock's and the object's own.
+
+mod e2e;
+mod support;
+
+use std::path::{Path, PathBuf};
+
+use e2e::*;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use kube::core::ObjectMeta;
+use redlock_operator::api::LockPhase;
+use support::redis_server::RedisCluster;
+
+const TTL: &str = "2s";
+const MAX_TTL: &str = "2s";
+const FENCED_BY: &str = "redlock.io/fenced-by";
+const TOKEN: &str = "redlock.io/fencing-token";
+
+/// `helm` from target/tools/bin, installed there by scripts/install-tools.sh when missing.
+fn helm(root: &Path) -> PathBuf {
+    let helm = root.join("target/tools/bin/helm");
+    if !helm.exists() {
+        let status = std::process::Command::new(root.join("scripts/install-tools.sh"))
+            .arg("helm")
+            .status()
+            .expect("scripts/install-tools.sh runs");
+        assert!(status.success(), "scripts/install-tools.sh helm failed");
+    }
+    helm
+}
+
+/// The chart's fenced-objects policy and binding as `helm template` renders them for `release`.
+fn rendered_policy(release: &str) -> Vec<serde_json::Value> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let output = std::process::Command::new(helm(root))
+        .args(["template", release])
+        .arg(root.join("charts/redlock-operator"))
+        .args([
+            "--namespace",
+            release,
+            "--show-only",
+            "templates/fenced-objects-policy.yaml",
+        ])
+        .output()
+        .expect("helm template runs");
+    assert!(
+        output.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).expect("UTF-8");
+    text.split("\n---")
+        .filter_map(|document| serde_yaml_ng::from_str::<serde_json::Value>(document).ok())
+        .filter(serde_json::Value::is_object)
+        .collect()
+}
+
+fn api_of(env: &Env, object: &serde_json::Value) -> (Api<DynamicObject>, String) {
+    let kind = object["kind"].as_str().expect("kind");
+    let plural = match kind {
+        "ValidatingAdmissionPolicy" => "validatingadmissionpolicies",
+        "ValidatingAdmissionPolicyBinding" => "validatingadmissionpolicybindings",
+        other => panic!("unexpected {other} in the template"),
+    };
+    let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+    let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
+    let name = object["metadata"]["name"].as_str().expect("name").to_owned();
+    (Api::all_with(env.client.clone(), &resource), name)
+}
+
+/// Installs the rendered policy and binding; returns them, to remove them afterwards.
+async fn install_policy(env: &Env, release: &str) -> Vec<serde_json::Value> {
+    let objects = rendered_policy(release);
+    assert_eq!(objects.len(), 2, "a policy and its binding: {objects:?}");
+    for object in &objects {
+        let (api, _) = api_of(env, object);
+        let dynamic: DynamicObject = serde_json::from_value(object.clone()).expect("object");
+        api.create(&PostParams::default(), &dynamic)
+            .await
+            .expect("create the policy or its binding");
+    }
+    objects
+}
+
+async fn remove_policy(env: &Env, objects: &[serde_json::Value]) {
+    for object in objects {
+        let (api, name) = api_of(env, object);
+        let _ = api.delete(&name, &DeleteParams::default()).await;
+    }
+}
+
+fn config_map(name: &str, fenced_by: Option<&str>) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: fenced_by.map(|lock| [(FENCED_BY.to_owned(), lock.to_owned())].into()),
+            ..ObjectMeta::default()
+        },
+        data: Some([("step".to_owned(), "0".to_owned())].into()),
+        ..ConfigMap::default()
+    }
+}
+
+/// A holder's write: the change and its token in one merge patch (`None`: the change alone).
+async fn write(
+    api: &Api<ConfigMap>,
+    name: &str,
+    step: &str,
+    token: Option<i64>,
+) -> Result<ConfigMap, kube::Error> {
+    let mut patch = serde_json::json!({ "data": { "step": step } });
+    if let Some(token) = token {
+        patch["metadata"] = serde_json::json!({ "annotations": { TOKEN: token.to_string() } });
+    }
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+}
+
+/// The refusal's message, asserting it is the fenced-objects policy's (403 Forbidden).
+fn refusal(result: Result<ConfigMap, kube::Error>) -> String {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 403 && status.message.contains("fenced-objects") => {
+            status.message
+        }
+        other => panic!("expected the fenced-objects policy's refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_object_refuses_writes_with_a_stale_or_missing_fencing_token() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let quorum = env.unique("q");
+    env.create_quorum(&quorum, &masters.urls(), MAX_TTL).await;
+    let policy = install_policy(&env, &env.namespace).await;
+    let (running, shutdown) = operator(&env, &installation_secret(40), None).await;
+    quorum_available(&env, &quorum).await;
+    env.create_lock("work", &quorum, "team-a", TTL).await;
+    let held = lock_where(&env, "work", "held by team-a", |lock| {
+        phase(lock) == Some(LockPhase::Held)
+    })
+    .await;
+    let first = token(&held).expect("a token");
+
+    let config_maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
+    config_maps
+        .create(&PostParams::default(), &config_map("fenced", Some("work")))
+        .await
+        .expect("a labelled ConfigMap is created: creates are not fenced");
+    // A real API server takes a moment to enforce a new policy.
+    let refused = eventually("the policy to be in force", || async {
+        let mut unannotated = config_maps.get("fenced").await.ok()?;
+        unannotated.data = Some([("step".to_owned(), "unannotated".to_owned())].into());
+        match config_maps
+            .replace("fenced", &PostParams::default(), &unannotated)
+            .await
+        {
+            Err(kube::Error::Api(status)) if status.code == 403 => Some(status.message),
+            _ => None,
+        }
+    })
+    .await;
+    assert!(
+        refused.contains("fenced by lock work") && refused.contains("redlock.io/fencing-token"),
+        "without the annotation: {refused}"
+    );
+    assert!(refused.contains(&format!("the lock shows {first}")), "{refused}");
+
+    let accepted = write(&config_maps, "fenced", "1", Some(first))
+        .await
+        .expect("the holder's token is accepted");
+    assert_eq!(
+        accepted
+            .data
+            .as_ref()
+            .and_then(|d| d.get("step"))
+            .map(String::as_str),
+        Some("1")
+    );
+
+    let lower = refusal(write(&config_maps, "fenced", "lower", Some(first - 1)).await);
+    assert!(
+        lower.contains("fenced by lock work")
+            && lower.contains(&format!("fencing token {} is stale", first - 1))
+            && lower.contains(&format!("the lock shows {first}")),
+        "a lower token: {lower}"
+    );
+
+    // The holder changes: a new token, and the old holder's writes are refused.
+    env.locks()
+        .patch(
+            "work",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "spec": { "holder": { "identity": "team-b" } } })),
+        )
+        .await
+        .expect("change the holder");
+    let moved = lock_where(&env, "work", "held by team-b", |lock| {
+        phase(lock) == Some(LockPhase::Held)
+            && lock.status.as_ref().and_then(|s| s.holder.as_deref()) == Some("team-b")
+    })
+    .await;
+    let second = token(&moved).expect("a token");
+    assert!(
+        second > first,
+        "a new holder, a higher token: {second} after {first}"
+    );
+    let stale = refusal(write(&config_maps, "fenced", "stale", Some(first)).await);
+    assert!(
+        stale.contains(&format!("fencing token {first} is stale"))
+            && stale.contains(&format!("the lock shows {second}"))
+            && stale.contains(&format!("the object carries {first}"))
+            && stale.contains("a holder paused past its validity"),
+        "the old holder: {stale}"
+    );
+    write(&config_maps, "fenced", "2", Some(second))
+        .await
+        .expect("the new holder's token is accepted");
+    // Now the object carries the new token: the old one is refused for that reason too.
+    let behind = refusal(write(&config_maps, "fenced", "stale again", Some(first)).await);
+    assert!(
+        behind.contains(&format!("the object carries {second}")),
+        "{behind}"
+    );
+    // Removing the label is a write like any other.
+    let unlabel = serde_json::json!({ "metadata": { "labels": { FENCED_BY: null }, "annotations": { TOKEN: first.to_string() } } });
+    refusal(
+        config_maps
+            .patch("fenced", &PatchParams::default(), &Patch::Merge(unlabel))
+            .await,
+    );
+    let stored = config_maps.get("fenced").await.expect("get");
+    assert_eq!(
+        stored
+            .data
+            .as_ref()
+            .and_then(|d| d.get("step"))
+            .map(String::as_str),
+        Some("2")
+    );
+
+    // An unlabelled object is not looked at.
+    config_maps
+        .create(&PostParams::default(), &config_map("plain", None))
+        .await
+        .expect("create");
+    write(&config_maps, "plain", "1", None)
+        .await
+        .expect("an unlabelled object takes any write");
+    write(&config_maps, "plain", "2", Some(0))
+        .await
+        .expect("an unlabelled object takes any write");
+
+    // A labelled object in a namespace with no lock at all: refused (parameterNotFoundAction: Deny).
+    let lockless = format!("{}-nolock", env.namespace);
+    env.made_namespace(&lockless);
+    let namespaces: Api<Namespace> = Api::all(env.client.clone());
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(lockless.clone()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    namespaces
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("namespace");
+    let elsewhere: Api<ConfigMap> = Api::namespaced(env.client.clone(), &lockless);
+    elsewhere
+        .create(&PostParams::default(), &config_map("fenced", Some("work")))
+        .await
+        .expect("create");
+    match write(&elsewhere, "fenced", "1", Some(second)).await {
+        Err(kube::Error::Api(status)) => assert!(
+            status.message.contains("no params found"),
+            "no lock: {}",
+            status.message
+        ),
+        other => panic!("a labelled object with no lock in its namespace: {other:?}"),
+    }
+
+    stop(running, shutdown).await;
+    remove_policy(&env, &policy).await;
+    if !env.is_test_server() {
+        let _ = namespaces.delete(&lockless, &DeleteParams::default()).await;
+    }
+    env.cleanup(&[&quorum]).await;
+}
