@@ -16,9 +16,13 @@
 #       on PATH, as user 999, with /data and /tmp mounted and a read-only root filesystem).
 #   OUTDIR/busybox.tar           busybox:1.36                   Debian's busybox-static with its applet symlinks
 #       in /bin (the default image of the Job tests' pods: sleep, false, sh).
+#   OUTDIR/app.tar               localhost/redlock-app:e2e      an application image as the docs tell users to
+#       build one for pods that run `elect`, the Job guard or `lock`: busybox-static with its applet symlinks (a
+#       shell, sleep) plus the operator binary (--binary) at /usr/local/bin/redlock-operator, as user 65532. The
+#       in-cluster suite (tests/in_cluster.rs) runs the tutorials' pods on it.
 #
 # --dockerfile PATH  the Dockerfile to read (default: the repository's)
-# --only NAME        build only operator, redis or busybox (repeatable)
+# --only NAME        build only operator, redis, busybox or app (repeatable)
 # --load DIR         then load the tars into the k8s-node cluster whose state is in DIR (load-image.sh DIR TAR...)
 #
 # A tar newer than all its inputs (binary, linked libraries, Dockerfile, this script, mk-image.sh) and built from
@@ -37,7 +41,7 @@ KIT=${K8S_NODE_KIT:-$REPO/../shared/k8s-node}
 
 die() { echo "build-images.sh: $*" >&2; exit 1; }
 say() { echo "build-images.sh: $*" >&2; }
-usage() { sed -n '2,28p' "$SCRIPT" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,32p' "$SCRIPT" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 [ $# -ge 1 ] || usage
 case $1 in -h | --help) usage ;; -*) die "the first argument is OUTDIR, got $1" ;; esac
@@ -53,14 +57,14 @@ while [ $# -gt 0 ]; do
     --binary) BINARY=$2 ;;
     --dockerfile) DOCKERFILE=$2 ;;
     --only)
-      case $2 in operator | redis | busybox) ONLY+=("$2") ;; *) die "--only: operator, redis or busybox, not '$2'" ;; esac ;;
+      case $2 in operator | redis | busybox | app) ONLY+=("$2") ;; *) die "--only: operator, redis, busybox or app, not '$2'" ;; esac ;;
     --load) LOAD_DIR=$2 ;;
     -h | --help) usage ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
   shift 2
 done
-[ ${#ONLY[@]} -gt 0 ] || ONLY=(operator redis busybox)
+[ ${#ONLY[@]} -gt 0 ] || ONLY=(operator redis busybox app)
 wanted() { [[ " ${ONLY[*]} " == *" $1 "* ]]; }
 
 MK_IMAGE=$KIT/mk-image.sh
@@ -304,6 +308,18 @@ static_busybox() {
   return 1
 }
 
+# stage_busybox DIR: Debian's busybox-static (installed when missing) and its applet symlinks in DIR/bin; sets $busybox.
+# Staged at a fixed path, so that the recipe (mk-image.sh's arguments) stays the same from one run to the next.
+stage_busybox() {
+  busybox=$(static_busybox) || { install_package busybox-static && busybox=$(static_busybox); } ||
+    die "no static busybox after installing busybox-static"
+  rm -rf "$1"
+  mkdir -p "$1/bin"
+  cp "$busybox" "$1/bin/busybox"
+  local applet
+  for applet in $("$busybox" --list); do [ "$applet" = busybox ] || ln -s busybox "$1/bin/$applet"; done
+}
+
 # ------------------------------------------------------------------------------------------------------ images
 tars=()
 helm_flags=()
@@ -352,18 +368,28 @@ if wanted redis; then
 fi
 
 if wanted busybox; then
-  busybox=$(static_busybox) || { install_package busybox-static && busybox=$(static_busybox); } ||
-    die "no static busybox after installing busybox-static"
-  # Staged at a fixed path, so that the recipe (mk-image.sh's arguments) stays the same from one run to the next.
   stage=$OUTDIR/.busybox.root
-  rm -rf "$stage"
-  trap 'rm -rf "$stage"' EXIT
-  mkdir -p "$stage/bin"
-  cp "$busybox" "$stage/bin/busybox"
-  for applet in $("$busybox" --list); do [ "$applet" = busybox ] || ln -s busybox "$stage/bin/$applet"; done
+  trap 'rm -rf "$OUTDIR/.busybox.root" "$OUTDIR/.app.root"' EXIT
+  stage_busybox "$stage"
   build busybox "$BUSYBOX_TAG" "$(printf '%s\n' "$busybox" "$SCRIPT" "$MK_IMAGE")" "" "" \
     --add "$stage/bin:/bin" --cmd '["sh"]'
   tars+=("$OUTDIR/busybox.tar")
+fi
+
+# ----------------------------------------------------------------------------------------------------- app image
+# The application image of the in-cluster suite's tutorial pods (an addition of its own: nothing above depends on
+# it). The docs tell users to copy the operator binary into their application image; here the application is a
+# static busybox (sh, sleep), and the pods' examples set runAsNonRoot without a runAsUser, hence USER 65532.
+APP_TAG=localhost/redlock-app:e2e
+if wanted app; then
+  [ -f "$BINARY" ] || die "no binary at $BINARY: cargo build --release --locked --bin redlock-operator, or pass --binary PATH"
+  app_stage=$OUTDIR/.app.root
+  trap 'rm -rf "$OUTDIR/.busybox.root" "$OUTDIR/.app.root"' EXIT
+  stage_busybox "$app_stage"
+  build app "$APP_TAG" "$(printf '%s\n' "$BINARY" "$busybox" "$SCRIPT" "$MK_IMAGE"; libraries "$BINARY")" "" "" \
+    --add "$app_stage/bin:/bin" --bin "$BINARY:/usr/local/bin/redlock-operator" --ca-certs \
+    --user 65532:65532 --cmd '["sh"]'
+  tars+=("$OUTDIR/app.tar")
 fi
 
 if [ -n "$LOAD_DIR" ]; then
