@@ -46,6 +46,26 @@ pub struct ReportLabels {
     pub outcome: String,
 }
 
+/// The values of `LocalRefusalLabels::reason`.
+pub const LOCAL_REFUSAL_REASONS: [&str; 8] = [
+    "not_a_jwt",
+    "wrong_audience",
+    "expired",
+    "not_yet_valid",
+    "not_pod_bound",
+    "refused_lately",
+    "reviews_in_flight",
+    "review_rate",
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LocalRefusalLabels {
+    /// Why a report was refused without a TokenReview: the token cannot be one (`not_a_jwt`, `wrong_audience`,
+    /// `expired`, `not_yet_valid`, `not_pod_bound`), the API server refused it lately (`refused_lately`), or
+    /// reviews are at their bound (`reviews_in_flight`, `review_rate`).
+    pub reason: String,
+}
+
 /// The values of `MasterLabels::state`.
 const MASTER_STATES: [&str; 3] = ["up", "quarantined", "down"];
 
@@ -72,6 +92,8 @@ pub struct Metrics {
     pub leader_elected: Counter,
     /// Holders' reports that their work stopped, by outcome.
     pub stopped_reports: Family<ReportLabels, Counter>,
+    /// Reports refused before any API call, by reason.
+    pub stopped_reports_refused_locally: Family<LocalRefusalLabels, Counter>,
     /// The endpoints each quorum's `master_state` series were set for, so that a deleted quorum's series can be
     /// removed (a `Family` cannot list its label sets).
     master_endpoints: Mutex<HashMap<String, BTreeSet<String>>>,
@@ -103,6 +125,7 @@ impl Default for Metrics {
         let leader = Gauge::default();
         let leader_elected = Counter::default();
         let stopped_reports = Family::<ReportLabels, Counter>::default();
+        let stopped_reports_refused_locally = Family::<LocalRefusalLabels, Counter>::default();
         registry.register(
             "acquire_duration_seconds",
             "Time of one Redlock acquisition attempt, by outcome",
@@ -175,12 +198,24 @@ impl Default for Metrics {
             "Reports from elect or the Job guard that a holder's work stopped under a given-up grant, by outcome (taken: its key released at once)",
             stopped_reports.clone(),
         );
+        registry.register(
+            "stopped_reports_refused_locally",
+            "Reports of stopped work refused without asking the API server (no TokenReview, no read), by reason",
+            stopped_reports_refused_locally.clone(),
+        );
         // Present at zero from the start, so that the dashboard shows no reports rather than no data.
         stopped_reports
             .get_or_create(&ReportLabels {
                 outcome: "taken".to_owned(),
             })
             .inc_by(0);
+        for reason in LOCAL_REFUSAL_REASONS {
+            stopped_reports_refused_locally
+                .get_or_create(&LocalRefusalLabels {
+                    reason: reason.to_owned(),
+                })
+                .inc_by(0);
+        }
         // Present at zero from the start, so that alerts on their rate work before the first error.
         for resource in ["distributedlock", "redisquorum"] {
             reconcile_errors
@@ -208,6 +243,7 @@ impl Default for Metrics {
             leader,
             leader_elected,
             stopped_reports,
+            stopped_reports_refused_locally,
             master_endpoints: Mutex::default(),
         }
     }
@@ -297,6 +333,14 @@ impl Metrics {
         self.stopped_reports
             .get_or_create(&ReportLabels {
                 outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn stopped_report_refused_locally(&self, reason: &str) {
+        self.stopped_reports_refused_locally
+            .get_or_create(&LocalRefusalLabels {
+                reason: reason.to_owned(),
             })
             .inc();
     }

@@ -10,15 +10,24 @@
 //! exists with the same uid and was not marked for deletion more than 60 s ago; the user is
 //! `system:serviceaccount:<namespace>:<name>` with the pod's name and uid in `extra`.
 //!
-//! Left out: tokens are opaque, not JWTs; the ServiceAccount object is not required to exist (the kind is not
-//! served); tokens bound to Secrets or Nodes, and unbound tokens, are refused with 400.
+//! A token is a JWT with the real claims (`aud`, `exp`, `iat`, `nbf`, `iss`, `sub`, `jti`, and `kubernetes.io`
+//! with the namespace, the pod's name and uid and the service account), so that what reads a token's text (the
+//! operator refuses locally what cannot be one) meets the real format. Left out: the signature is random bytes,
+//! not RS256 (a review looks the token up among those issued); the ServiceAccount object is not required to
+//! exist (the kind is not served); tokens bound to Secrets or Nodes, and unbound tokens, are refused with 400.
+//! Reviews are counted ([`TestApiServer::token_reviews`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 
+use super::TestApiServer;
 use super::errors::{ApiError, ApiResult, bad_json};
 use super::kinds::{self, Special};
 use super::store::State;
@@ -91,6 +100,14 @@ struct Vouched {
 #[derive(Default)]
 pub(super) struct Tokens {
     issued: Mutex<HashMap<String, Issued>>,
+    reviews: AtomicU64,
+}
+
+impl TestApiServer {
+    /// TokenReviews received so far (each one answered, authenticated or not).
+    pub fn token_reviews(&self) -> u64 {
+        self.shared.tokens.reviews.load(Ordering::SeqCst)
+    }
 }
 
 impl Tokens {
@@ -156,7 +173,20 @@ impl Tokens {
             .unwrap_or(3600)
             .clamp(600, 86_400 * 2);
         let expires = Timestamp::now() + SignedDuration::from_secs(seconds);
-        let token = format!("test-sa-token-{:032x}", rand::random::<u128>());
+        let token = jwt(&json!({
+            "aud": audiences,
+            "exp": expires.as_second(),
+            "iat": Timestamp::now().as_second(),
+            "nbf": Timestamp::now().as_second(),
+            "iss": API_SERVER_AUDIENCE,
+            "jti": format!("{:032x}", rand::random::<u128>()),
+            "kubernetes.io": {
+                "namespace": namespace,
+                "pod": {"name": pod_name, "uid": pod_uid},
+                "serviceaccount": {"name": service_account},
+            },
+            "sub": format!("system:serviceaccount:{namespace}:{service_account}"),
+        }));
         self.issued.lock().unwrap_or_else(PoisonError::into_inner).insert(
             token.clone(),
             Issued {
@@ -177,6 +207,7 @@ impl Tokens {
     }
 
     fn review(&self, state: &State, mut sent: Value) -> Value {
+        self.reviews.fetch_add(1, Ordering::SeqCst);
         let token = sent["spec"]["token"].as_str().unwrap_or_default().to_owned();
         let wanted: Vec<String> = match sent["spec"]["audiences"].as_array() {
             Some(listed) if !listed.is_empty() => listed
@@ -252,4 +283,15 @@ impl Tokens {
         };
         Ok((vouched, audiences))
     }
+}
+
+/// A JWT of `claims` as the API server's looks, signed with random bytes (nothing here checks a signature).
+fn jwt(claims: &Value) -> String {
+    let signature: [u8; 32] = rand::random();
+    format!(
+        "{}.{}.{}",
+        URL_SAFE_NO_PAD.encode(json!({"alg": "RS256", "kid": "test-api-server"}).to_string()),
+        URL_SAFE_NO_PAD.encode(claims.to_string()),
+        URL_SAFE_NO_PAD.encode(signature)
+    )
 }

@@ -6,13 +6,20 @@
 //!
 //! Answers are Kubernetes `Status` objects, so a client reads a refusal's reason and message as it reads the
 //! API server's.
+//!
+//! Anyone who reaches the port may send a report, so nothing a client without a genuine token sends may cost an
+//! API call it did not earn: a body over [`MAX_REPORT_BYTES`] is refused before it is read (413), a bearer
+//! token that cannot be a projected token for our audience is refused on its text (`token_shape`), a token the
+//! API server refused lately is refused again from memory, and reviews (with the reads that follow an accepted
+//! one) are bounded in flight and per second (`budget`), beyond which the answer is 429 with `Retry-After`.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
@@ -20,25 +27,57 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::ObjectRef;
 
+use super::budget::{Budget, Lane};
 use super::rule::{Refused, Taken, judge, reporter_of};
+use super::token_shape::{Claimed, claims_of};
 use crate::api::DistributedLock;
 use crate::api::holder_contract::{REPORT_TOKEN_AUDIENCE, STOPPED_REPORT_PATH, StoppedReport};
 use crate::controller::context::Context;
 use crate::controller::keeper::PermitRef;
 use crate::controller::lock::claim::{Keeper, keeper_of};
+use crate::controller::lock::releasing;
 
 /// A report is a lock name, a permit and a token: anything longer is not one.
-const MAX_REPORT_BYTES: usize = 4096;
+pub const MAX_REPORT_BYTES: usize = 4096;
+
+/// The metric label of a report refused because the API server refused its token lately.
+pub(super) const REFUSED_LATELY: &str = "refused_lately";
+
+/// What the route keeps: the controllers' context and what reports may still cost.
+struct Shared {
+    ctx: Arc<Context>,
+    budget: Budget,
+}
 
 /// The route, for the wiring to serve beside metrics and health.
 pub fn router(ctx: Arc<Context>) -> Router {
     Router::new()
         .route(STOPPED_REPORT_PATH, post(take_report))
-        .with_state(ctx)
+        .with_state(Arc::new(Shared {
+            ctx,
+            budget: Budget::default(),
+        }))
 }
 
-async fn take_report(State(ctx): State<Arc<Context>>, headers: HeaderMap, body: Bytes) -> Response {
-    let outcome = decide(&ctx, &headers, &body).await;
+/// A report not taken: the refusal, and when to try again (`Retry-After`, seconds) if it was for the load.
+struct NotTaken {
+    refused: Refused,
+    retry_after: Option<u64>,
+}
+
+impl From<Refused> for NotTaken {
+    fn from(refused: Refused) -> Self {
+        Self {
+            refused,
+            retry_after: None,
+        }
+    }
+}
+
+async fn take_report(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let ctx = &shared.ctx;
+    let outcome = decide(&shared, &parts.headers, body).await;
     match outcome {
         Ok((lock, taken)) => {
             tracing::info!(lock = %lock, permit = taken.permit, token = taken.token, pod = %taken.pod, "the holder reported its work stopped: the key given up goes at once");
@@ -49,26 +88,67 @@ async fn take_report(State(ctx): State<Arc<Context>>, headers: HeaderMap, body: 
             );
             status_reply(StatusCode::OK, "Success", "Taken", &message)
         }
-        Err(refused) => {
-            tracing::info!(code = refused.code, reason = refused.reason, message = %refused.message, "a report of stopped work was refused");
+        Err(NotTaken { refused, retry_after }) => {
+            // A flood's refusals (no token, a bad one, too large, too many) are not each logged at info.
+            if matches!(refused.code, 401 | 413 | 429) {
+                tracing::debug!(code = refused.code, reason = refused.reason, message = %refused.message, "a report of stopped work was refused");
+            } else {
+                tracing::info!(code = refused.code, reason = refused.reason, message = %refused.message, "a report of stopped work was refused");
+            }
             ctx.metrics.stopped_report(refused.reason);
             let code = StatusCode::from_u16(refused.code).unwrap_or(StatusCode::BAD_REQUEST);
-            status_reply(code, "Failure", refused.reason, &refused.message)
+            let mut reply = status_reply(code, "Failure", refused.reason, &refused.message);
+            if let Some(seconds) = retry_after {
+                reply
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+            }
+            reply
         }
     }
 }
 
+fn too_large() -> Refused {
+    Refused::new(
+        413,
+        "TooLarge",
+        format!("a report is a lock, a permit and a token: at most {MAX_REPORT_BYTES} bytes"),
+    )
+}
+
+/// Whether the cache shows what a genuine report would be about: the lock in the namespace the token claims,
+/// recording the key of that permit as given up with that fencing token. Only a choice of lane.
+fn plausible(ctx: &Context, claimed: &Claimed, report: &StoppedReport) -> bool {
+    let lref = ObjectRef::<DistributedLock>::new(&report.lock).within(&claimed.namespace);
+    ctx.locks.get(&lref).is_some_and(|lock| {
+        lock.status
+            .as_ref()
+            .and_then(|status| releasing::recorded(status, report.permit))
+            .is_some_and(|entry| entry.fencing_token == report.fencing_token)
+    })
+}
+
 async fn decide(
-    ctx: &Context,
+    shared: &Shared,
     headers: &HeaderMap,
-    body: &[u8],
-) -> Result<(ObjectRef<DistributedLock>, Taken), Refused> {
+    body: Body,
+) -> Result<(ObjectRef<DistributedLock>, Taken), NotTaken> {
+    let ctx = &shared.ctx;
     if !ctx.leadership.is_leader() {
         return Err(Refused::new(
             503,
             "NotActive",
             "this replica is a standby: status.handOverUrl names the active one",
-        ));
+        )
+        .into());
+    }
+    // Refused before a byte of it is read.
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > MAX_REPORT_BYTES as u64) {
+        return Err(too_large().into());
     }
     let token = headers
         .get(header::AUTHORIZATION)
@@ -77,22 +157,42 @@ async fn decide(
         .map(str::trim)
         .filter(|token| !token.is_empty())
         .ok_or_else(|| Refused::new(401, "Unauthorized", "no bearer token"))?;
-    if body.len() > MAX_REPORT_BYTES {
-        return Err(Refused::new(
-            413,
-            "TooLarge",
-            "a report is a lock, a permit and a token",
-        ));
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let claimed = claims_of(token, REPORT_TOKEN_AUDIENCE, now).map_err(|why| {
+        ctx.metrics.stopped_report_refused_locally(why.label());
+        Refused::new(401, "Unauthorized", why.message())
+    })?;
+    let digest = super::budget::Refusals::digest(token);
+    if shared.budget.refused(&digest, Instant::now()) {
+        ctx.metrics.stopped_report_refused_locally(REFUSED_LATELY);
+        return Err(Refused::new(401, "Unauthorized", "the API server refused this token lately").into());
     }
-    let report: StoppedReport = serde_json::from_slice(body)
+    // Read up to the limit only, whatever the sender declared (or did not: a chunked body).
+    let body = axum::body::to_bytes(body, MAX_REPORT_BYTES)
+        .await
+        .map_err(|_| too_large())?;
+    let report: StoppedReport = serde_json::from_slice(&body)
         .map_err(|err| Refused::new(400, "BadRequest", format!("not a report: {err}")))?;
     if report.lock.is_empty() || report.lock.len() > 253 {
-        return Err(Refused::new(
-            400,
-            "BadRequest",
-            "lock must be a DistributedLock's name",
-        ));
+        return Err(Refused::new(400, "BadRequest", "lock must be a DistributedLock's name").into());
     }
+    let lane: &Lane = if plausible(ctx, &claimed, &report) {
+        &shared.budget.plausible
+    } else {
+        &shared.budget.other
+    };
+    // Held until the report is decided: the reads after the review count against the same bound.
+    let _in_flight = lane.admit(Instant::now()).map_err(|busy| {
+        ctx.metrics.stopped_report_refused_locally(busy.label());
+        NotTaken {
+            refused: Refused::new(
+                429,
+                "TooManyRequests",
+                "too many reports are being reviewed: try again after Retry-After",
+            ),
+            retry_after: Some(busy.retry_after_secs()),
+        }
+    })?;
     let review = TokenReview {
         spec: TokenReviewSpec {
             token: Some(token.to_owned()),
@@ -111,7 +211,10 @@ async fn decide(
                 format!("the token could not be reviewed: {err}"),
             )
         })?;
-    let reporter = reporter_of(reviewed.status.as_ref(), REPORT_TOKEN_AUDIENCE)?;
+    let reporter = reporter_of(reviewed.status.as_ref(), REPORT_TOKEN_AUDIENCE).inspect_err(|_| {
+        // Not authenticated, not for our audience, not bound to a pod: it will not be, so it is not asked again.
+        shared.budget.remember_refusal(digest, Instant::now());
+    })?;
     let locks: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &reporter.namespace);
     let lock = locks
         .get_opt(&report.lock)
@@ -129,7 +232,8 @@ async fn decide(
             421,
             "KeptByAnotherInstallation",
             "another installation keeps this lock: report to the handOverUrl its status shows",
-        ));
+        )
+        .into());
     }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &reporter.namespace);
     let pod = pods

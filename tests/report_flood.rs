@@ -1,0 +1,298 @@
+//! A flood of reports of stopped work from clients without a genuine token costs the API server next to
+//! nothing, and a holder's genuine report is still taken during it: made-up bearer tokens and well-formed but
+//! unsigned JWTs for our audience are refused locally or within the review budget (`lock::reports::budget`),
+//! refusals for the load carry `Retry-After`, and a body over the limit is refused before it is read.
+//!
+//! Against the in-process test API server, which counts the TokenReviews it answers.
+
+mod e2e;
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use e2e::*;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use redlock_operator::controller::lock::reports::budget::OTHER_PER_SECOND;
+use support::redis_server::RedisCluster;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+const LABEL: &str = "redlock.io/leader";
+/// How long the flood lasts, and how many clients send it.
+const FLOOD: Duration = Duration::from_secs(6);
+const CLIENTS: usize = 8;
+
+fn pods(env: &Env) -> Api<Pod> {
+    Api::namespaced(env.client.clone(), &env.namespace)
+}
+
+async fn ready_pod(env: &Env, name: &str) {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": name, "labels": { "app": "web" } },
+        "spec": {
+            "nodeName": env.node_name(),
+            "containers": [{ "name": "app", "image": "registry.invalid/app:1" }]
+        }
+    }))
+    .expect("pod");
+    pods(env)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    set_ready(env, name, true).await;
+    // Creation times have a resolution of one second: keep the pods' ages distinct.
+    tokio::time::sleep(Duration::from_millis(1_050)).await;
+}
+
+async fn set_ready(env: &Env, name: &str, ready: bool) {
+    let status = serde_json::json!({ "status": {
+        "phase": "Running",
+        "conditions": [{ "type": "Ready", "status": if ready { "True" } else { "False" } }]
+    }});
+    pods(env)
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("pod status");
+}
+
+async fn leader_is(env: &Env, pod: &str) {
+    eventually(&format!("{pod} to lead"), || async {
+        let labelled: Vec<String> = pods(env)
+            .list(&ListParams::default().labels(LABEL))
+            .await
+            .expect("pods")
+            .items
+            .into_iter()
+            .filter_map(|pod| pod.metadata.name)
+            .collect();
+        (labelled == [pod]).then_some(())
+    })
+    .await;
+}
+
+/// A JWT that reads as a projected token for our audience, bound to a made-up pod, with a signature nobody
+/// issued.
+fn forged_jwt(namespace: &str, salt: u64) -> String {
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let claims = serde_json::json!({
+        "aud": ["redlock-operator"], "exp": now + 3600, "iat": now, "nbf": now,
+        "iss": "https://kubernetes.default.svc.cluster.local", "jti": format!("{salt:x}"),
+        "kubernetes.io": { "namespace": namespace, "pod": { "name": "web-0", "uid": format!("forged-{salt}") },
+                           "serviceaccount": { "name": "default" } },
+        "sub": format!("system:serviceaccount:{namespace}:default"),
+    });
+    format!(
+        "{}.{}.{}",
+        URL_SAFE_NO_PAD.encode(r#"{"alg":"RS256","kid":"x"}"#),
+        URL_SAFE_NO_PAD.encode(claims.to_string()),
+        URL_SAFE_NO_PAD.encode(salt.to_be_bytes().repeat(32))
+    )
+}
+
+/// One answer: the HTTP status, and `Retry-After` if any.
+struct Answer {
+    code: u16,
+    retry_after: Option<u64>,
+}
+
+/// POSTs `body` to the report path on `addr` over a connection of its own, declaring `declared` bytes
+/// (`None`: the body's length) and sending only `body`; reads the answer's status line and headers.
+async fn post(addr: SocketAddr, bearer: &str, body: &[u8], declared: Option<usize>) -> Answer {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "POST /v1/stopped HTTP/1.1\r\nHost: operator\r\nAuthorization: Bearer {bearer}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        declared.unwrap_or(body.len())
+    );
+    stream.write_all(head.as_bytes()).await.expect("send");
+    // The server may answer, and close, before reading a body it refuses: that is not an error here.
+    let _ = stream.write_all(body).await;
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&answer);
+    let code = text
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP answer: {text:?}"));
+    let retry_after = text.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case("retry-after")
+            .then(|| value.trim().parse().ok())
+            .flatten()
+    });
+    Answer { code, retry_after }
+}
+
+#[derive(Default)]
+struct Tally {
+    sent: AtomicU64,
+    refused: AtomicU64,
+    too_many: AtomicU64,
+    too_many_without_retry_after: AtomicU64,
+    taken: AtomicU64,
+}
+
+/// 8 clients flood `POST /v1/stopped` for 6 s with made-up tokens (8 in 10), one forged JWT each
+/// repeated (1 in 10) and fresh forged JWTs (1 in 10); TokenReviews stay within the budget (a burst of 5 and
+/// 5/s for reports nothing vouches for) and under 1 per 100 refused reports, 429s carry Retry-After, a 2 MB body is refused with 413 before
+/// it is sent, and web-0's genuine report, sent during the flood, is taken and hands the lock to web-1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_forged_reports_costs_few_reviews_and_a_genuine_report_is_still_taken() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::test_server().await;
+    let quorum = env.unique("q");
+    env.create_quorum_from(serde_json::json!({
+        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
+        "spec": { "endpoints": masters.urls(), "maxTtl": "60s", "nodeTimeout": "100ms", "assumeDurable": true }
+    }))
+    .await;
+    let (running, shutdown) = operator(&env, &installation_secret(41), None).await;
+    quorum_available(&env, &quorum).await;
+    for pod in ["web-0", "web-1"] {
+        ready_pod(&env, pod).await;
+    }
+    env.create_lock_from(serde_json::json!({
+        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+        "metadata": { "name": "web" },
+        "spec": { "quorum": quorum, "ttl": "60s",
+                  "holder": { "leaderElection": { "selector": { "matchLabels": { "app": "web" } } } } }
+    }))
+    .await;
+    leader_is(&env, "web-0").await;
+    let token = pod_token(&env, "web-0", "redlock-operator").await;
+    // web-0 goes: its key waits, recorded as given up, for the validity shown (a minute) or its report.
+    set_ready(&env, "web-0", false).await;
+    let lock = lock_where(&env, "web", "the key given up recorded", |lock| {
+        lock.status
+            .as_ref()
+            .is_some_and(|status| status.releasing.iter().any(|key| key.fencing_token == 1))
+    })
+    .await;
+    let url = lock
+        .status
+        .and_then(|status| status.hand_over_url)
+        .expect("status shows where to report");
+    let addr = url::Url::parse(&url)
+        .expect("a URL")
+        .socket_addrs(|| None)
+        .expect("an address")[0];
+    let server = env.server.as_ref().expect("the test server");
+
+    // Over the limit: refused from the declared length, before the body is sent; and a body sent without a
+    // length is read only up to the limit.
+    let forged = forged_jwt(&env.namespace, 0);
+    let oversized = post(addr, &forged, b"{", Some(2 << 20)).await;
+    assert_eq!(oversized.code, 413, "a 2 MB report");
+    let reviews_before = server.token_reviews();
+    let long = format!(
+        r#"{{"lock":"web","permit":0,"fencingToken":1,"pad":"{}"}}"#,
+        "x".repeat(8192)
+    );
+    assert_eq!(post(addr, &forged, long.as_bytes(), None).await.code, 413);
+
+    let tally = Arc::new(Tally::default());
+    let end = Instant::now() + FLOOD;
+    let mut clients = Vec::new();
+    for client in 0..CLIENTS {
+        let (tally, namespace) = (tally.clone(), env.namespace.clone());
+        clients.push(tokio::spawn(async move {
+            let repeated = forged_jwt(&namespace, 1_000_000 + client as u64);
+            let mut n: u64 = 0;
+            while Instant::now() < end {
+                n += 1;
+                let fresh;
+                let bearer = match n % 10 {
+                    8 => repeated.as_str(),
+                    9 => {
+                        fresh = forged_jwt(&namespace, (client as u64) << 40 | n);
+                        fresh.as_str()
+                    }
+                    _ => "made-up-token",
+                };
+                // Not the grant status records: these go through the lane of reports nothing vouches for.
+                let body = format!(r#"{{"lock":"web","permit":0,"fencingToken":{}}}"#, 1000 + n);
+                let answer = post(addr, bearer, body.as_bytes(), None).await;
+                tally.sent.fetch_add(1, Ordering::Relaxed);
+                match answer.code {
+                    200 => {
+                        tally.taken.fetch_add(1, Ordering::Relaxed);
+                    }
+                    code => {
+                        tally.refused.fetch_add(1, Ordering::Relaxed);
+                        if code == 429 {
+                            tally.too_many.fetch_add(1, Ordering::Relaxed);
+                            if answer.retry_after.is_none_or(|seconds| seconds == 0) {
+                                tally.too_many_without_retry_after.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    // web-0's own report, a second into the flood, as its elect sends it (kube's client, which retries a 429).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let report = serde_json::json!({ "lock": "web", "permit": 0, "fencingToken": 1 });
+    let sent_at = Instant::now();
+    let answer = send_stopped_report(&url, Some(&token), report).await;
+    let latency = sent_at.elapsed();
+    for client in clients {
+        client.await.expect("a flood client");
+    }
+    let flood_reviews = server.token_reviews() - reviews_before;
+    let sent = tally.sent.load(Ordering::Relaxed);
+    let refused = tally.refused.load(Ordering::Relaxed);
+    let too_many = tally.too_many.load(Ordering::Relaxed);
+    // The genuine report's own review counts too: at most one more.
+    let per_refused = flood_reviews.saturating_sub(1) as f64 / refused.max(1) as f64;
+    println!(
+        "flood: {sent} reports in {FLOOD:?} ({:.0}/s) from {CLIENTS} clients, {refused} refused ({too_many} with 429), \
+         {flood_reviews} TokenReviews ({per_refused:.5} per refused report); the genuine report: {answer:?} in {latency:?}",
+        sent as f64 / FLOOD.as_secs_f64()
+    );
+    assert_eq!(
+        answer,
+        (200, "Taken".to_owned()),
+        "web-0's report during the flood"
+    );
+    assert_eq!(
+        tally.taken.load(Ordering::Relaxed),
+        0,
+        "a forged report was taken"
+    );
+    assert_eq!(
+        tally.too_many_without_retry_after.load(Ordering::Relaxed),
+        0,
+        "a 429 without Retry-After"
+    );
+    assert!(too_many > 0, "the flood never met the review budget");
+    // The bound: the lane of reports nothing vouches for, its burst and its rate over the flood with a second of
+    // slack, and the genuine report's review.
+    let bound = u64::from(OTHER_PER_SECOND) * (FLOOD.as_secs() + 2) + 1;
+    assert!(
+        flood_reviews <= bound,
+        "{flood_reviews} TokenReviews, over the budget's {bound}"
+    );
+    assert!(
+        per_refused < 0.01,
+        "{flood_reviews} TokenReviews for {refused} refused reports"
+    );
+    leader_is(&env, "web-1").await;
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
