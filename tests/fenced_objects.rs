@@ -294,3 +294,45 @@ async fn a_fenced_object_refuses_writes_with_a_stale_or_missing_fencing_token() 
     }
     env.cleanup(&[&quorum]).await;
 }
+
+/// The holder's side: `lock` keeps its grant's token in the file `REDLOCK_FENCING_TOKEN_FILE` names while its
+/// command runs (the same token as `REDLOCK_FENCING_TOKEN`), and removes it once the command has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_command_keeps_its_token_in_the_token_file_while_its_command_runs() {
+    let masters = RedisCluster::start(3).expect("masters");
+    // Fresh masters sit in quarantine for max-ttl (1 s here); their reported uptime can be a second ahead.
+    tokio::time::sleep(std::time::Duration::from_millis(3_100)).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("token");
+    let check = r#"test "$(cat "$REDLOCK_FENCING_TOKEN_FILE")" = "$REDLOCK_FENCING_TOKEN" && printf %s "$REDLOCK_FENCING_TOKEN""#;
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_redlock-operator"))
+        .args([
+            "lock",
+            "--ttl",
+            "1s",
+            "--max-ttl",
+            "1s",
+            "fenced-file",
+            "--",
+            "sh",
+            "-c",
+            check,
+        ])
+        .env("REDLOCK_REDIS", masters.urls().join(","))
+        .env("REDLOCK_FENCING_TOKEN_FILE", &file)
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("run redlock-operator lock");
+    assert!(
+        output.status.success(),
+        "the file holds the token: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let token: i64 = String::from_utf8_lossy(&output.stdout)
+        .parse()
+        .expect("the command printed the token");
+    assert!(token >= 1, "{token}");
+    assert!(!file.exists(), "the file is removed once the command has ended");
+}

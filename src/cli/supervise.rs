@@ -16,6 +16,42 @@ use super::exit_code;
 pub(crate) struct Child {
     child: tokio::process::Child,
     group: Pid,
+    /// The token file written for this command's grant, removed when the command is done with.
+    _token_file: Option<TokenFile>,
+}
+
+/// Names a file where `elect`, `guard` and `lock` keep the current grant's fencing token: rewritten atomically
+/// (a new file renamed over it) before each command they start under a new grant, removed once that command has
+/// ended. For processes that outlive one grant (and re-read it before each write); the command itself gets it in
+/// `REDLOCK_FENCING_TOKEN` too.
+pub(crate) const TOKEN_FILE_ENV: &str = "REDLOCK_FENCING_TOKEN_FILE";
+
+/// The token file of a running command's grant.
+struct TokenFile(std::path::PathBuf);
+
+impl TokenFile {
+    /// Writes `token` (digits only, no newline) where `REDLOCK_FENCING_TOKEN_FILE` says, if it says.
+    fn write(token: &str) -> Result<Option<TokenFile>, (i32, String)> {
+        let Some(path) = std::env::var_os(TOKEN_FILE_ENV).filter(|path| !path.is_empty()) else {
+            return Ok(None);
+        };
+        let path = std::path::PathBuf::from(path);
+        let mut temporary = path.clone().into_os_string();
+        temporary.push(format!(".{}.tmp", std::process::id()));
+        let written = std::fs::write(&temporary, token).and_then(|()| std::fs::rename(&temporary, &path));
+        if let Err(err) = written {
+            let _ = std::fs::remove_file(&temporary);
+            let message = format!("cannot write the fencing token to {}: {err}", path.display());
+            return Err((exit_code::CANNOT_CREATE, message));
+        }
+        Ok(Some(TokenFile(path)))
+    }
+}
+
+impl Drop for TokenFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 pub(crate) enum Ended {
@@ -32,6 +68,11 @@ impl Child {
     pub(crate) fn spawn(command: &[OsString], env: &[(&str, String)]) -> Result<Self, (i32, String)> {
         let Some((program, args)) = command.split_first() else {
             return Err((exit_code::USAGE, "no command given after --".into()));
+        };
+        let token = env.iter().find(|(key, _)| *key == "REDLOCK_FENCING_TOKEN");
+        let token_file = match token {
+            Some((_, token)) => TokenFile::write(token)?,
+            None => None,
         };
         let mut cmd = Command::new(program);
         cmd.args(args)
@@ -76,6 +117,7 @@ impl Child {
         Ok(Self {
             child,
             group: Pid::from_raw(pid),
+            _token_file: token_file,
         })
     }
 
