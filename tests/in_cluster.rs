@@ -1,0 +1,75 @@
+//! The in-cluster suite: the product installed the way a user installs it, driven with real pods.
+//!
+//! Against the cluster of `REDLOCK_E2E_KUBECONFIG` (a kind cluster, a development cluster, the project's
+//! single-node cluster), with the images of `REDLOCK_E2E_OPERATOR_IMAGE` (default `localhost/redlock-operator:e2e`),
+//! `REDLOCK_E2E_REDIS_IMAGE` (`localhost/redlock-redis:e2e`) and `REDLOCK_E2E_APP_IMAGE` (`localhost/redlock-app:e2e`:
+//! a shell, `sleep` and the operator's binary, as the docs tell users to build their application images), which
+//! `scripts/build-images.sh` builds as tars to load into the cluster. One test, in phases that share one
+//! installation:
+//!
+//! 1. `helm install` as the README and docs/how-to/install.md say (a fresh namespace; the images, a 30 s `maxTtl`
+//!    and `operator.lockNamespaces` the only values), the quorum Available, the operator Ready, `helm test`.
+//! 2. The tutorials' examples applied as written, with the application (image and program) replaced by the app
+//!    image and a shell command: the README's first lock, a leader for a Deployment (`elect`), a Job queue (the
+//!    guard) and a Job semaphore of three permits; a cooperating leader's hand-over measured.
+//! 3. Failure drills: the active operator pod force-deleted; one, two, then three masters deleted (an empty master
+//!    sits out its quarantine); `helm upgrade` while locks are held.
+//! 4. Uninstalling as docs/how-to/install.md#uninstall says: the locks deleted while the operator runs (each holder
+//!    fenced), `helm uninstall` (it leaves what the page lists, nothing more), the rest removed, the namespaces gone.
+//!
+//! Throughout, watches check what the docs promise: never two leaders, never more Jobs running than permits,
+//! tokens rising per lock and permit, fences before the validity shown. A failed check does not stop the phases
+//! after it; the test fails at the end with the list. On a cluster shared with other operators, the locks carry
+//! the release's `redlock.io/installation` annotation from the start, and the chart's Job admission policy binding
+//! and its `redisquorums/status` rule are narrowed to the suite while it runs (`install::share_the_cluster`).
+//! Run it with `cargo test --test in_cluster -- --ignored --test-threads=1` (docs/contributing/testing.md).
+
+mod in_cluster {
+    pub mod cluster;
+    pub mod drills;
+    pub mod install;
+    pub mod manifests;
+    pub mod observe;
+    pub mod report;
+    pub mod tutorials;
+    pub mod uninstall;
+}
+
+use in_cluster::cluster::Cluster;
+use in_cluster::observe::Observer;
+use in_cluster::report::Report;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cluster and the images: see docs/contributing/testing.md"]
+async fn helm_install_tutorials_failure_drills_and_uninstall() {
+    let report = Report::new();
+    let cluster = Cluster::from_env().await;
+    report.step(&format!(
+        "in-cluster suite: release {} in {}, tutorials in {}; images {}, {}, {}",
+        in_cluster::cluster::RELEASE,
+        cluster.release_ns,
+        cluster.app_ns,
+        cluster.operator_image.reference,
+        cluster.redis_image.reference,
+        cluster.app_image
+    ));
+    cluster.remove_leftovers().await;
+    let mut cleanup = cluster.cleanup_guard();
+
+    let installed = in_cluster::install::install(&cluster, &report).await;
+    if installed {
+        let observer = Observer::start(&cluster.client, &cluster.app_ns);
+        let held = in_cluster::tutorials::run(&cluster, &report, &observer).await;
+        in_cluster::drills::run(&cluster, &report, &observer, &held).await;
+        in_cluster::observe::summarize(&report, &observer);
+        in_cluster::uninstall::run(&cluster, &report, &observer).await;
+        cleanup.done = true;
+    }
+    let failed = report.summary();
+    assert!(
+        installed && failed.is_empty(),
+        "{} checks failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}

@@ -1,0 +1,421 @@
+//! Phase 2: the tutorials, with the examples applied as written (the application replaced, see `manifests`): the
+//! README's first lock, a leader for a Deployment, a Job queue and a Job semaphore.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::batch::v1::Job;
+use kube::{Api, ResourceExt};
+use redlock_operator::api::holder_contract::INSTALLATION_ANNOTATION;
+use redlock_operator::api::{DistributedLock, LockPhase};
+
+use super::cluster::{Cluster, FULLNAME, rolled_out};
+use super::manifests::{LEADER_WORK, Manifest, job_work};
+use super::observe::{Ev, Observer};
+use super::report::{Report, wait_for};
+
+pub const IDENTITY_LOCK: &str = "nightly-report";
+pub const LEADER_LOCK: &str = "web-leader";
+pub const JOB_LOCK: &str = "nightly-migration";
+pub const SEMAPHORE_LOCK: &str = "warehouse-reports";
+/// A Job of the queue's lock that runs through the drills.
+pub const DRILL_JOB: &str = "migrate-orders-drill";
+
+/// The locks the drills find held.
+pub struct Held {
+    pub identity: bool,
+    pub leader: bool,
+    pub job: bool,
+}
+
+pub async fn run(cluster: &Cluster, report: &Report, observer: &Observer) -> Held {
+    let identity = first_lock(cluster, report).await;
+    let leader = leader_election(cluster, report, observer).await;
+    job_queue_and_semaphore(cluster, report, observer).await;
+    let job = drill_job(cluster, report, observer).await;
+    Held {
+        identity,
+        leader,
+        job,
+    }
+}
+
+/// `kubectl apply -n <the tutorials' namespace> -f -`, the locks annotated as kept by this installation.
+pub async fn apply(cluster: &Cluster, manifest: Manifest) -> Result<String, String> {
+    let manifest = manifest.kept_by(&installation(cluster));
+    let applied = cluster
+        .kubectl_stdin(&["apply", "-n", &cluster.app_ns, "-f", "-"], &manifest.yaml())
+        .await;
+    if applied.ok {
+        Ok(applied.stdout)
+    } else {
+        Err(applied.text())
+    }
+}
+
+/// This installation's name, as it records it on the locks it keeps.
+fn installation(cluster: &Cluster) -> String {
+    format!("{}/{FULLNAME}", cluster.release_ns)
+}
+
+/// Waits until `name` is Held, and checks that this installation keeps it: other tests' operators on the same
+/// cluster watch every namespace, and the first installation to look at a lock keeps it.
+pub async fn wait_held(cluster: &Cluster, name: &str, patience: Duration) -> Result<String, String> {
+    let locks: Api<DistributedLock> = Api::namespaced(cluster.client.clone(), &cluster.app_ns);
+    let lock = wait_for(&format!("{name} Held"), patience, || {
+        let locks = locks.clone();
+        async move {
+            let lock = locks.get(name).await.ok()?;
+            let held = lock.status.as_ref()?.phase == Some(LockPhase::Held);
+            let keeper = lock.annotations().get(INSTALLATION_ANNOTATION).cloned();
+            (held
+                || keeper
+                    .as_deref()
+                    .is_some_and(|keeper| keeper != installation(cluster)))
+            .then_some(lock)
+        }
+    })
+    .await?;
+    let keeper = lock
+        .annotations()
+        .get(INSTALLATION_ANNOTATION)
+        .cloned()
+        .unwrap_or_default();
+    if keeper != installation(cluster) {
+        return Err(format!(
+            "{name} is kept by the installation {keeper:?}, not this one ({}): another test's operator on this \
+             cluster claimed it first; run the suite again when no other operator watches every namespace",
+            installation(cluster)
+        ));
+    }
+    let status = lock.status.unwrap_or_default();
+    Ok(format!(
+        "holder {}, token {}",
+        status.holder.unwrap_or_default(),
+        status.fencing_token.unwrap_or_default()
+    ))
+}
+
+/// The README's "A first lock" (examples/identity-lock.yaml).
+async fn first_lock(cluster: &Cluster, report: &Report) -> bool {
+    report.step("2a. the README's first lock (examples/identity-lock.yaml)");
+    let manifest = Manifest::example(&cluster.root, "identity-lock.yaml");
+    if let Err(err) = apply(cluster, manifest).await {
+        return report.check("the first lock is applied", false, err);
+    }
+    let held = wait_held(cluster, IDENTITY_LOCK, Duration::from_secs(30)).await;
+    report.check_result("the first lock is Held", held)
+}
+
+/// docs/tutorials/leader-for-a-deployment.md with examples/leader-election.yaml.
+async fn leader_election(cluster: &Cluster, report: &Report, observer: &Observer) -> bool {
+    report.step("2b. a leader for a Deployment (examples/leader-election.yaml)");
+    let manifest =
+        Manifest::example(&cluster.root, "leader-election.yaml").with_app(&cluster.app_image, LEADER_WORK);
+    if let Err(err) = apply(cluster, manifest).await {
+        return report.check("the leader-election example is applied", false, err);
+    }
+    let started = Instant::now();
+    // Pods start in seconds here (local images): 25 s is plenty for a leader, if one can be elected at all.
+    let elected = wait_for("a pod labelled leader", Duration::from_secs(25), || async {
+        observer.state().leader()
+    })
+    .await;
+    let as_written = report.check_result(
+        "the leader-election example as written elects a leader",
+        elected
+            .as_ref()
+            .map(|(pod, token)| format!("{pod}, token {token:?}"))
+            .map_err(|err| err.clone()),
+    );
+    if !as_written {
+        let pods = cluster
+            .kubectl(&[
+                "get",
+                "pods",
+                "-n",
+                &cluster.app_ns,
+                "-l",
+                "app=web",
+                "-o",
+                "wide",
+            ])
+            .await;
+        let lock = cluster
+            .kubectl(&[
+                "get",
+                "dlock",
+                LEADER_LOCK,
+                "-n",
+                &cluster.app_ns,
+                "-o",
+                "jsonpath={.status}",
+            ])
+            .await;
+        report.note(&format!(
+            "no leader {:.0} s after apply. The example's readinessProbe (httpGet :8080/healthz) can only be \
+             answered by the leader-only process, which elect runs only once the pod leads, while only Ready pods \
+             are candidates.\n{}\nstatus: {}",
+            started.elapsed().as_secs_f64(),
+            pods.text(),
+            lock.text()
+        ));
+        report.note("removing the readinessProbe from the Deployment to go on with the tutorial");
+        let patched = cluster
+            .kubectl(&[
+                "patch",
+                "deployment",
+                "web",
+                "-n",
+                &cluster.app_ns,
+                "--type=json",
+                "-p",
+                r#"[{"op":"remove","path":"/spec/template/spec/containers/0/readinessProbe"}]"#,
+            ])
+            .await;
+        if !patched.ok {
+            return report.check("the Deployment is patched", false, patched.text());
+        }
+    }
+    let rolled = rolled_out(cluster, "deployment/web", &cluster.app_ns, 120).await;
+    let leader = wait_for("one leader", Duration::from_secs(40), || async {
+        observer.state().leader()
+    })
+    .await;
+    let ok = report.check_result(
+        "one pod of the Deployment leads (label, token and valid-until annotations)",
+        match (&leader, rolled.ok) {
+            (Ok((pod, Some(token))), true) => Ok(format!("{pod}, token {token}")),
+            (Ok((pod, None)), true) => Err(format!("{pod} carries the label without a token annotation")),
+            (Ok(_), false) => Err(format!("the Deployment did not roll out: {}", rolled.text())),
+            (Err(err), _) => Err(err.clone()),
+        },
+    );
+    if !ok {
+        return false;
+    }
+    report.check_result(
+        "the lock is Held by this installation",
+        wait_held(cluster, LEADER_LOCK, Duration::from_secs(10)).await,
+    );
+    service_reaches_the_leader(cluster, report, observer).await;
+    hand_over(cluster, report, observer).await;
+    true
+}
+
+/// The Service `web-leader` selects the leader label: its endpoints are the leader alone.
+async fn service_reaches_the_leader(cluster: &Cluster, report: &Report, observer: &Observer) {
+    let endpoints = wait_for(
+        "the Service's endpoints to be the leader",
+        Duration::from_secs(15),
+        || async {
+            let leader = observer.state().leader()?.0;
+            let shown = cluster
+                .kubectl(&[
+                    "get",
+                    "endpointslices",
+                    "-n",
+                    &cluster.app_ns,
+                    "-l",
+                    "kubernetes.io/service-name=web-leader",
+                    "-o",
+                    "jsonpath={.items[*].endpoints[*].targetRef.name}",
+                ])
+                .await;
+            (shown.stdout.split_whitespace().collect::<Vec<_>>() == [leader.as_str()]).then_some(leader)
+        },
+    )
+    .await;
+    report.check_result("the Service web-leader reaches only the leader", endpoints);
+}
+
+/// Deletes the leader pod: its `elect` stops the leader-only process and reports, and the next pod is labelled
+/// "milliseconds later" (the tutorial's words).
+async fn hand_over(cluster: &Cluster, report: &Report, observer: &Observer) {
+    let Some((old, old_token)) = observer.state().leader() else {
+        return;
+    };
+    let logs = tokio::process::Command::new(cluster.kubectl_path())
+        .args(["logs", "-f", &old, "-n", &cluster.app_ns])
+        .env("KUBECONFIG", &cluster.kubeconfig)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let deleted_at = Instant::now();
+    let deleted = cluster
+        .kubectl(&["delete", "pod", &old, "-n", &cluster.app_ns, "--wait=false"])
+        .await;
+    if !report.check("the leader pod is deleted", deleted.ok, deleted.text()) {
+        return;
+    }
+    let next = wait_for("the next leader", Duration::from_secs(40), || async {
+        observer.state().since(deleted_at).find_map(|(at, ev)| match ev {
+            Ev::Labelled { pod, token } if *pod != old => Some((*at, pod.clone(), *token)),
+            _ => None,
+        })
+    })
+    .await;
+    match next {
+        Ok((at, pod, token)) => {
+            let took = at.duration_since(deleted_at);
+            report.note(&format!(
+                "hand-over: {old} (token {old_token:?}) deleted, {pod} labelled with token {token:?} {:.0} ms later",
+                took.as_secs_f64() * 1000.0
+            ));
+            report.check(
+                "a cooperating leader's hand-over (leader pod deleted) takes under a second",
+                took < Duration::from_secs(1),
+                format!(
+                    "{:.0} ms from the deletion to the next leader's label",
+                    took.as_secs_f64() * 1000.0
+                ),
+            );
+        }
+        Err(err) => {
+            report.check("the next pod leads after the leader's deletion", false, err);
+        }
+    }
+    let said = match logs {
+        Ok(child) => match tokio::time::timeout(Duration::from_secs(40), child.wait_with_output()).await {
+            Ok(Ok(output)) => {
+                String::from_utf8_lossy(&output.stdout).into_owned()
+                    + &String::from_utf8_lossy(&output.stderr)
+            }
+            _ => "(kubectl logs -f did not end)".to_owned(),
+        },
+        Err(err) => format!("(kubectl logs did not start: {err})"),
+    };
+    let wanted = format!(
+        "reported the work under fencing token {} stopped",
+        old_token.unwrap_or_default()
+    );
+    report.check(
+        "the old leader's elect logs that it reported its work stopped",
+        said.contains(&wanted),
+        format!("wanted `{wanted}` in its log:\n{}", said.trim_end()),
+    );
+    let rolled = rolled_out(cluster, "deployment/web", &cluster.app_ns, 60).await;
+    report.check("the Deployment is back to three pods", rolled.ok, rolled.text());
+}
+
+/// docs/tutorials/job-queue.md (examples/job-fencing.yaml, three Jobs) and docs/tutorials/semaphore.md
+/// (examples/job-semaphore-queue.yaml, five Jobs through three permits), at once.
+async fn job_queue_and_semaphore(cluster: &Cluster, report: &Report, observer: &Observer) {
+    report.step(
+        "2c. a Job queue (examples/job-fencing.yaml) and a Job semaphore (examples/job-semaphore-queue.yaml)",
+    );
+    let queue = Manifest::example(&cluster.root, "job-fencing.yaml")
+        .with_app(&cluster.app_image, &job_work(4))
+        .with_job_copies(&["migrate-orders-2", "migrate-orders-3"]);
+    let semaphore = Manifest::example(&cluster.root, "job-semaphore-queue.yaml")
+        .with_app(&cluster.app_image, &job_work(6))
+        .with_job_copies(&["report-amer", "report-apac", "report-emea-2", "report-amer-2"]);
+    observer.set_permits(JOB_LOCK, 1);
+    observer.set_permits(SEMAPHORE_LOCK, 3);
+    let names: Vec<String> = [queue.names_of("Job"), semaphore.names_of("Job")].concat();
+    let applied_at = Instant::now();
+    for manifest in [queue, semaphore] {
+        if let Err(err) = apply(cluster, manifest).await {
+            report.check("the Job examples are applied", false, err);
+            return;
+        }
+    }
+    let shown = cluster
+        .kubectl(&[
+            "get",
+            "dlock",
+            JOB_LOCK,
+            "-n",
+            &cluster.app_ns,
+            "-o",
+            "jsonpath={.status.holder} {.status.queue}",
+        ])
+        .await;
+    report.note(&format!(
+        "right after apply, {JOB_LOCK}: holder and queue `{}`",
+        shown.text()
+    ));
+    let queue_shown = |lock: &'static str, waiting: [&'static str; 2]| async move {
+        let seen = wait_for(
+            &format!("{lock}'s status.queue {waiting:?}"),
+            Duration::from_secs(15),
+            || async {
+                observer.state().since(applied_at).find_map(|(at, ev)| match ev {
+                    Ev::Queue { lock: l, queue, .. } if l == lock && *queue == waiting => Some(*at),
+                    _ => None,
+                })
+            },
+        )
+        .await;
+        report.check_result(
+            &format!("{lock}: .status.queue shows the waiting Jobs in order right after apply"),
+            seen.map(|at| format!("{:.1} s after apply", at.duration_since(applied_at).as_secs_f64())),
+        );
+    };
+    tokio::join!(
+        queue_shown(JOB_LOCK, ["migrate-orders-2", "migrate-orders-3"]),
+        queue_shown(SEMAPHORE_LOCK, ["report-emea-2", "report-amer-2"]),
+    );
+    let jobs: Api<Job> = Api::namespaced(cluster.client.clone(), &cluster.app_ns);
+    let done = wait_for("every Job Complete", Duration::from_secs(150), || async {
+        let list = jobs.list(&Default::default()).await.ok()?;
+        let complete = |job: &Job| job.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) >= 1;
+        names
+            .iter()
+            .all(|name| {
+                list.items
+                    .iter()
+                    .any(|job| job.name_any() == *name && complete(job))
+            })
+            .then_some(())
+    })
+    .await;
+    let shown = cluster
+        .kubectl(&["get", "jobs,dlock", "-n", &cluster.app_ns])
+        .await;
+    report.note(&shown.text());
+    report.check_result(
+        "every Job of the queue and of the semaphore completes",
+        done.map(|()| format!("{:.0} s after apply", applied_at.elapsed().as_secs_f64())),
+    );
+    let state = observer.state();
+    let order: Vec<String> = state
+        .grants
+        .get(&(JOB_LOCK.to_owned(), 0))
+        .map(|grants| grants.iter().map(|(job, _)| job.clone()).collect())
+        .unwrap_or_default();
+    report.check(
+        "the Job queue runs its Jobs one at a time, in queue order",
+        state.max_running.get(JOB_LOCK) == Some(&1)
+            && order == ["migrate-orders", "migrate-orders-2", "migrate-orders-3"],
+        format!(
+            "most at once {:?}, granted {order:?}",
+            state.max_running.get(JOB_LOCK)
+        ),
+    );
+    report.check(
+        "the Job semaphore runs three Jobs at once, never more",
+        state.max_running.get(SEMAPHORE_LOCK) == Some(&3),
+        format!("most at once {:?}", state.max_running.get(SEMAPHORE_LOCK)),
+    );
+}
+
+/// One more Job of the queue, whose work runs for an hour: it holds the queue's lock through the drills.
+async fn drill_job(cluster: &Cluster, report: &Report, observer: &Observer) -> bool {
+    let manifest = Manifest::example(&cluster.root, "job-fencing.yaml")
+        .with_app(&cluster.app_image, &job_work(3600))
+        .only_job_named(DRILL_JOB);
+    let applied_at = Instant::now();
+    if let Err(err) = apply(cluster, manifest).await {
+        return report.check("the drills' Job is applied", false, err);
+    }
+    let running = wait_for("the drills' Job running", Duration::from_secs(60), || async {
+        observer.state().job_running_since(DRILL_JOB, applied_at)
+    })
+    .await;
+    report.check_result(
+        "a long Job of the queue runs under its grant (for the drills)",
+        running.map(|token| format!("token {token:?}")),
+    )
+}
