@@ -212,7 +212,7 @@ expect "default: a helm test hook Pod running \`redlock-operator lock\` on the f
       'helm.sh/hook-delete-policy': 'before-hook-creation,hook-succeeded'}]
    and (lambda c: c['args'] == ['lock'] + ['--redis=redis://redlock-redlock-operator-redis-%d.redlock-redlock-operator-redis.redlock-system.svc.cluster.local:6379' % i for i in range(5)]
         + ['--redis-password-file=/etc/redlock-test/auth/password', '--max-ttl=60s', '--node-timeout=50ms',
-           '--ttl=10s', '--holder=helm-test/redlock', '--verbose', 'redlock-system/redlock-redlock-operator-helm-test',
+           '--ttl=10s', '--holder=helm-test/redlock', '--verbose', '--wait=5s', 'redlock-system/redlock-redlock-operator-helm-test',
            '--', '/usr/local/bin/redlock-operator', '--version']
         and 'command' not in c
         and c['securityContext'] == kind('Deployment')[0]['spec']['template']['spec']['containers'][0]['securityContext']

@@ -31,8 +31,14 @@ pub struct Term {
 }
 
 /// Whether status makes `holder` (a pod, or a Job) hold the lock, and in which term: the holder of a plain lock,
-/// or of one of a semaphore's permits (`status.holders`).
+/// or of one of a semaphore's permits (`status.holders`). A lock being deleted gives no term: the operator gives
+/// its keys up (status then lists them in `releasing`) while status may still show the grant, and a holder that
+/// stops now reports at once instead of running on to its fence time (found on a real node: deleting a leader
+/// lock waited out most of its TTL).
 pub fn term_of(lock: &DistributedLock, holder: &str) -> Option<Term> {
+    if lock.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
     let status = lock.status.as_ref()?;
     if status.phase != Some(LockPhase::Held) {
         return None;
@@ -254,6 +260,14 @@ mod tests {
         );
         assert_eq!(term_of(&lock(LockPhase::Held, "web-1", 3, at), "web-0"), None);
         assert_eq!(term_of(&lock(LockPhase::Lost, "web-0", 3, at), "web-0"), None);
+    }
+
+    #[test]
+    fn a_lock_being_deleted_is_no_term_though_status_still_shows_it() {
+        let at = Timestamp::from_second(1_000).unwrap();
+        let mut deleting = lock(LockPhase::Held, "web-0", 3, at);
+        deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at));
+        assert_eq!(term_of(&deleting, "web-0"), None);
     }
 
     #[test]

@@ -177,7 +177,10 @@ pub fn judge(
         && permit_status.holder.as_deref() == Some(entry.holder.as_str())
         && permit_status.fencing_token == Some(report.fencing_token);
     let terminating = pod.metadata.deletion_timestamp.is_some();
-    if still_shown && !terminating {
+    // A lock being deleted is no holder's term any more (`elect` and the guard stop at its deletion and never
+    // start again under it), so its status still showing the grant cannot start the work again.
+    let lock_deleted = lock.metadata.deletion_timestamp.is_some();
+    if still_shown && !terminating && !lock_deleted {
         return Err(Refused::new(
             409,
             "StillShown",
@@ -345,7 +348,7 @@ mod tests {
     }
 
     #[test]
-    fn a_grant_still_shown_is_taken_only_from_a_terminating_pod() {
+    fn a_grant_still_shown_is_taken_only_from_a_terminating_pod_or_for_a_lock_being_deleted() {
         // Given up, with the status write that stops showing it still to come: a container restarted now would
         // start the work again under the token, unless the pod is being deleted.
         let between_writes = lock("leaderElection", Some(("web-0", 7)), Some(("web-0", 7)));
@@ -363,6 +366,17 @@ mod tests {
             Some(&pod("web-0", "u0", true, None)),
         );
         assert!(terminating.is_ok());
+        let mut deleting = between_writes.clone();
+        deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        let lock_deleted = judge(
+            &report(7),
+            &reporter("web-0", "u0"),
+            &deleting,
+            Some(&pod("web-0", "u0", false, None)),
+        );
+        assert!(lock_deleted.is_ok(), "a lock being deleted shows no term");
     }
 
     #[test]
