@@ -263,6 +263,8 @@ async fn apply_permits(
     keep: KeepPolicy,
 ) -> Result<Action, Error> {
     let semaphore = is_semaphore(lock);
+    // What an earlier reconciliation wrote (one that ended early, on an error) is no base for this one's writes.
+    forget_written(ctx, lock);
     // Permits above spec.permits, left from a higher count, are looked after until their holders are fenced
     // and their keys released: the policy hands them to nobody.
     let permits: Vec<PermitRef> = permits_of(lock).collect();
@@ -381,6 +383,9 @@ async fn apply_permits(
             actions.push(action);
         }
     }
+    // Status follows the Jobs or pods the lock selects: the queue or candidates the steps above left shown are
+    // written again where they changed since (a Job queued while the lock was held, say).
+    actions::policy_status::follow(ctx, lock, &policy, shared.keep.fence_margin).await?;
     forget_written(ctx, lock);
     if !semaphore && let [only] = actions.as_slice() {
         // A plain lock's one permit says when it is looked at again.

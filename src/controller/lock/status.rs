@@ -145,6 +145,20 @@ pub fn policy_waiting(
     next
 }
 
+/// What the policy makes of the pods or Jobs the lock selects, shown as it is now (`status.queue`, `candidates`,
+/// `FencingMayBeLate`), everything else as it was: a status that already shows it is returned unchanged, so the
+/// caller writes only when the cluster changed what status shows.
+pub fn decorated(
+    current: &DistributedLockStatus,
+    decoration: &Decoration,
+    fence_margin: Duration,
+    stamp: Stamp,
+) -> DistributedLockStatus {
+    let mut next = current.clone();
+    decorate(&mut next, decoration, fence_margin, stamp);
+    next
+}
+
 /// Could not be extended, or taken over: the holder was fenced; the lock is acquired again.
 pub fn lost(current: &DistributedLockStatus, message: &str, stamp: Stamp) -> DistributedLockStatus {
     let mut next = current.clone();
@@ -316,7 +330,7 @@ pub fn wall_at(at: Instant, now: Instant, wall_now: Timestamp) -> Timestamp {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::redlock::{NodeOutcome, NodeReport};
 
@@ -327,7 +341,8 @@ mod tests {
         }
     }
 
-    fn report(outcomes: Vec<NodeOutcome>) -> OperationReport {
+    /// A report of `outcomes`, one master each, decided at a quorum of 2.
+    pub(in crate::controller::lock) fn report(outcomes: Vec<NodeOutcome>) -> OperationReport {
         OperationReport {
             nodes: outcomes
                 .into_iter()
@@ -486,6 +501,69 @@ mod tests {
             late.message.contains("slow (30s)") && late.message.contains("(10s)"),
             "{}",
             late.message
+        );
+    }
+
+    #[test]
+    fn what_the_jobs_and_pods_make_of_status_follows_them_and_is_unchanged_while_they_are() {
+        let decoration = |queue: &[&str], slow: Vec<(String, Duration)>| Decoration {
+            queue: Some(queue.iter().map(|job| (*job).to_owned()).collect()),
+            slow_jobs: Some(slow),
+            unguarded_jobs: Some(Vec::new()),
+            ..Decoration::default()
+        };
+        let margin = Duration::from_secs(10);
+        let shown = held_with(&decoration(&["next"], Vec::new()));
+        assert_eq!(
+            decorated(&shown, &decoration(&["next"], Vec::new()), margin, stamp(200)),
+            shown,
+            "nothing changed: nothing to write, however much later"
+        );
+        let queued = decorated(
+            &shown,
+            &decoration(&["next", "later"], Vec::new()),
+            margin,
+            stamp(200),
+        );
+        assert_eq!(queued.queue, ["next", "later"]);
+        assert_eq!(
+            DistributedLockStatus {
+                queue: shown.queue.clone(),
+                ..queued.clone()
+            },
+            shown,
+            "only the queue changed: the grant, its validity and the conditions are as they were"
+        );
+        let slow = decorated(
+            &queued,
+            &decoration(
+                &["next", "later"],
+                vec![("later".into(), Duration::from_secs(30))],
+            ),
+            margin,
+            stamp(201),
+        );
+        let late = condition(&slow, "FencingMayBeLate");
+        assert_eq!(
+            (late.status.as_str(), late.reason.as_str()),
+            ("True", "GracePeriodTooLong")
+        );
+        let leader = DistributedLockStatus {
+            candidates: vec!["web-0".into()],
+            ..DistributedLockStatus::default()
+        };
+        let candidates = Decoration {
+            candidates: Some(vec!["web-1".into(), "web-0".into()]),
+            ..Decoration::default()
+        };
+        assert_eq!(
+            decorated(&leader, &candidates, margin, stamp(200)).candidates,
+            ["web-1", "web-0"]
+        );
+        assert_eq!(
+            decorated(&leader, &Decoration::default(), margin, stamp(200)),
+            leader,
+            "an identity lock's policy shows nothing"
         );
     }
 

@@ -104,7 +104,7 @@ pub async fn write_permit_status(
     mut edit: impl FnMut(&DistributedLockStatus) -> Option<DistributedLockStatus>,
 ) -> Result<bool, Error> {
     if !is_semaphore(lock) {
-        return write_status(ctx, lock, edit).await;
+        return write_latest_status(ctx, lock, edit).await;
     }
     Ok(!write_permits_status(ctx, lock, &[permit], |_, view| edit(view))
         .await?
@@ -144,8 +144,25 @@ pub async fn write_permits_status(
     Ok(applied)
 }
 
+/// [`write_status`] of the whole status, starting from the lock as this reconciliation's last write left it (see
+/// [`write_permits_status`]), and kept for the writes that follow.
+pub async fn write_latest_status(
+    ctx: &Context,
+    lock: &DistributedLock,
+    edit: impl FnMut(&DistributedLockStatus) -> Option<DistributedLockStatus>,
+) -> Result<bool, Error> {
+    let key = ObjectRef::from_obj(lock).to_string();
+    let latest = written_of(ctx).get(&key).cloned();
+    let base = latest.as_deref().unwrap_or(lock);
+    let Some(written) = write_status_from(ctx, base, edit).await? else {
+        return Ok(false);
+    };
+    written_of(ctx).insert(key, Arc::new(written));
+    Ok(true)
+}
+
 /// Forgets what [`write_permit_status`] kept of `lock` for the writes that follow it: called when its
-/// reconciliation ends.
+/// reconciliation starts and ends.
 pub fn forget_written(ctx: &Context, lock: &DistributedLock) {
     written_of(ctx).remove(&ObjectRef::from_obj(lock).to_string());
 }

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use rand::Rng;
@@ -15,12 +16,13 @@ use super::release::release_held;
 use super::token_floor::{self, Recorded};
 use super::wait::not_ready;
 use super::{Target, stamp_now};
-use crate::api::{DistributedLockStatus, LockPhase};
+use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::keeper::HeldView;
 use crate::controller::lock::RESYNC;
 use crate::controller::lock::decide::{contended_retry, resume_still_possible};
+use crate::controller::lock::earlier_values::{EarlierValue, blocking_labels, deletable};
 use crate::controller::lock::permit_status::status_of;
 use crate::controller::lock::queue_tickets::queued_retry;
 use crate::controller::lock::status::{self, Blocked, Showing};
@@ -28,7 +30,7 @@ use crate::controller::lock::status_write::write_permit_status;
 use crate::controller::lock::token::{EXHAUSTED_REASON, Exhausted, Places, exhausted_message};
 use crate::controller::lock::token_floor::record_name;
 use crate::negative_controls::{self, Control};
-use crate::redlock::{AcquireError, ExtendError, FailureKind, Lease, OperationReport, Waiter};
+use crate::redlock::{AcquireError, ExtendError, FailureKind, Lease, NodeOutcome, OperationReport, Waiter};
 use crate::telemetry::metrics::OutcomeLabels;
 
 /// Grants one reconcile asks the masters for before it hands the lock back to the reconciler. A grant is given
@@ -52,6 +54,7 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
     let (quorum, key) = (&target.settings.quorum, &target.settings.key);
     let mut floor = floor;
     let mut floor_is_record = false;
+    let mut cleared_earlier = false;
     for _ in 0..GRANT_ROUNDS {
         let Some(token) = floor.checked_add(1) else {
             let exhausted = if floor_is_record {
@@ -64,6 +67,15 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
         let lease = match grant(target, ctx, holder, token, floor).await {
             Ok(lease) => lease,
             Err(AcquireError::NotAcquired { kind, report, .. }) => {
+                // Held by this lock's own earlier value, put back by a late write after its holder stopped: deleted,
+                // and asked again at once, instead of waited out for a whole TTL.
+                if kind == FailureKind::Contended
+                    && !cleared_earlier
+                    && delete_earlier_values(target, ctx, &report).await?
+                {
+                    cleared_earlier = true;
+                    continue;
+                }
                 return waiting(target, ctx, kind, &report).await;
             }
             Err(AcquireError::Config(err)) => {
@@ -115,6 +127,82 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
         }
     }
     Ok(Action::requeue(Duration::from_millis(10)))
+}
+
+/// The acquisition was refused by values holding the permit's key: deletes those of them that are this lock's own
+/// earlier values and that [`deletable`] allows (their holder stopped for good, or the validity shown for them has
+/// ended), on every master, comparing the whole value (this installation derived it for this lock's uid, the key
+/// and the token). `true` when a master deleted one: the acquisition is asked again.
+///
+/// Decided from the caches, so the lock is read again first (a newer status the cache has not shown yet could show
+/// that token held): only what both allow is deleted.
+async fn delete_earlier_values(
+    target: &Target<'_>,
+    ctx: &Context,
+    report: &OperationReport,
+) -> Result<bool, Error> {
+    let blockers = blocking_labels(report);
+    if blockers.is_empty() {
+        return Ok(false);
+    }
+    let stopped = target.policy.stopped_grants(target.permit);
+    let lock = target.lock;
+    let cached = deletable(
+        &blockers,
+        &stopped,
+        &status_of(lock, target.permit),
+        Timestamp::now(),
+    );
+    if cached.is_empty() {
+        return Ok(false);
+    }
+    let api: Api<DistributedLock> =
+        Api::namespaced(ctx.client.clone(), &lock.namespace().unwrap_or_default());
+    let Some(fresh) = api.get_opt(&lock.name_any()).await? else {
+        return Ok(false);
+    };
+    let uid = lock.uid().unwrap_or_default();
+    if fresh.uid().as_deref() != Some(uid.as_str()) {
+        return Ok(false);
+    }
+    let values: Vec<EarlierValue> = deletable(
+        &blockers,
+        &stopped,
+        &status_of(&fresh, target.permit),
+        Timestamp::now(),
+    )
+    .into_iter()
+    .filter(|value| cached.contains(value))
+    .collect();
+    if values.is_empty() {
+        return Ok(false);
+    }
+    let key = &target.settings.key;
+    let mut releases = Vec::with_capacity(values.len());
+    for earlier in &values {
+        let value = ctx.secret.lock_value(key, &uid, earlier.token, &earlier.holder)?;
+        releases.push(async move { target.engine.engine.release_value(key, value).await });
+    }
+    ctx.ensure_leader()?;
+    let reports = futures::future::join_all(releases).await;
+    let mut deleted_any = false;
+    for (earlier, released) in values.iter().zip(&reports) {
+        let masters = released
+            .nodes
+            .iter()
+            .filter(|node| node.outcome == NodeOutcome::Granted)
+            .count();
+        if masters > 0 {
+            deleted_any = true;
+            tracing::info!(
+                holder = %earlier.holder,
+                token = earlier.token,
+                masters,
+                "deleted this lock's earlier value, put back on masters after its holder stopped (a late write); acquiring again"
+            );
+        }
+    }
+    Ok(deleted_any)
 }
 
 /// Reads the key's floor record and records `token` in it unless it already holds as much.

@@ -2,13 +2,15 @@
 //! (`acquire`, recording each new token in the key's floor record: `token_floor`), release (`release`; a key
 //! shown to a holder waits for the validity it was shown: `handover`), fence
 //! and take back (`fence`), the steps all ways of holding end with (`holding`: keep the lease, take an
-//! acquisition back, show it held), and the statuses of a lock nobody may hold now (`wait`). Every status they
-//! write is one of the pure edits in `super::status`.
+//! acquisition back, show it held), the statuses of a lock nobody may hold now (`wait`), and what the policy shows
+//! of the cluster, kept current (`policy_status`). Every status they write is one of the pure edits in
+//! `super::status`.
 
 pub mod acquire;
 pub mod fence;
 pub mod handover;
 pub mod holding;
+pub mod policy_status;
 pub mod release;
 pub mod token_floor;
 pub mod wait;

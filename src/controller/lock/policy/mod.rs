@@ -172,7 +172,8 @@ impl Policy {
         }
     }
 
-    /// What status shows of the policy while `holder` (if any) holds the lock.
+    /// What status shows of the policy while `holder` (if any) is shown holding the lock (or the permit written):
+    /// derived from the pods or Jobs the lock selects, the same whichever permit's write shows it.
     pub fn decoration(&self, holder: Option<&str>, fence_margin: Duration) -> Decoration {
         match self {
             Self::Identity(_) => Decoration::default(),
@@ -181,17 +182,20 @@ impl Policy {
                 ..Decoration::default()
             },
             Self::Jobs(jobs) => Decoration {
-                queue: Some(
-                    jobs.queue
-                        .iter()
-                        .filter(|job| Some(job.as_str()) != holder)
-                        .cloned()
-                        .collect(),
-                ),
+                queue: Some(jobs.queue_shown(holder)),
                 slow_jobs: Some(jobs.slow(fence_margin)),
                 unguarded_jobs: Some(jobs.unguarded()),
                 ..Decoration::default()
             },
+        }
+    }
+
+    /// Earlier grants of `permit` whose holders are known to have stopped for good, each with its token: Job
+    /// fencing's finished, requeued and stale Jobs. Their values may be deleted where late writes put them back.
+    pub fn stopped_grants(&self, permit: u32) -> Vec<(String, i64)> {
+        match self {
+            Self::Jobs(jobs) => jobs.stopped_grants(permit),
+            Self::Identity(_) | Self::Leader(_) => Vec::new(),
         }
     }
 

@@ -10,8 +10,8 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 
-use super::permits::{PermitState, plan, strays};
-use super::queue::{GrantedPod, JobStep, JobView, queue};
+use super::permits::{PermitState, plan, stopped_grants, strays, waiting_shown};
+use super::queue::{GrantedPod, JobStep, JobView};
 use crate::api::DistributedLock;
 use crate::api::holder_contract::{
     FENCED_ANNOTATION, FENCED_AT_ANNOTATION, LOCK_LABEL, PERMIT_ANNOTATION, REQUEUED_ANNOTATION,
@@ -34,10 +34,10 @@ pub struct JobQueue {
     jobs: Vec<Arc<Job>>,
     views: Vec<JobView>,
     pods: Vec<GrantedPod>,
-    /// Waiting Jobs in the order they get the lock, for status.
-    pub queue: Vec<String>,
     /// What each permit does next, in permit order (see [`plan`]).
     pub steps: Vec<JobStep>,
+    /// The Jobs granted a permit since the Jobs were read: status shows them holding, not waiting.
+    granted: std::sync::Mutex<Vec<String>>,
 }
 
 impl JobQueue {
@@ -62,7 +62,6 @@ impl JobQueue {
             .iter()
             .filter_map(|pod| GrantedPod::of(pod, &name))
             .collect();
-        let queue = queue(&views).iter().map(|job| job.name.clone()).collect();
         let mut observed = Self {
             api: Api::namespaced(ctx.client.clone(), &namespace),
             pod_api: Api::namespaced(ctx.client.clone(), &namespace),
@@ -72,8 +71,8 @@ impl JobQueue {
             jobs,
             views,
             pods,
-            queue,
             steps: Vec::new(),
+            granted: std::sync::Mutex::default(),
         };
         observed.steps = observed.plan(&observed.pods);
         observed
@@ -96,6 +95,23 @@ impl JobQueue {
 
     fn plan(&self, pods: &[GrantedPod]) -> Vec<JobStep> {
         plan(&self.views, pods, &self.states(), self.open)
+    }
+
+    /// The waiting Jobs status shows while `holder` (if any) is shown holding a permit, in the order they get one:
+    /// never a Job that holds a permit or was granted one in this look (see [`waiting_shown`]).
+    pub fn queue_shown(&self, holder: Option<&str>) -> Vec<String> {
+        let granted = self
+            .granted
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut shown_holding: Vec<&str> = granted.iter().map(String::as_str).collect();
+        shown_holding.extend(holder);
+        waiting_shown(&self.views, &self.states(), &shown_holding)
+    }
+
+    /// The grants of `permit` whose Jobs stopped for good, with their tokens (see [`stopped_grants`]).
+    pub fn stopped_grants(&self, permit: u32) -> Vec<(String, i64)> {
+        stopped_grants(&self.views, permit)
     }
 
     /// Before a Job is let run (granted, resumed or requeued), the pods of earlier grants are counted again
@@ -159,7 +175,6 @@ impl JobQueue {
             }
         }
         self.views = self.jobs.iter().map(|job| JobView::of(job)).collect();
-        self.queue = queue(&self.views).iter().map(|job| job.name.clone()).collect();
         self.steps = self.plan(&self.pods);
         if self.steps != before {
             tracing::info!(lock = %self.lock, jobs = ?named, ?before, after = ?self.steps, "the Job cache lagged: decided again from the API server");
@@ -231,6 +246,10 @@ impl JobQueue {
         permit: Option<u32>,
         margin: Duration,
     ) -> Result<(), Error> {
+        self.granted
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(job.to_owned());
         let view = self.views.iter().find(|view| view.name == job);
         if view.is_some_and(|view| {
             view.granted_token == Some(token) && !view.suspended && view.permit == permit.unwrap_or(0)

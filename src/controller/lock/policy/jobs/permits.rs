@@ -79,6 +79,30 @@ pub fn plan(jobs: &[JobView], pods: &[GrantedPod], permits: &[PermitState<'_>], 
         .collect()
 }
 
+/// The waiting Jobs status shows (`status.queue`), in the order they get a permit: the queue less every Job that
+/// holds a permit (per this replica's leases, whatever the cache shows of its grant yet) and every Job in `granted`
+/// (granted a permit since the Jobs were read, or being shown holding one). One list for the whole lock, whichever
+/// permit's status write shows it: a Job that runs is never in it.
+pub fn waiting_shown(jobs: &[JobView], permits: &[PermitState<'_>], granted: &[&str]) -> Vec<String> {
+    queue(jobs)
+        .into_iter()
+        .map(|job| job.name.as_str())
+        .filter(|name| !permits.iter().any(|state| state.current == Some(*name)) && !granted.contains(name))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The grants of `permit` whose Jobs stopped for good, with their tokens: Jobs that finished, and Jobs fenced and
+/// then queued again for a new token or marked stale (both only once their pods were confirmed gone; both stay
+/// suspended until granted anew, which writes the new token and clears the mark in one patch). No pod acts on such
+/// a grant any more, so its value on the permit's key may be deleted wherever a late write put it back.
+pub fn stopped_grants(jobs: &[JobView], permit: u32) -> Vec<(String, i64)> {
+    jobs.iter()
+        .filter(|job| job.permit == permit && (job.finished || job.requeued || job.stale))
+        .filter_map(|job| Some((job.name.clone(), job.granted_token.or(job.fenced_token)?)))
+        .collect()
+}
+
 /// Jobs that run (are not suspended) without holding any permit: created unsuspended, or left running by a
 /// failed suspension. They are suspended at once. A Job holding one permit is no stray of another.
 pub fn strays<'a>(jobs: &'a [JobView], permits: &[PermitState<'_>]) -> Vec<&'a JobView> {
@@ -344,6 +368,89 @@ mod tests {
                 "{jobs:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_queue_shown_leaves_out_every_permits_holder_and_the_jobs_granted_since_they_were_read() {
+        // Two permits granted in one look: job-0 and job-1, whose grants the cache does not show yet.
+        let jobs = queue_of(5);
+        let free = free(2);
+        assert_eq!(
+            waiting_shown(&jobs, &free, &["job-0"]),
+            ["job-1", "job-2", "job-3", "job-4"],
+            "permit 0's write, before permit 1 is granted"
+        );
+        assert_eq!(
+            waiting_shown(&jobs, &free, &["job-0", "job-1"]),
+            ["job-2", "job-3", "job-4"],
+            "permit 1's write leaves out permit 0's Job too"
+        );
+        // A later look: the keeper holds both, the cache still shows them waiting.
+        let held = vec![holding("job-0", 1), holding("job-1", 1)];
+        assert_eq!(waiting_shown(&jobs, &held, &[]), ["job-2", "job-3", "job-4"]);
+        // Granted and seen so by the cache: not waiting any more, whoever holds what.
+        let mut granted = jobs.clone();
+        granted[2] = running("job-2", 2, 0, 2);
+        assert_eq!(waiting_shown(&granted, &held, &[]), ["job-3", "job-4"]);
+        // A fenced Job queued again for a new token waits again, in its place.
+        granted[0] = JobView {
+            requeued: true,
+            suspended: true,
+            pods: 0,
+            ..running("job-0", 0, 0, 1)
+        };
+        assert_eq!(
+            waiting_shown(&granted, &[holding("job-1", 1), after(2)], &[]),
+            ["job-0", "job-3", "job-4"]
+        );
+    }
+
+    #[test]
+    fn the_grants_stopped_for_good_are_those_of_finished_requeued_and_stale_jobs_on_their_permit() {
+        let mut finished = running("done", 0, 0, 3);
+        finished.finished = true;
+        let requeued = JobView {
+            requeued: true,
+            suspended: true,
+            pods: 0,
+            ..running("again", 1, 0, 5)
+        };
+        let stale = JobView {
+            stale: true,
+            suspended: true,
+            fenced_token: Some(2),
+            granted_token: None,
+            pods: 0,
+            ..running("stale", 2, 0, 2)
+        };
+        let fenced = JobView {
+            suspended: true,
+            fenced_token: Some(6),
+            ..running("fenced", 3, 0, 6)
+        };
+        let elsewhere = JobView {
+            requeued: true,
+            ..running("other-permit", 4, 1, 9)
+        };
+        let jobs = vec![
+            finished,
+            requeued,
+            stale,
+            fenced,
+            running("holder", 5, 0, 7),
+            waiting("never-granted", 6),
+            elsewhere,
+        ];
+        assert_eq!(
+            stopped_grants(&jobs, 0),
+            [
+                ("done".to_owned(), 3),
+                ("again".to_owned(), 5),
+                ("stale".to_owned(), 2)
+            ],
+            "a fenced Job may still be taken back with its token; a running one holds it"
+        );
+        assert_eq!(stopped_grants(&jobs, 1), [("other-permit".to_owned(), 9)]);
     }
 
     #[test]
