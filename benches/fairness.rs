@@ -12,9 +12,17 @@
 //!   next waiter notices the key free at its next attempt), and under faults also the time faults were under
 //!   way during the wait plus [`QUEUE_KEEP`] (a waiter dropped while cut off).
 //!
-//! First without faults (`FAIRNESS_ROUNDS`, default 20), then as many rounds as fit in `FAIRNESS_SECONDS`
-//! (default 60) under the engine safety checker's nemesis (restarts, pauses, held traffic, latency, cut
-//! connections on five masters behind fault proxies).
+//! - each **hand-over**: from the moment the waiter (or holder) before lets go to the next waiter's grant, p50
+//!   and p99; and, in one more round whose holder keeps the key 5 s, the **attempts per waiter per second**
+//!   while it waits (each one script call per master).
+//!
+//! First without faults (`FAIRNESS_ROUNDS`, default 20), twice: waiters that poll only (every [`QUEUE_POLL`],
+//! how every waiter waited before releases were announced) and waiters that listen (woken by the release's
+//! announcement, polling every [`QUEUE_FALLBACK`] only as a fallback), on the same five masters in the same
+//! run. Then as many rounds of listening waiters as fit in `FAIRNESS_SECONDS` (default 60) under the engine
+//! safety checker's nemesis (restarts, pauses, held traffic, latency, cut connections on five masters behind
+//! fault proxies), where the bound per hand-over is [`QUEUE_FALLBACK`] + 50 ms: an announcement lost to a
+//! fault costs at most the fallback.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -22,7 +30,9 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redlock_operator::redlock::{AcquireOptions, QUEUE_KEEP, QUEUE_POLL, Redlock, RedlockConfig};
+use redlock_operator::redlock::{
+    AcquireOptions, QUEUE_FALLBACK, QUEUE_POLL, Redlock, RedlockConfig, keep_for,
+};
 use support::redis_server::RedisCluster;
 use support::safety::{Nemesis, Recorder, queued_at_a_majority};
 use tokio::sync::oneshot;
@@ -47,6 +57,8 @@ fn env_number(name: &str, default: u64) -> u64 {
 #[derive(Clone, Copy, Debug)]
 struct Served {
     arrived: usize,
+    asked: Instant,
+    attempts: u32,
     granted: Instant,
     released: Instant,
 }
@@ -58,8 +70,50 @@ struct Round {
     excess: Vec<(Duration, u32)>,
     /// Waiters that gave up (under faults, the majority may be out of reach for longer than they wait).
     gave_up: usize,
+    /// Each hand-over: from the release before (the holder's, or the waiter's served before) to the grant.
+    handovers: Vec<Duration>,
+    /// Per waiter: attempts per second while it waited.
+    attempt_rates: Vec<f64>,
     started: Instant,
     ended: Instant,
+}
+
+/// The `q`-quantile of `values` (sorted here).
+fn quantile(values: &mut [Duration], q: f64) -> Duration {
+    values.sort();
+    if values.is_empty() {
+        return Duration::ZERO;
+    }
+    let index = ((values.len() - 1) as f64 * q).round() as usize;
+    values[index.min(values.len() - 1)]
+}
+
+/// Quiet rounds on `urls` with waiters that listen, or poll only: (p50, p99 hand-over, mean attempts per
+/// waiter per second in a round whose holder keeps the key [`IDLE_HOLD`], worst excess per hand-over, Kendall
+/// distance).
+async fn quiet_rounds(
+    urls: &[String],
+    rounds: u64,
+    poll_only: bool,
+) -> Result<(Duration, Duration, f64, Duration, usize), BoxError> {
+    let engines = engines_configured(urls, poll_only).await?;
+    let mut quiet = Vec::new();
+    let mode = if poll_only { "poll" } else { "listen" };
+    for round in 0..rounds {
+        quiet.push(one_round(&engines, &format!("quiet-{mode}-{round}"), Duration::ZERO).await?);
+    }
+    // Attempts per waiter per second while the key stays held: what waiting costs when nothing is let go.
+    let idle = one_round(&engines, &format!("idle-{mode}"), IDLE_HOLD).await?;
+    let idle_rate = idle.attempt_rates.iter().sum::<f64>() / idle.attempt_rates.len().max(1) as f64;
+    let kendall: usize = quiet.iter().map(|round| round.kendall).sum();
+    let mut handovers: Vec<Duration> = quiet.iter().flat_map(|round| round.handovers.clone()).collect();
+    Ok((
+        quantile(&mut handovers, 0.5),
+        quantile(&mut handovers, 0.99),
+        idle_rate,
+        worst_per_handover(&quiet),
+        kendall,
+    ))
 }
 
 fn main() -> Result<(), BoxError> {
@@ -72,17 +126,24 @@ async fn run() -> Result<(), BoxError> {
     let faulty_for = Duration::from_secs(env_number("FAIRNESS_SECONDS", 60));
 
     let cluster = RedisCluster::start(5)?;
-    let engines = engines_on(&cluster.urls()).await?;
-    let mut quiet = Vec::new();
-    for round in 0..rounds {
-        quiet.push(one_round(&engines, &format!("quiet-{round}")).await?);
-    }
-    let kendall: usize = quiet.iter().map(|round| round.kendall).sum();
-    let worst_per_handover = worst_per_handover(&quiet);
+    let (poll_p50, poll_p99, poll_rate, poll_worst, poll_kendall) =
+        quiet_rounds(&cluster.urls(), rounds, true).await?;
+    let (p50, p99, rate, worst_per_handover, kendall) = quiet_rounds(&cluster.urls(), rounds, false).await?;
     println!(
-        "no faults: {rounds} rounds of {WAITERS} waiters: Kendall distance {kendall} in all (0 promised); excess wait per hand-over: worst {} (bound {})",
-        ms(worst_per_handover),
+        "no faults, polling only (every {}): {rounds} rounds of {WAITERS} waiters: Kendall distance {poll_kendall}; hand-over p50 {} p99 {}; {poll_rate:.2} attempts per waiter per second while the key stays held; excess wait per hand-over: worst {} (bound {})",
+        ms(QUEUE_POLL),
+        ms(poll_p50),
+        ms(poll_p99),
+        ms(poll_worst),
         ms(QUEUE_POLL + HANDOVER_SLACK)
+    );
+    println!(
+        "no faults, listening (fallback every {}): {rounds} rounds of {WAITERS} waiters: Kendall distance {kendall} in all (0 promised); hand-over p50 {} p99 {}; {rate:.2} attempts per waiter per second while the key stays held; excess wait per hand-over: worst {} (bound {})",
+        ms(QUEUE_FALLBACK),
+        ms(p50),
+        ms(p99),
+        ms(worst_per_handover),
+        ms(QUEUE_FALLBACK + HANDOVER_SLACK)
     );
 
     let mut nemesis = Nemesis::start(5).await?;
@@ -97,7 +158,7 @@ async fn run() -> Result<(), BoxError> {
             let mut round = 0;
             while started.elapsed() < faulty_for {
                 round += 1;
-                match one_round(&engines, &format!("faulty-{round}")).await {
+                match one_round(&engines, &format!("faulty-{round}"), Duration::ZERO).await {
                     Ok(figures) => rounds.push(figures),
                     Err(err) => eprintln!("round {round}: {err}"),
                 }
@@ -127,11 +188,13 @@ async fn run() -> Result<(), BoxError> {
             .sum();
         for (excess, handovers) in &round.excess {
             worst_excess = worst_excess.max(*excess);
-            let bound = (QUEUE_POLL + HANDOVER_SLACK) * *handovers + faulted + QUEUE_KEEP;
+            // A waiter at the fallback pace is kept for keep_for(QUEUE_FALLBACK), not QUEUE_KEEP.
+            let keep = keep_for(QUEUE_FALLBACK);
+            let bound = (QUEUE_FALLBACK + HANDOVER_SLACK) * *handovers + faulted + keep;
             if *excess > bound {
                 over_bound += 1;
             }
-            let unexplained = excess.saturating_sub(faulted + QUEUE_KEEP);
+            let unexplained = excess.saturating_sub(faulted + keep);
             worst_unexplained = worst_unexplained.max(unexplained / (*handovers).max(1));
         }
     }
@@ -144,16 +207,20 @@ async fn run() -> Result<(), BoxError> {
         })
         .count();
     println!(
-        "under the nemesis: {} rounds ({faulted_rounds} with a fault under way), {} faults: Kendall distance {faulty_kendall} in all, {gave_up} waiters gave up; worst excess wait {}, waiters over the bound {over_bound}; worst excess per hand-over beyond the faults and QUEUE_KEEP {}",
+        "under the nemesis: {} rounds ({faulted_rounds} with a fault under way), {} faults: Kendall distance {faulty_kendall} in all, {gave_up} waiters gave up; worst excess wait {}, waiters over the bound {over_bound}; worst excess per hand-over beyond the faults and the masters' keep {}",
         faulty.len(),
         faults.len(),
         ms(worst_excess),
         ms(worst_unexplained)
     );
     println!(
-        "SUMMARY quiet_rounds={rounds} quiet_kendall={kendall} quiet_worst_excess_per_handover_ms={:.1} bound_per_handover_ms={:.1} faulty_rounds={} faulty_kendall={faulty_kendall} faulty_gave_up={gave_up} faulty_worst_excess_ms={:.1} faulty_over_bound={over_bound}",
+        "SUMMARY quiet_rounds={rounds} quiet_kendall={kendall} quiet_worst_excess_per_handover_ms={:.1} bound_per_handover_ms={:.1} handover_p50_ms={:.1} handover_p99_ms={:.1} attempts_per_waiter_s={rate:.2} poll_only_handover_p50_ms={:.1} poll_only_handover_p99_ms={:.1} poll_only_attempts_per_waiter_s={poll_rate:.2} faulty_rounds={} faulty_kendall={faulty_kendall} faulty_gave_up={gave_up} faulty_worst_excess_ms={:.1} faulty_over_bound={over_bound}",
         worst_per_handover.as_secs_f64() * 1e3,
-        (QUEUE_POLL + HANDOVER_SLACK).as_secs_f64() * 1e3,
+        (QUEUE_FALLBACK + HANDOVER_SLACK).as_secs_f64() * 1e3,
+        p50.as_secs_f64() * 1e3,
+        p99.as_secs_f64() * 1e3,
+        poll_p50.as_secs_f64() * 1e3,
+        poll_p99.as_secs_f64() * 1e3,
         faulty.len(),
         worst_excess.as_secs_f64() * 1e3,
     );
@@ -162,13 +229,19 @@ async fn run() -> Result<(), BoxError> {
 }
 
 async fn engines_on(urls: &[String]) -> Result<Vec<Redlock>, BoxError> {
+    engines_configured(urls, false).await
+}
+
+/// A holder's engine and one per waiter (each a process of its own, as far as the masters can tell: its own
+/// connections, its own listeners); `poll_only` waiters do not listen.
+async fn engines_configured(urls: &[String], poll_only: bool) -> Result<Vec<Redlock>, BoxError> {
     let mut engines = Vec::new();
-    // A holder's and one per waiter.
     for _ in 0..=WAITERS {
         let mut config = RedlockConfig::from_urls(urls)?;
         config.max_ttl = TTL;
         config.node_timeout = NODE_TIMEOUT;
         config.assume_durable = true;
+        config.poll_only = poll_only;
         engines.push(Redlock::connect(config).await?);
     }
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -178,7 +251,12 @@ async fn engines_on(urls: &[String]) -> Result<Vec<Redlock>, BoxError> {
     Ok(engines)
 }
 
-async fn one_round(engines: &[Redlock], key: &str) -> Result<Round, BoxError> {
+/// How long the holder keeps the key once every waiter queued, in the round that measures what waiting costs
+/// the masters while nothing is let go.
+const IDLE_HOLD: Duration = Duration::from_secs(5);
+
+/// One round; the holder lets go `hold` after the last waiter queued.
+async fn one_round(engines: &[Redlock], key: &str, hold: Duration) -> Result<Round, BoxError> {
     let started = Instant::now();
     let (holder_engine, waiter_engines) = engines.split_first().ok_or("no engines")?;
     let holder = holder_engine
@@ -199,6 +277,8 @@ async fn one_round(engines: &[Redlock], key: &str) -> Result<Round, BoxError> {
         let (engine, key, served) = (engine.clone(), key.to_owned(), served.clone());
         tasks.push(tokio::spawn(async move {
             let mut queued_sender = Some(queued_sender);
+            let asked = Instant::now();
+            let mut attempts = 1;
             let options = AcquireOptions {
                 deadline: Some(Instant::now() + Duration::from_secs(20)),
                 fair: true,
@@ -206,6 +286,7 @@ async fn one_round(engines: &[Redlock], key: &str) -> Result<Round, BoxError> {
             };
             let acquired = engine
                 .acquire_reporting(&key, TTL, &format!("w{arrived}"), options, |refused| {
+                    attempts += 1;
                     if refused.report().is_some_and(queued_at_a_majority)
                         && let Some(sender) = queued_sender.take()
                     {
@@ -219,6 +300,8 @@ async fn one_round(engines: &[Redlock], key: &str) -> Result<Round, BoxError> {
             let released = Instant::now();
             served.lock().unwrap_or_else(|e| e.into_inner()).push(Served {
                 arrived,
+                asked,
+                attempts,
                 granted,
                 released,
             });
@@ -228,6 +311,7 @@ async fn one_round(engines: &[Redlock], key: &str) -> Result<Round, BoxError> {
         // The next waiter arrives once this one is queued at a majority (or gave up trying, under faults).
         let _ = tokio::time::timeout(Duration::from_secs(10), queued).await;
     }
+    tokio::time::sleep(hold).await;
     let release = Instant::now();
     holder_engine.release(&holder).await;
     let mut gave_up = 0;
@@ -247,6 +331,20 @@ async fn one_round(engines: &[Redlock], key: &str) -> Result<Round, BoxError> {
     }
     let mut held_before = Duration::ZERO;
     let mut excess = Vec::new();
+    let mut handovers = Vec::new();
+    let mut attempt_rates = Vec::new();
+    let mut let_go = release;
+    for waiter in &served {
+        handovers.push(waiter.granted.saturating_duration_since(let_go));
+        let_go = waiter.released;
+        let waited = waiter
+            .granted
+            .saturating_duration_since(waiter.asked)
+            .as_secs_f64();
+        if waited > 0.0 {
+            attempt_rates.push(f64::from(waiter.attempts) / waited);
+        }
+    }
     for (place, waiter) in served.iter().enumerate() {
         let wait = waiter.granted.saturating_duration_since(release);
         excess.push((
@@ -259,6 +357,8 @@ async fn one_round(engines: &[Redlock], key: &str) -> Result<Round, BoxError> {
         kendall,
         excess,
         gave_up,
+        handovers,
+        attempt_rates,
         started,
         ended: Instant::now(),
     })

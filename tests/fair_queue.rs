@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use redlock_operator::redlock::{
     AcquireError, AcquireOptions, Lease, LockValue, NodeOutcome, Redlock, RedlockConfig, Waiter, queue_keys,
+    released_channel,
 };
 use support::fault_proxy::{Direction, FaultProxy};
 use support::redis_server::RedisCluster;
@@ -25,10 +26,16 @@ const HOLD: Duration = Duration::from_secs(60);
 /// An engine whose masters vote at once: these tests are about the queue, not the restart quarantine (a master
 /// restarted empty votes at once, the worst case for the queue).
 async fn engine_on(urls: &[String]) -> Redlock {
+    engine_with(urls, |_| {}).await
+}
+
+/// [`engine_on`], its configuration changed by `adjust` first.
+async fn engine_with(urls: &[String], adjust: impl FnOnce(&mut RedlockConfig)) -> Redlock {
     let mut config = RedlockConfig::from_urls(urls).expect("config");
     config.max_ttl = HOLD;
     config.node_timeout = Duration::from_millis(200);
     config.assume_durable = true;
+    adjust(&mut config);
     let engine = Redlock::connect(config).await.expect("engine");
     let deadline = Instant::now() + Duration::from_secs(60);
     while engine.eligible() < urls.len() {
@@ -392,13 +399,14 @@ fn permit_waiter(
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn semaphore_waiters_get_permits_in_the_order_they_arrived() {
-    let cluster = RedisCluster::start(3).expect("masters");
-    let urls = cluster.urls();
-    let engine = engine_on(&urls).await;
-    let key = "fair-permits";
-    // Both permits held; one stays held throughout, so that the waiters go through the other one at a time.
+/// Both permits of a two-permit semaphore on `key` held, then `waiters` permit waiters, each started once the one
+/// before is queued on every master: the leases, who was served, and the waiters' tasks.
+async fn permits_held_and_waited_for(
+    engine: &Redlock,
+    urls: &[String],
+    key: &str,
+    waiters: usize,
+) -> (Vec<Lease>, Arc<Mutex<Vec<String>>>, Vec<JoinHandle<()>>) {
     let mut held = Vec::new();
     for holder in ["kept", "holder"] {
         held.push(
@@ -410,10 +418,21 @@ async fn semaphore_waiters_get_permits_in_the_order_they_arrived() {
     }
     let served = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
-    for (i, name) in names(0..4).into_iter().enumerate() {
-        tasks.push(permit_waiter(&engine, key, 2, name, &served));
-        eventually_queued(&urls, key, i + 1).await;
+    for (i, name) in names(0..waiters).into_iter().enumerate() {
+        tasks.push(permit_waiter(engine, key, 2, name, &served));
+        eventually_queued(urls, key, i + 1).await;
     }
+    (held, served, tasks)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_waiters_get_permits_in_the_order_they_arrived() {
+    let cluster = RedisCluster::start(3).expect("masters");
+    let urls = cluster.urls();
+    let engine = engine_on(&urls).await;
+    let key = "fair-permits";
+    // Both permits held; one stays held throughout, so that the waiters go through the other one at a time.
+    let (mut held, served, tasks) = permits_held_and_waited_for(&engine, &urls, key, 4).await;
     // A single attempt does not take the permit that frees up ahead of them.
     let freed = held.pop().expect("the second permit");
     engine.release(&freed).await;
@@ -432,4 +451,129 @@ async fn semaphore_waiters_get_permits_in_the_order_they_arrived() {
     for lease in held {
         engine.release(&lease).await;
     }
+}
+
+/// Longer than any test's patience: a waiter that asks again only at this pace gets a key in time only if a
+/// release's announcement wakes it.
+const NEVER: Duration = Duration::from_secs(600);
+/// How long a test waits for a woken waiter: far below [`NEVER`], far above any hand-over on a slow machine.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// How many connections of each master listen on `key`'s wake channel.
+async fn listening(urls: &[String], key: &str) -> Vec<usize> {
+    let channel = released_channel(key);
+    let mut counts = Vec::new();
+    for url in urls {
+        let mut conn = redis_conn(url).await;
+        let (_, count): (String, usize) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query_async(&mut conn)
+            .await
+            .expect("PUBSUB NUMSUB");
+        counts.push(count);
+    }
+    counts
+}
+
+/// Until every master has a listener on `key`'s channel (one per process, whatever its waiters).
+async fn eventually_listening(urls: &[String], key: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let counts = listening(urls, key).await;
+        if counts.iter().all(|count| *count == 1) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never one listener on every master: {counts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_the_waiters_long_before_their_fallback_poll() {
+    let cluster = RedisCluster::start(3).expect("masters");
+    let urls = cluster.urls();
+    let engine = engine_with(&urls, |config| config.queue_fallback = Some(NEVER)).await;
+    let key = "fair-woken";
+    let holder = hold(&engine, key).await;
+    let served = Arc::new(Mutex::new(Vec::new()));
+    // Three waiters of one process: one listening connection per master, and they still go in order.
+    let tasks = queue_up(&engine, &urls, key, names(0..3), &served).await;
+    eventually_listening(&urls, key).await;
+    engine.release(&holder).await;
+    // Each waiter's release wakes the next: without the announcements none would ask again within NEVER.
+    tokio::time::timeout(PATIENCE, all_served(tasks))
+        .await
+        .expect("the waiters were not woken by the releases");
+    assert_eq!(*served.lock().expect("served"), names(0..3));
+    // The last waiter gone, nobody listens any more.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while listening(&urls, key).await.iter().any(|count| *count > 0) {
+        assert!(Instant::now() < deadline, "still listening after the wait");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_permit_wakes_the_semaphores_waiters() {
+    let cluster = RedisCluster::start(3).expect("masters");
+    let urls = cluster.urls();
+    let engine = engine_with(&urls, |config| config.queue_fallback = Some(NEVER)).await;
+    let key = "fair-woken-permits";
+    let (mut held, served, tasks) = permits_held_and_waited_for(&engine, &urls, key, 2).await;
+    eventually_listening(&urls, key).await;
+    // The permit's key is `permit:<i>:<key>` (or the key itself): either announces on the semaphore's channel.
+    let freed = held.pop().expect("the second permit");
+    engine.release(&freed).await;
+    tokio::time::timeout(PATIENCE, all_served(tasks))
+        .await
+        .expect("the semaphore's waiters were not woken by the release");
+    assert_eq!(*served.lock().expect("served"), names(0..2));
+    for lease in held {
+        engine.release(&lease).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_listeners_were_cut_still_gets_the_key_by_its_fallback_poll() {
+    let cluster = RedisCluster::start(3).expect("masters");
+    let urls = cluster.urls();
+    let engine = engine_on(&urls).await;
+    let key = "fair-unheard";
+    let holder = hold(&engine, key).await;
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let task = waiter(&engine, key, "unheard".to_owned(), &served);
+    eventually_queued(&urls, key, 1).await;
+    eventually_listening(&urls, key).await;
+    // Every master drops the waiter's listening connection; the process opens new ones.
+    for url in &urls {
+        let mut conn = redis_conn(url).await;
+        let killed: usize = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query_async(&mut conn)
+            .await
+            .expect("CLIENT KILL");
+        assert_eq!(killed, 1, "{url}: one listening connection");
+    }
+    eventually_listening(&urls, key).await;
+    // The key goes without a word (as it does when it expires): only the waiter's fallback poll can notice.
+    for url in &urls {
+        let mut conn = redis_conn(url).await;
+        redis::cmd("DEL")
+            .arg(key)
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("let go");
+    }
+    tokio::time::timeout(PATIENCE, task)
+        .await
+        .expect("the waiter never polled")
+        .expect("waiter");
+    assert_eq!(*served.lock().expect("served"), ["unheard"]);
+    drop(holder);
 }

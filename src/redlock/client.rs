@@ -13,6 +13,7 @@ use super::config::{ConfigError, RedlockConfig};
 use super::node::{Node, Ready, maintain};
 use super::node::{NodeHealth, NodeStatus};
 use super::scripts::millis;
+use super::wake::Wakes;
 
 /// A Redlock client over N independent masters. Cheap to clone; every clone shares the connections.
 #[derive(Clone)]
@@ -27,7 +28,9 @@ pub(super) struct Inner {
     pub(super) retention_ms: u64,
     /// Work that outlives the call that started it: the deletes of a release decided at a majority.
     pub(super) background: TaskTracker,
-    shutdown: CancellationToken,
+    /// What fair waiters listen on (`wake.rs`).
+    pub(super) wakes: Arc<Wakes>,
+    pub(super) shutdown: CancellationToken,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -88,6 +91,7 @@ impl Redlock {
         let engine = Self {
             inner: Arc::new(Inner {
                 retention_ms: millis(config.token_retention),
+                wakes: Arc::new(Wakes::new(nodes.len(), config.quorum())),
                 config,
                 nodes,
                 background: TaskTracker::new(),

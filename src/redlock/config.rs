@@ -203,6 +203,16 @@ pub struct RedlockConfig {
     #[cfg(feature = "negative-controls")]
     #[doc(hidden)]
     pub skip_queue: bool,
+    /// Waiters do not listen for releases and ask every [`QUEUE_POLL`](super::QUEUE_POLL), as before they
+    /// listened: the fairness benchmark's figure beside the listening one. Tests and benchmarks only.
+    #[cfg(feature = "negative-controls")]
+    #[doc(hidden)]
+    pub poll_only: bool,
+    /// The pace of a listening waiter that hears nothing, instead of [`QUEUE_FALLBACK`](super::QUEUE_FALLBACK):
+    /// a test makes it longer than its patience, so that only an announcement can wake the waiter in time.
+    #[cfg(feature = "negative-controls")]
+    #[doc(hidden)]
+    pub queue_fallback: Option<Duration>,
 }
 
 /// 400 days.
@@ -223,7 +233,26 @@ impl RedlockConfig {
             tls: TlsOptions::default(),
             #[cfg(feature = "negative-controls")]
             skip_queue: false,
+            #[cfg(feature = "negative-controls")]
+            poll_only: false,
+            #[cfg(feature = "negative-controls")]
+            queue_fallback: None,
         }
+    }
+
+    /// Whether fair waiters listen for releases, and how often they ask when they hear nothing: (true,
+    /// [`QUEUE_FALLBACK`](super::QUEUE_FALLBACK)), or (false, [`QUEUE_POLL`](super::QUEUE_POLL)) for the
+    /// poll-only control of tests and benchmarks.
+    pub(super) fn waiting_pace(&self) -> (bool, Duration) {
+        #[cfg(feature = "negative-controls")]
+        {
+            if self.poll_only {
+                return (false, super::QUEUE_POLL);
+            }
+            (true, self.queue_fallback.unwrap_or(super::QUEUE_FALLBACK))
+        }
+        #[cfg(not(feature = "negative-controls"))]
+        (true, super::QUEUE_FALLBACK)
     }
 
     /// Whether acquisitions skip the fair queue (a negative control; never in a release build).

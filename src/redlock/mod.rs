@@ -23,6 +23,7 @@ mod schedule;
 mod script_call;
 mod scripts;
 mod value;
+mod wake;
 
 pub use batch::MAX_BATCH;
 pub use client::Redlock;
@@ -36,11 +37,11 @@ pub use node::{NodeHealth, NodeStatus};
 pub use operations::AcquireOptions;
 pub use outcome::{NodeOutcome, NodeReport, OperationReport, QuarantineOutlook, QueuePlace};
 pub use quarantine::quarantine_until;
-pub use queue::{QUEUE_KEEP, QUEUE_POLL, Waiter};
+pub use queue::{QUEUE_FALLBACK, QUEUE_KEEP, QUEUE_POLL, Waiter, keep_for};
 pub use quorum::quorum_of;
 pub(crate) use schedule::fence_time;
 pub use schedule::{KeepAction, next_keep_action, shortest_ttl};
-pub use scripts::{MAX_PERMITS, PERMIT_KEY_PREFIX, counter_key, permit_key, queue_keys};
+pub use scripts::{MAX_PERMITS, PERMIT_KEY_PREFIX, counter_key, permit_key, queue_keys, released_channel};
 
 /// The acquire script, for the engine benchmark's raw baseline of the same script without the engine.
 #[doc(hidden)]

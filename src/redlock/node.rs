@@ -387,6 +387,15 @@ impl Node {
     pub(crate) fn node_timeout(&self) -> Duration {
         self.settings.node_timeout
     }
+
+    /// The client the listening connection (`wake.rs`) is opened with: same address, TLS and credentials.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.settings.connect_timeout
+    }
 }
 
 /// Keeps a master connected: reconnects with capped exponential backoff whenever the connection is dropped.

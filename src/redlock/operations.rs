@@ -15,11 +15,12 @@ use super::fan_out::{FanOut, Tail};
 use super::keeper::KeptLock;
 use super::lease::{Holding, Lease, next_token, validity_left};
 use super::outcome::{NodeOutcome, OperationReport};
-use super::queue::{QUEUE_KEEP, QUEUE_POLL, Waiter};
+use super::queue::{Waiter, keep_for};
 use super::rules::{Op, could_grant, extend_outcome, failed_attempt};
 use super::schedule::KeepPolicy;
-use super::scripts::millis;
+use super::scripts::{millis, released_channel};
 use super::value::LockValue;
+use super::wake::Interest;
 
 /// How long and how often [`Redlock::acquire`] tries, and above which fencing token.
 #[derive(Clone, Copy, Debug, Default)]
@@ -31,9 +32,11 @@ pub struct AcquireOptions {
     /// The highest fencing token the caller knows was granted for this key (0 if none): the first proposal
     /// is the next one. The masters' counters raise it further where they know better.
     pub token_floor: i64,
-    /// Wait in the key's fair queue: while the key is held, the attempts ask every [`QUEUE_POLL`] and the key
-    /// goes to the waiters in the order the masters saw them arrive (see `scripts.rs`). Without it an
-    /// acquisition never joins the queue, and is refused while anyone waits in it (it does not jump the queue).
+    /// Wait in the key's fair queue: while the key is held, the attempts ask again as soon as a majority of
+    /// masters announce a release (or a leave at the queue's head), and every
+    /// [`QUEUE_FALLBACK`](super::QUEUE_FALLBACK) when they announce nothing; the key goes to the waiters in the
+    /// order the masters saw them arrive (see `scripts.rs` and `wake.rs`). Without it an acquisition never joins
+    /// the queue, and is refused while anyone waits in it (it does not jump the queue).
     pub fair: bool,
 }
 
@@ -65,19 +68,21 @@ impl Redlock {
         waiting: impl FnMut(&AcquireError),
     ) -> Result<Lease, AcquireError> {
         self.inner.config.check_ttl(ttl)?;
-        self.retrying(resource, holder, options, waiting, |value, floor, waiter| {
+        self.retrying(resource, 1, holder, options, waiting, |value, floor, waiter| {
             self.try_acquire_waiting(resource, ttl, value, floor, waiter)
         })
         .await
     }
 
     /// The retry loop of an acquisition: `attempt` with a fresh value, the floor known so far and, for a fair
-    /// acquisition, the waiter it is in the key's queue, then a pause (random, or [`QUEUE_POLL`] while queued),
-    /// as often and as long as `options` and the retry policy allow. `waiting` hears of each failed attempt
+    /// acquisition, the waiter it is in the key's queue, then a pause (random, or while queued until a majority
+    /// of masters announce a release, at the latest the fallback pace), as often and as long as `options` and
+    /// the retry policy allow. `permits` is the semaphore's (1: a lock). `waiting` hears of each failed attempt
     /// that is followed by another.
     pub(super) async fn retrying<F, Fut>(
         &self,
         resource: &str,
+        permits: u32,
         holder: &str,
         options: AcquireOptions,
         mut waiting: impl FnMut(&AcquireError),
@@ -98,17 +103,32 @@ impl Redlock {
             .max(1);
         let mut attempts: u32 = 0;
         let mut floor = options.token_floor;
+        let (listens, pace) = self.inner.config.waiting_pace();
         let mut waiter = (options.fair && max_attempts > 1).then(|| Waiter {
             id: rand::rng().random(),
             ticket: 0,
-            keep_ms: millis(QUEUE_KEEP),
+            // Asked at the fallback pace when nothing is announced, it must be kept that long with room.
+            keep_ms: millis(keep_for(pace)),
         });
+        // Listening starts with the first refusal (an acquisition granted at once never subscribes), and ends
+        // when the loop does.
+        let channel = released_channel(resource);
+        let mut interest: Option<Interest> = None;
         // A waiter whose masters gave it different tickets asks again at once, once, with the highest: from then
         // on every master that queued it orders it alike, and anyone arriving later queues behind it.
         let mut settled_at_once = false;
         loop {
             attempts = attempts.saturating_add(1);
             let value = LockValue::random(holder)?;
+            // What was announced before this attempt does not wake the pause after it.
+            let heard_before = match &mut interest {
+                Some(interest) => {
+                    interest.attempting();
+                    None
+                }
+                None if listens && waiter.is_some() => self.inner.wakes.heard(&channel),
+                None => None,
+            };
             let error = match attempt(value.clone(), floor, waiter).await {
                 Ok(lease) => return Ok(lease),
                 Err(AcquireError::NotAcquired { kind, report, .. }) => AcquireError::NotAcquired {
@@ -120,7 +140,7 @@ impl Redlock {
                 Err(other) => return Err(other),
             };
             if attempts >= max_attempts {
-                self.leave_queue(resource, waiter, value).await;
+                self.leave_queue(resource, waiter, value, permits).await;
                 return Err(error);
             }
             // What the masters said their counters are saves the next attempt a refused round.
@@ -128,65 +148,95 @@ impl Redlock {
                 floor = floor.max(counter);
             }
             let place = error.report().and_then(OperationReport::queue_place);
+            // Announcements to wait for: one per hand-over the waiter needs before it can be let through.
+            let bursts: u64;
             let pause = match (&mut waiter, place) {
                 (Some(waiter), Some(place)) => {
                     waiter.ticket = waiter.ticket.max(place.ticket);
+                    // Those ahead may include one that already holds (granted, not yet out of the queue):
+                    // one announcement fewer than waiters ahead, so that it never sleeps through its turn.
+                    bursts = place.place.saturating_sub(u64::from(permits.max(1))).max(1);
                     settled_at_once = !place.settled && !settled_at_once;
-                    if settled_at_once {
-                        Duration::ZERO
-                    } else {
-                        QUEUE_POLL
-                    }
+                    if settled_at_once { Duration::ZERO } else { pace }
                 }
                 (waiter, _) => {
                     settled_at_once = false;
+                    bursts = 1;
                     let pause = if retry.delay_max > retry.delay_min {
                         rand::rng().random_range(retry.delay_min..=retry.delay_max)
                     } else {
                         retry.delay_min
                     };
                     // A waiter that pauses longer than the masters keep it loses its place.
-                    if waiter.is_some() {
-                        pause.min(QUEUE_POLL)
-                    } else {
-                        pause
-                    }
+                    if waiter.is_some() { pause.min(pace) } else { pause }
                 }
             };
             let now = Instant::now();
             let wake = match options.deadline {
                 // Waiting means trying until the deadline: the last pause ends on it, for one last attempt.
                 Some(deadline) if now >= deadline => {
-                    self.leave_queue(resource, waiter, value).await;
+                    self.leave_queue(resource, waiter, value, permits).await;
                     return Err(error);
                 }
                 Some(deadline) => (now + pause).min(deadline),
                 None => now + pause,
             };
+            if listens && waiter.is_some() && interest.is_none() {
+                let inner = &self.inner;
+                interest = Some(
+                    inner
+                        .wakes
+                        .listen(&inner.nodes, &inner.shutdown, &channel, heard_before),
+                );
+            }
             waiting(&error);
-            tokio::time::sleep_until(wake).await;
+            match &mut interest {
+                Some(interest) if !pause.is_zero() => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(wake) => {}
+                        () = interest.woken(bursts) => {}
+                    }
+                }
+                _ => tokio::time::sleep_until(wake).await,
+            }
         }
     }
 
     /// Takes `waiter` out of `resource`'s queue on every master, in the background: a waiter that got the key
     /// would otherwise hold up the ones behind it, once it lets go, until the masters stop keeping it
-    /// ([`QUEUE_KEEP`]).
-    pub(super) fn leave_queue_in_background(&self, resource: &str, waiter: Option<Waiter>, value: LockValue) {
+    /// ([`QUEUE_KEEP`](super::QUEUE_KEEP) or longer). `wake`: how many places at the queue's head let a waiter
+    /// through, whose leave is announced to the key's waiters (0 for a lock's winner: the key is its own now,
+    /// and waking the others would only cost them a refused attempt).
+    pub(super) fn leave_queue_in_background(
+        &self,
+        resource: &str,
+        waiter: Option<Waiter>,
+        value: LockValue,
+        wake: u32,
+    ) {
         if waiter.is_none() {
             return;
         }
         let engine = self.clone();
         let resource = resource.to_owned();
-        tokio::spawn(async move { engine.leave_queue(&resource, waiter, value).await });
+        tokio::spawn(async move { engine.leave_queue(&resource, waiter, value, wake).await });
     }
 
     /// Takes `waiter` out of `resource`'s queue, decided at a majority (a waiter that gives up, before its
     /// caller moves on or exits); the masters still on their way finish in the background, as a release's do.
-    async fn leave_queue(&self, resource: &str, waiter: Option<Waiter>, value: LockValue) {
+    /// A leave from one of the first `wake` places is announced.
+    async fn leave_queue(&self, resource: &str, waiter: Option<Waiter>, value: LockValue, wake: u32) {
         let Some(waiter) = waiter else { return };
         let resource: Arc<str> = resource.into();
         let FanOut { pending, .. } = self
-            .fan_out(Op::LeaveQueue { waiter }, &resource, &value, true, None, None)
+            .fan_out(
+                Op::LeaveQueue { waiter, wake },
+                &resource,
+                &value,
+                true,
+                None,
+                None,
+            )
             .await;
         self.finish_in_background(resource, Tail::Deletes, pending);
     }
@@ -285,7 +335,7 @@ impl Redlock {
                         .iter()
                         .any(|node| matches!(node.outcome, NodeOutcome::Queued { .. }));
                 if queued {
-                    self.leave_queue_in_background(&resource, waiter, value.clone());
+                    self.leave_queue_in_background(&resource, waiter, value.clone(), 0);
                 }
                 let holding = Holding {
                     resource,

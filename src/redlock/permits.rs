@@ -170,7 +170,7 @@ impl Redlock {
         let floors = vec![options.token_floor; permits as usize];
         // The retry loop's floor (raised by the counters a failed attempt heard of) is one key's; each permit's
         // own counters raise its proposals within an attempt instead.
-        self.retrying(key, holder, options, waiting, |value, _, waiter| {
+        self.retrying(key, permits, holder, options, waiting, |value, _, waiter| {
             let start = rand::rng().random_range(0..permits);
             let floors = &floors;
             async move {
@@ -292,7 +292,8 @@ impl Redlock {
                         .iter()
                         .any(|answer| matches!(answer, Some(Answer::Queued { .. })));
                 if queued {
-                    self.leave_queue_in_background(key, waiter, value.clone());
+                    // Its leave lets the next waiter through where permits are left: announced.
+                    self.leave_queue_in_background(key, waiter, value.clone(), permits);
                 }
                 let (resource, _) = candidates.keys[winner].clone();
                 let holding = Holding {
@@ -543,7 +544,12 @@ fn release_any(node: Arc<Node>, keys: Vec<Arc<str>>, value: LockValue) -> BoxFut
         for key in &keys {
             invocation.key(&**key);
         }
-        invocation.arg(value.as_str());
+        // Permits given back are announced, as a release is: a waiter may have been refused for them.
+        let channel = keys
+            .first()
+            .map(|key| scripts::released_channel(key))
+            .unwrap_or_default();
+        invocation.arg(value.as_str()).arg(channel);
         let reply =
             tokio::time::timeout(node.node_timeout(), invocation.invoke_async::<i64>(&mut conn)).await;
         if let Ok(Err(err)) = reply {

@@ -1,18 +1,31 @@
 //! A waiter in a key's fair queue, as the engine tells the masters about it, and the queue's pace: how often a
 //! waiter asks, and how long a master keeps one it no longer hears from. The queue itself lives on the masters
-//! (`scripts.rs`).
+//! (`scripts.rs`); what wakes a waiter before its pace is up is `wake.rs`.
 
 use std::time::Duration;
 
 use super::scripts::millis;
 
-/// How often a waiter in a fair queue asks again, which is also how soon it notices the key let go.
+/// How often a waiter that is not told of releases asks again (the poll-only pace: before waiters listened,
+/// every waiter's), which is also how soon it notices the key let go.
 pub const QUEUE_POLL: Duration = Duration::from_millis(200);
 
-/// How long a master keeps a waiter queued without hearing from it: the longest a waiter that died or was cut
-/// off holds up the ones behind it. Ten times [`QUEUE_POLL`], so that a waiter on a busy machine or behind a
-/// slow master does not lose its place.
+/// How often a waiter that listens for releases (`wake.rs`) asks again when it hears nothing: the fallback for
+/// a key that expired (nobody announces an expiry) and for an announcement lost with a listening connection.
+pub const QUEUE_FALLBACK: Duration = Duration::from_secs(1);
+
+/// How long a master keeps a waiter at the poll pace queued without hearing from it (the operator's waiters, and
+/// the shortest any waiter is kept): the longest a waiter that died or was cut off holds up the ones behind it.
+/// Ten times [`QUEUE_POLL`], so that a waiter on a busy machine or behind a slow master does not lose its place.
 pub const QUEUE_KEEP: Duration = Duration::from_secs(2);
+
+/// How long the masters keep a waiter that asks every `pace` when it hears nothing: five paces, and at least
+/// [`QUEUE_KEEP`] (5 s at [`QUEUE_FALLBACK`]), so that a waiter misses four attempts in a row (a slow master,
+/// a busy machine) before it loses its place; which is also how long a waiter that died holds up the ones
+/// behind it.
+pub fn keep_for(pace: Duration) -> Duration {
+    pace.saturating_mul(5).max(QUEUE_KEEP)
+}
 
 /// A caller waiting in a key's fair queue, as one attempt tells the masters: who it is (the same in every
 /// attempt of one acquisition), the ticket it holds so far (0 before its first), and how long a master keeps it

@@ -30,6 +30,9 @@ pub(super) enum Op {
     /// Takes a waiter out of the key's fair queue (it got the key, or gave up).
     LeaveQueue {
         waiter: Waiter,
+        /// How many places at the head of the queue let a waiter through (its leave from one of them is
+        /// announced to the key's waiters); 0: a leave nobody needs to hear of (a lock's winner, which holds it).
+        wake: u32,
     },
 }
 

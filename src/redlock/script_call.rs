@@ -26,6 +26,8 @@ pub(super) struct Keys {
     /// The key's fair queue and its waiters' deadlines: an acquisition's only (empty otherwise).
     queue: Arc<str>,
     waiting: Arc<str>,
+    /// Where a release or a leave is announced (`scripts::released_channel`); empty otherwise.
+    channel: Arc<str>,
 }
 
 impl Keys {
@@ -42,11 +44,16 @@ impl Keys {
             }
             Op::Extend { .. } | Op::Release => (empty(), empty()),
         };
+        let channel = match op {
+            Op::Release | Op::LeaveQueue { .. } => scripts::released_channel(resource).into(),
+            Op::Acquire { .. } | Op::Extend { .. } => empty(),
+        };
         Self {
             resource: resource.clone(),
             counter,
             queue,
             waiting,
+            channel,
         }
     }
 }
@@ -67,6 +74,7 @@ impl Redlock {
             counter,
             queue,
             waiting,
+            channel,
         }: Keys,
         value: LockValue,
     ) -> NodeFuture {
@@ -134,10 +142,16 @@ impl Redlock {
                             .arg(retention_ms);
                     }
                     Op::Release => {
-                        evalsha.arg(1).arg(&*resource).arg(value.as_str());
+                        evalsha.arg(1).arg(&*resource).arg(value.as_str()).arg(&*channel);
                     }
-                    Op::LeaveQueue { waiter } => {
-                        evalsha.arg(2).arg(&*queue).arg(&*waiting).arg(waiter.name());
+                    Op::LeaveQueue { waiter, wake } => {
+                        evalsha
+                            .arg(2)
+                            .arg(&*queue)
+                            .arg(&*waiting)
+                            .arg(waiter.name())
+                            .arg(wake)
+                            .arg(&*channel);
                     }
                 }
                 match evalsha.query_async::<Value>(&mut conn).await {

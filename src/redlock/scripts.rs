@@ -326,11 +326,16 @@ end
 return current
 ";
 
-/// KEYS[1] lock key, ARGV[1] our value. Returns 1 (deleted) or 0 (not ours or absent). The fencing counter
-/// stays: the next holder's token must be higher.
+/// KEYS[1] lock key, ARGV[1] our value, ARGV[2] the key's wake channel ([`released_channel`]; absent or '' for
+/// none). Returns 1 (deleted) or 0 (not ours or absent). The fencing counter stays: the next holder's token must
+/// be higher. A delete is announced on the channel (one `PUBLISH`, costing nothing when nobody listens), so that
+/// the key's waiters ask at once; nothing deleted, nothing announced (an attempt undone where the queue had
+/// refused it wakes nobody).
 const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+  local deleted = redis.call('DEL', KEYS[1])
+  if ARGV[2] and ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], '') end
+  return deleted
 end
 return 0
 ";
@@ -351,8 +356,9 @@ pub(crate) static RELEASE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| red
 pub(crate) static ACQUIRE_ANY: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&acquire_any(MODERN)));
 
-/// KEYS the permit keys, ARGV[1] our value. Deletes each key that holds our value; returns how many. What an
-/// attempt on several permits leaves behind where it did not win: the counters stay, as for [`RELEASE`].
+/// KEYS the permit keys, ARGV[1] our value, ARGV[2] the semaphore's wake channel ('' for none). Deletes each
+/// key that holds our value; returns how many, announced on the channel as [`RELEASE`] does. What an attempt on
+/// several permits leaves behind where it did not win: the counters stay, as for [`RELEASE`].
 const RELEASE_ANY: &str = r"
 local deleted = 0
 for _, key in ipairs(KEYS) do
@@ -360,14 +366,22 @@ for _, key in ipairs(KEYS) do
     deleted = deleted + redis.call('DEL', key)
   end
 end
+if deleted > 0 and ARGV[2] and ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], '') end
 return deleted
 ";
 pub(crate) static RELEASE_ANY_SCRIPT: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(RELEASE_ANY));
 
-/// KEYS[1] a key's fair queue, KEYS[2] its waiters' deadlines; ARGV[1] the waiter. Returns 1: the waiter is not
-/// queued any more (it got the key, or gave up).
+/// KEYS[1] a key's fair queue, KEYS[2] its waiters' deadlines; ARGV[1] the waiter, ARGV[2] how many places at
+/// the queue's head let a waiter through (absent or 0: none whose leave matters), ARGV[3] the key's wake channel.
+/// Returns 1: the waiter is not queued any more (it got the key, or gave up). A waiter that leaves from one of
+/// those places is announced on the channel, as a release is: the one behind it may now be let through.
 const LEAVE_QUEUE: &str = r"
+local wake = tonumber(ARGV[2] or '0') or 0
+if wake > 0 and ARGV[3] and ARGV[3] ~= '' then
+  local rank = redis.call('ZRANK', KEYS[1], ARGV[1])
+  if rank and rank < wake then redis.call('PUBLISH', ARGV[3], '') end
+end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 return 1
@@ -421,6 +435,20 @@ pub fn queue_keys(key: &str) -> (String, String) {
     (beside(key, "queue"), beside(key, "waiting"))
 }
 
+/// The channel on which the masters announce that `key` (a lock's key, a semaphore's, or one of its permits')
+/// was released, or that a waiter left the head of its queue: the semaphore's key's for a permit
+/// (`permit:<i>:<key>` → `<key>`'s), so that a semaphore's waiters hear of every permit; `{key}:released` (see
+/// [`counter_key`] for the braces). A lock key that happens to look like a permit's shares its channel with
+/// that semaphore: its waiters and releases use the same name, and the other's only cost an attempt.
+pub fn released_channel(key: &str) -> String {
+    let base = key
+        .strip_prefix(PERMIT_KEY_PREFIX)
+        .and_then(|rest| rest.split_once(':'))
+        .filter(|(number, _)| !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit()))
+        .map_or(key, |(_, base)| base);
+    beside(base, "released")
+}
+
 /// `key`'s companion `suffix` in the same Redis Cluster hash slot (see [`counter_key`]).
 fn beside(key: &str, suffix: &str) -> String {
     let has_tag = key
@@ -450,6 +478,14 @@ mod tests {
         // Another key's permit cannot be this one: the number ends at the second colon.
         assert_ne!(permit_key("2:ns/jobs", 1), permit_key("ns/jobs", 12));
         assert_ne!(permit_key("ns/jobs", 1), counter_key("ns/jobs"));
+    }
+
+    #[test]
+    fn a_semaphore_and_its_permits_share_one_wake_channel() {
+        assert_eq!(released_channel("ns/jobs"), "{ns/jobs}:released");
+        assert_eq!(released_channel(&permit_key("ns/jobs", 7)), "{ns/jobs}:released");
+        assert_eq!(released_channel("permit:x:jobs"), "{permit:x:jobs}:released");
+        assert_eq!(released_channel("a{b}"), "a{b}:released");
     }
 
     #[test]
