@@ -17,7 +17,7 @@ use tokio::task::JoinSet;
 use super::exit_code;
 use super::report::{Reporter, report_stopped, unless_signalled};
 use super::supervise::Ended;
-use super::term::{Term, current_term, follow_lock, run_in_term, term_of};
+use super::term::{Term, current_term, follow_lock, leader_term_of, run_in_term};
 use crate::api::DistributedLock;
 use crate::api::holder_contract::REPORT_TOKEN_PATH;
 
@@ -67,7 +67,7 @@ pub async fn run(args: ElectArgs) -> i32 {
     }
     let pod = args.pod.clone();
     let followed = follow_lock(args.namespace.clone(), &args.lock, move |lock| {
-        term_of(lock, &pod)
+        leader_term_of(lock, &pod)
     })
     .await;
     let mut followed = match followed {

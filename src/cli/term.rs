@@ -30,15 +30,20 @@ pub struct Term {
     pub valid_until: Timestamp,
 }
 
-/// Whether status makes `holder` (a pod, or a Job) hold the lock, and in which term: the holder of a plain lock,
-/// or of one of a semaphore's permits (`status.holders`). A lock being deleted gives no term: the operator gives
-/// its keys up (status then lists them in `releasing`) while status may still show the grant, and a holder that
-/// stops now reports at once instead of running on to its fence time (found on a real node: deleting a leader
-/// lock waited out most of its TTL).
-pub fn term_of(lock: &DistributedLock, holder: &str) -> Option<Term> {
+/// A leader's term: [`term_of`], but none once the lock is being deleted. The operator then gives its keys up
+/// (status lists them in `releasing`) while status may still show the grant, and nothing else would stop the
+/// leader's work before its fence time (a Job's pods, by contrast, are stopped by the Job's suspension); a leader
+/// that stops now reports at once (found on a real node: deleting a leader lock waited out most of its TTL).
+pub fn leader_term_of(lock: &DistributedLock, pod: &str) -> Option<Term> {
     if lock.metadata.deletion_timestamp.is_some() {
         return None;
     }
+    term_of(lock, pod)
+}
+
+/// Whether status makes `holder` (a pod, or a Job) hold the lock, and in which term: the holder of a plain lock,
+/// or of one of a semaphore's permits (`status.holders`).
+pub fn term_of(lock: &DistributedLock, holder: &str) -> Option<Term> {
     let status = lock.status.as_ref()?;
     if status.phase != Some(LockPhase::Held) {
         return None;
@@ -263,11 +268,16 @@ mod tests {
     }
 
     #[test]
-    fn a_lock_being_deleted_is_no_term_though_status_still_shows_it() {
+    fn a_lock_being_deleted_is_no_leaders_term_though_status_still_shows_it() {
         let at = Timestamp::from_second(1_000).unwrap();
         let mut deleting = lock(LockPhase::Held, "web-0", 3, at);
+        assert!(leader_term_of(&deleting, "web-0").is_some());
         deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at));
-        assert_eq!(term_of(&deleting, "web-0"), None);
+        assert_eq!(leader_term_of(&deleting, "web-0"), None);
+        assert!(
+            term_of(&deleting, "web-0").is_some(),
+            "what status shows is unchanged"
+        );
     }
 
     #[test]
