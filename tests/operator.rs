@@ -627,12 +627,16 @@ async fn two_installations_in_one_cluster_keep_each_lock_in_one_of_them_and_neve
             .then_some(())
     })
     .await;
-    // Several TTLs of extensions and status refreshes: held throughout, by the first grant.
+    // Several TTLs of extensions and status refreshes: held throughout, by the first grant. Its token is the one
+    // first shown held, not necessarily 1: on a loaded machine a first attempt that a master answered too late
+    // for fails and has raised the counters of those that granted it (CI saw 3 with no second holder).
     let started = held.status.as_ref().map(|status| status.transitions);
+    let first_token = token(&held);
+    assert!(first_token.is_some(), "a held lock shows its token");
     for _ in 0..30 {
         let lock = env.locks().get("shared").await.expect("lock");
         assert_eq!(phase(&lock), Some(LockPhase::Held), "{:?}", lock.status);
-        assert_eq!(token(&lock), Some(1), "a new token: the installations fought");
+        assert_eq!(token(&lock), first_token, "a new token: the installations fought");
         assert_eq!(lock.status.as_ref().map(|status| status.transitions), started);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
