@@ -667,7 +667,9 @@ async fn assert_at_most_permits_running(env: &Env, permits: usize) {
 }
 
 /// Ten short Jobs through a semaphore of three; one master is SIGKILLed once four were granted and restarted
-/// empty (its fencing counters gone) once six were: what is asserted holds whenever that happens.
+/// empty (its fencing counters gone) once six were: what is asserted holds whenever that happens. Each Job runs
+/// 5 s, long enough for the next permits' grants to come while it runs, in the realistic mode on a loaded machine
+/// too (with 2 s, one full run saw the grants come one Job apart and no two Jobs side by side).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_semaphore_runs_its_queue_at_most_permits_at_a_time_each_with_its_permits_token() {
     const PERMITS: usize = 3;
@@ -676,7 +678,7 @@ async fn a_job_semaphore_runs_its_queue_at_most_permits_at_a_time_each_with_its_
     let env = Env::new().await;
     let _runtime = job_runtime(&env);
     for index in 0..JOBS {
-        create_job(&env, &format!("job-{index:02}"), None, true, 0, Work::Seconds(2)).await;
+        create_job(&env, &format!("job-{index:02}"), None, true, 0, Work::Seconds(5)).await;
     }
     let (quorum, running, shutdown) = start_semaphore((&masters, "6s"), &env, 41, "3s", PERMITS).await;
     // Every grant seen, in the order seen: (permit, token) per Job.
