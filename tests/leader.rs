@@ -13,55 +13,12 @@ use std::time::Duration;
 use e2e::*;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use redlock_operator::api::LockPhase;
 use support::redis_server::RedisCluster;
 use tokio::time::Instant;
 
 const LABEL: &str = "redlock.io/leader";
-
-fn pods(env: &Env) -> Api<Pod> {
-    Api::namespaced(env.client.clone(), &env.namespace)
-}
-
-async fn create_pod(env: &Env, name: &str) {
-    let pod: Pod = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": { "name": name, "labels": { "app": "web" } },
-        "spec": {
-            "nodeName": env.node_name(),
-            "terminationGracePeriodSeconds": 30,
-            "containers": [{ "name": "app", "image": "registry.invalid/app:1" }]
-        }
-    }))
-    .expect("pod");
-    pods(env)
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("create pod");
-    // Creation times have a resolution of one second: keep the pods' ages distinct.
-    tokio::time::sleep(Duration::from_millis(1_050)).await;
-}
-
-/// Pods `names`, created in this order (oldest first), all running and ready.
-async fn ready_pods(env: &Env, names: &[&str]) {
-    for name in names {
-        create_pod(env, name).await;
-        set_ready(env, name, true).await;
-    }
-}
-
-/// Plays the kubelet: Running, and Ready or not.
-async fn set_ready(env: &Env, name: &str, ready: bool) {
-    let status = serde_json::json!({ "status": {
-        "phase": "Running",
-        "conditions": [{ "type": "Ready", "status": if ready { "True" } else { "False" } }]
-    }});
-    pods(env)
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .expect("pod status");
-}
 
 async fn labelled(env: &Env) -> Vec<String> {
     pods(env)

@@ -16,8 +16,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use e2e::*;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::ListParams;
 use redlock_operator::controller::lock::reports::budget::OTHER_PER_SECOND;
 use support::redis_server::RedisCluster;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -28,40 +27,6 @@ const LABEL: &str = "redlock.io/leader";
 /// How long the flood lasts, and how many clients send it.
 const FLOOD: Duration = Duration::from_secs(6);
 const CLIENTS: usize = 8;
-
-fn pods(env: &Env) -> Api<Pod> {
-    Api::namespaced(env.client.clone(), &env.namespace)
-}
-
-async fn ready_pod(env: &Env, name: &str) {
-    let pod: Pod = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": { "name": name, "labels": { "app": "web" } },
-        "spec": {
-            "nodeName": env.node_name(),
-            "containers": [{ "name": "app", "image": "registry.invalid/app:1" }]
-        }
-    }))
-    .expect("pod");
-    pods(env)
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("create pod");
-    set_ready(env, name, true).await;
-    // Creation times have a resolution of one second: keep the pods' ages distinct.
-    tokio::time::sleep(Duration::from_millis(1_050)).await;
-}
-
-async fn set_ready(env: &Env, name: &str, ready: bool) {
-    let status = serde_json::json!({ "status": {
-        "phase": "Running",
-        "conditions": [{ "type": "Ready", "status": if ready { "True" } else { "False" } }]
-    }});
-    pods(env)
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .expect("pod status");
-}
 
 async fn leader_is(env: &Env, pod: &str) {
     eventually(&format!("{pod} to lead"), || async {
@@ -164,7 +129,7 @@ async fn a_flood_of_forged_reports_costs_few_reviews_and_a_genuine_report_is_sti
     let (running, shutdown) = operator(&env, &installation_secret(41), None).await;
     quorum_available(&env, &quorum).await;
     for pod in ["web-0", "web-1"] {
-        ready_pod(&env, pod).await;
+        ready_pods(&env, &[pod]).await;
     }
     env.create_lock_from(serde_json::json!({
         "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",

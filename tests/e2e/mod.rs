@@ -478,6 +478,51 @@ async fn operator_of(
     (running, shutdown)
 }
 
+/// The test's pods, which the leader tests and the report tests play the kubelet of.
+pub fn pods(env: &Env) -> Api<k8s_openapi::api::core::v1::Pod> {
+    Api::namespaced(env.client.clone(), &env.namespace)
+}
+
+/// A candidate pod `app: web` bound to the test's node, not yet running.
+pub async fn create_pod(env: &Env, name: &str) {
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": name, "labels": { "app": "web" } },
+        "spec": {
+            "nodeName": env.node_name(),
+            "terminationGracePeriodSeconds": 30,
+            "containers": [{ "name": "app", "image": "registry.invalid/app:1" }]
+        }
+    }))
+    .expect("pod");
+    pods(env)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    // Creation times have a resolution of one second: keep the pods' ages distinct.
+    tokio::time::sleep(Duration::from_millis(1_050)).await;
+}
+
+/// Pods `names`, created in this order (oldest first), all running and ready.
+pub async fn ready_pods(env: &Env, names: &[&str]) {
+    for name in names {
+        create_pod(env, name).await;
+        set_ready(env, name, true).await;
+    }
+}
+
+/// Plays the kubelet: Running, and Ready or not.
+pub async fn set_ready(env: &Env, name: &str, ready: bool) {
+    let status = serde_json::json!({ "status": {
+        "phase": "Running",
+        "conditions": [{ "type": "Ready", "status": if ready { "True" } else { "False" } }]
+    }});
+    pods(env)
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("pod status");
+}
+
 /// Stops an in-process operator the way SIGTERM does.
 pub async fn stop(running: Running, shutdown: CancellationToken) {
     shutdown.cancel();
