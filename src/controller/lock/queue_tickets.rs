@@ -2,6 +2,12 @@
 //! key others hold or wait for is a waiter there (the masters keep its place while its reconciles keep asking),
 //! and brings its ticket back to a master that restarted empty or dropped it while cut off. Lost with the
 //! replica, nothing is lost for good: the masters remember the place while the next replica keeps asking.
+//!
+//! Beside the ticket, the highest fencing counter the masters reported while refusing: the lock's value is
+//! derived from the token it proposes, so a grant at a token above the proposal is given back and asked again,
+//! and that give-back frees the key and leaves the queue, letting the waiter behind take the key first (seen
+//! with a lock new to a shared key, whose status knows no token, behind a `lock --wait` command). Proposing
+//! above the counter the refusals showed makes the grant the one that was asked for.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -10,27 +16,47 @@ use std::time::Duration;
 use crate::controller::lock::decide::contended_retry;
 use crate::redlock::{QUEUE_KEEP, QueuePlace};
 
-/// Per permit key: the highest ticket its masters gave the lock waiting for it.
+/// Per permit key: the highest ticket its masters gave the lock waiting for it, and the highest fencing counter
+/// they reported.
 #[derive(Default)]
 pub struct QueueTickets {
-    tickets: Mutex<HashMap<String, i64>>,
+    tickets: Mutex<HashMap<String, Seen>>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Seen {
+    ticket: i64,
+    counter: i64,
 }
 
 impl QueueTickets {
     /// The ticket to bring for `key` (0 before any).
     pub fn ticket(&self, key: &str) -> i64 {
-        let tickets = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
-        tickets.get(key).copied().unwrap_or(0)
+        self.seen(key).ticket
     }
 
-    /// After a refused attempt: the ticket its masters gave.
-    pub fn remember(&self, key: &str, place: &QueuePlace) {
-        if place.ticket <= 0 {
+    /// The highest fencing counter the masters reported for `key` while refusing this replica's lock (0 before
+    /// any): the next proposal goes above it.
+    pub fn counter(&self, key: &str) -> i64 {
+        self.seen(key).counter
+    }
+
+    /// After a refused attempt: the ticket its masters gave, and the highest counter they reported.
+    pub fn remember(&self, key: &str, place: Option<&QueuePlace>, counter: Option<i64>) {
+        let ticket = place.map_or(0, |place| place.ticket);
+        let counter = counter.unwrap_or(0);
+        if ticket <= 0 && counter <= 0 {
             return;
         }
         let mut tickets = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
-        let ticket = tickets.entry(key.to_owned()).or_default();
-        *ticket = (*ticket).max(place.ticket);
+        let seen = tickets.entry(key.to_owned()).or_default();
+        seen.ticket = seen.ticket.max(ticket);
+        seen.counter = seen.counter.max(counter);
+    }
+
+    fn seen(&self, key: &str) -> Seen {
+        let tickets = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
+        tickets.get(key).copied().unwrap_or_default()
     }
 
     /// The key is the lock's: its next wait is a new arrival, at the back.
@@ -63,10 +89,10 @@ mod tests {
     fn tickets_only_rise_until_the_key_is_granted() {
         let tickets = QueueTickets::default();
         assert_eq!(tickets.ticket("k"), 0);
-        tickets.remember("k", &place(3, 7));
-        tickets.remember("k", &place(2, 5));
+        tickets.remember("k", Some(&place(3, 7)), None);
+        tickets.remember("k", Some(&place(2, 5)), None);
         assert_eq!(tickets.ticket("k"), 7);
-        tickets.remember("k", &place(1, 0));
+        tickets.remember("k", Some(&place(1, 0)), None);
         assert_eq!(
             tickets.ticket("k"),
             7,
@@ -74,6 +100,25 @@ mod tests {
         );
         tickets.forget("k");
         assert_eq!(tickets.ticket("k"), 0);
+    }
+
+    #[test]
+    fn the_highest_counter_refusals_reported_is_kept_until_the_key_is_granted() {
+        let tickets = QueueTickets::default();
+        assert_eq!(tickets.counter("k"), 0);
+        tickets.remember("k", Some(&place(1, 3)), Some(41));
+        tickets.remember("k", None, Some(40));
+        assert_eq!(tickets.counter("k"), 41, "counters only rise");
+        assert_eq!(
+            tickets.ticket("k"),
+            3,
+            "a refusal without a place keeps the ticket"
+        );
+        tickets.remember("k", None, Some(42));
+        assert_eq!(tickets.counter("k"), 42);
+        assert_eq!(tickets.counter("other"), 0);
+        tickets.forget("k");
+        assert_eq!((tickets.ticket("k"), tickets.counter("k")), (0, 0));
     }
 
     #[test]

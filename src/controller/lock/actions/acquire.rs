@@ -52,7 +52,9 @@ const INVALID_FLOOR: &str = "InvalidFencingFloor";
 pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i64) -> Result<Action, Error> {
     ctx.ensure_leader()?;
     let (quorum, key) = (&target.settings.quorum, &target.settings.key);
-    let mut floor = floor;
+    // Above what the masters showed while refusing, too: a grant above the proposal would be given back, and
+    // the give-back lets the waiter behind this lock take the key first.
+    let mut floor = floor.max(ctx.queue_tickets.counter(key));
     let mut floor_is_record = false;
     let mut cleared_earlier = false;
     for _ in 0..GRANT_ROUNDS {
@@ -278,10 +280,9 @@ async fn grant(
         .engine
         .try_acquire_waiting(key, target.settings.ttl, value, floor, Some(waiter))
         .await;
-    if let Err(AcquireError::NotAcquired { report, .. }) = &result
-        && let Some(place) = report.queue_place()
-    {
-        ctx.queue_tickets.remember(key, &place);
+    if let Err(AcquireError::NotAcquired { report, .. }) = &result {
+        ctx.queue_tickets
+            .remember(key, report.queue_place().as_ref(), report.highest_counter());
     }
     let outcome = match &result {
         Ok(_) => "acquired",
