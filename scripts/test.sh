@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs every check and test of the project on a fresh machine: installs what the tests need when missing
-# (redis-server, openssl and a C compiler through apt-get when run as root), then formatting, lints and the test suite.
+# (redis-server, redis-cli, sqlite3, openssl and a C compiler through apt-get when run as root), then formatting, lints and the test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_packages=()
 command -v redis-server >/dev/null 2>&1 || need_packages+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || need_packages+=(redis-tools)
+command -v sqlite3 >/dev/null 2>&1 || need_packages+=(sqlite3)
 command -v cc >/dev/null 2>&1 || need_packages+=(gcc)
 command -v openssl >/dev/null 2>&1 || need_packages+=(openssl)
 if [ ${#need_packages[@]} -gt 0 ]; then
