@@ -30,6 +30,9 @@
 //! writes then). The last lines set the two runs side by side, and `RATIO semaphores/single cpu_cores_avg=X
 //! extend_lag_p99_ms=X all_held_s=X` divides the semaphores' figures by the single locks'.
 //!
+//! First, unless `OPERATOR_BENCH_HANDOVERS` is 0 (default 30 rounds), the hand-over to a queued lock at a
+//! release, woken and polled only (`operator/handovers.rs`).
+//!
 //! Events: `OPERATOR_BENCH_EVENTS` (default 3,000: about a second of acquisitions, long enough for the steady
 //! holding's waves of extensions and status writes to average out) more locks are created once with the
 //! operator idle (the baseline) and once just after the N acquisitions (whose `Acquired` Events an event
@@ -40,6 +43,8 @@
 //! (see `operator/recorders.rs`). The semaphore run measures no Events. `OPERATOR_BENCH_BINARY` runs another
 //! build of the operator (an older one, to compare in the same session).
 
+#[path = "operator/handovers.rs"]
+mod handovers;
 #[path = "operator/recorders.rs"]
 mod recorders;
 #[path = "operator/semaphores.rs"]
@@ -356,6 +361,11 @@ struct Operator {
 impl Operator {
     /// Starts the binary against `cluster` and waits until it sees the quorum available.
     async fn start(cluster: &Cluster) -> Result<Self, BoxError> {
+        Self::start_with_controls(cluster, "").await
+    }
+
+    /// [`Operator::start`] with the negative controls `controls` (comma-separated names; `""`: none).
+    async fn start_with_controls(cluster: &Cluster, controls: &str) -> Result<Self, BoxError> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let binary = std::env::var_os("OPERATOR_BENCH_BINARY")
             .unwrap_or_else(|| env!("CARGO_BIN_EXE_redlock-operator").into());
@@ -367,6 +377,7 @@ impl Operator {
             .arg(&cluster.secret)
             .env("KUBECONFIG", &cluster.kubeconfig)
             .env("RUST_LOG", "error")
+            .env(redlock_operator::negative_controls::ENV, controls)
             .kill_on_drop(true)
             .spawn()?;
         let pid = child.id().ok_or("operator exited")?;
@@ -561,6 +572,11 @@ async fn bench() -> Result<(), BoxError> {
     let pods = env_number("OPERATOR_BENCH_PODS", 10_000) as usize;
     let semaphores = env_number("OPERATOR_BENCH_SEMAPHORES", 1_000) as usize;
     let permits = env_number("OPERATOR_BENCH_PERMITS", 10).max(2) as usize;
+    let handovers = env_number("OPERATOR_BENCH_HANDOVERS", 30) as usize;
+    if handovers > 0 {
+        handovers::run(handovers).await?;
+        println!();
+    }
     // Either run can be left out (its count set to 0), to explore the other's sizes quickly.
     let single = if locks > 0 {
         println!("single locks: {locks}, ttl 10s, with {pods} pods of other applications");

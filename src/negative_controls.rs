@@ -1,6 +1,7 @@
 //! Switches that each break one safeguard of the operator, for the negative controls of the product safety
 //! checker (`tests/support/product_safety/`): a checker that never fails proves nothing, so each of these must be
-//! caught by it.
+//! caught by it. And [`Baseline`]s: switches that take a speed-up away, safety untouched, so that a benchmark
+//! measures the figure without it in the same run.
 //!
 //! They exist only in builds with the `negative-controls` feature, which only the tests and benchmarks enable
 //! (through the package's dev-dependency on itself); a release build has none of them, [`active`] is then a
@@ -63,5 +64,35 @@ pub fn active(control: Control) -> bool {
 #[cfg(not(feature = "negative-controls"))]
 #[inline]
 pub fn active(_control: Control) -> bool {
+    false
+}
+
+/// A speed-up taken away for a benchmark's baseline (named in `REDLOCK_NEGATIVE_CONTROLS` like the controls).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Baseline {
+    /// A lock queued for a key is not woken when the key is released: it asks again at its poll only.
+    NoReleaseWakes,
+}
+
+impl Baseline {
+    pub fn name(self) -> &'static str {
+        match self {
+            Baseline::NoReleaseWakes => "no-release-wakes",
+        }
+    }
+}
+
+/// Whether `baseline` is on in this process.
+#[cfg(feature = "negative-controls")]
+pub fn baseline(baseline: Baseline) -> bool {
+    static NAMED: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| std::env::var(ENV).unwrap_or_default());
+    NAMED.split(',').any(|name| name.trim() == baseline.name())
+}
+
+/// Whether `baseline` is on in this process: never, in a build without the `negative-controls` feature.
+#[cfg(not(feature = "negative-controls"))]
+#[inline]
+pub fn baseline(_baseline: Baseline) -> bool {
     false
 }

@@ -577,3 +577,81 @@ async fn a_waiter_whose_listeners_were_cut_still_gets_the_key_by_its_fallback_po
     assert_eq!(*served.lock().expect("served"), ["unheard"]);
     drop(holder);
 }
+
+/// Issue 41: the operator's waiters. A lock's reconciles are its attempts, so the operator keeps a watch per
+/// queued permit between them (`controller::lock::release_wakes`) and asks the reconciler, through the keeper's
+/// wake channel, to look at the lock once the releases ahead of it were announced. Nothing here polls: the wake
+/// channel receiving the lock within PATIENCE is the announcement's doing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_lock_queued_for_a_key_is_woken_at_its_release() {
+    use kube::runtime::reflector::ObjectRef;
+    use redlock_operator::api::DistributedLock;
+    use redlock_operator::controller::keeper::{Keeper, PermitRef};
+    use redlock_operator::controller::lock::release_wakes::ReleaseWakes;
+
+    let cluster = RedisCluster::start(3).expect("masters");
+    let urls = cluster.urls();
+    let engine = engine_on(&urls).await;
+    let key = "fair-operator-woken";
+    let holder = hold(&engine, key).await;
+    let (keeper, mut wakes) = Keeper::new(Arc::default(), false);
+    let release_wakes = ReleaseWakes::default();
+    let lock = ObjectRef::<DistributedLock>::new("report").within("team");
+    let permit = PermitRef::new(lock.clone(), 0);
+    let waiter = Waiter::new(7, 0);
+    let attempt = || async {
+        let heard = release_wakes.attempting(&permit, &engine, key);
+        let value = LockValue::random("operator").expect("value");
+        match engine.try_acquire_waiting(key, TTL, value, 0, Some(waiter)).await {
+            Err(AcquireError::NotAcquired { report, .. }) => {
+                let place = report.queue_place().expect("queued");
+                release_wakes.queued(&permit, &engine, key, heard, &place, &keeper);
+            }
+            other => panic!("the key is held: {other:?}"),
+        }
+    };
+
+    // The first refusal subscribes; a channel new to the process counts as announced (what happened before is
+    // unknown), so the lock is asked about once more at once, and from then on waits for a real release.
+    attempt().await;
+    eventually_listening(&urls, key).await;
+    let first = tokio::time::timeout(PATIENCE, wakes.recv())
+        .await
+        .expect("the subscription wakes the lock once");
+    assert_eq!(first, Some(lock.clone()));
+    attempt().await;
+    assert_eq!(release_wakes.len(), 1, "one watch per queued permit, kept");
+    assert_eq!(
+        listening(&urls, key).await,
+        [1, 1, 1],
+        "still one listener per master"
+    );
+    assert!(wakes.try_recv().is_err(), "no wake before a release");
+
+    engine.release(&holder).await;
+    let woken = tokio::time::timeout(PATIENCE, wakes.recv())
+        .await
+        .expect("the release did not wake the queued lock");
+    assert_eq!(woken, Some(lock.clone()));
+    // Its next attempt is granted; the watch goes, and with it the listeners.
+    let heard = release_wakes.attempting(&permit, &engine, key);
+    assert!(heard.is_none(), "the permit's watch was kept for this attempt");
+    let lease = engine
+        .try_acquire_waiting(
+            key,
+            TTL,
+            LockValue::random("operator").expect("value"),
+            0,
+            Some(waiter),
+        )
+        .await
+        .expect("granted after the release");
+    release_wakes.forget(&permit);
+    assert!(release_wakes.is_empty());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while listening(&urls, key).await.iter().any(|count| *count > 0) {
+        assert!(Instant::now() < deadline, "still listening after the grant");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    engine.release(&lease).await;
+}

@@ -54,6 +54,8 @@ pub struct Context {
     pub(super) failures: Mutex<HashMap<String, u32>>,
     /// The tickets of locks waiting in their keys' fair queues.
     pub queue_tickets: crate::controller::lock::queue_tickets::QueueTickets,
+    /// Locks waiting in their keys' fair queues, woken when the key is released.
+    pub release_wakes: crate::controller::lock::release_wakes::ReleaseWakes,
     /// A lock as this replica's last status write left it, while one reconciliation writes its status several times
     /// in a row (a semaphore's permits, then what its policy shows: see `status_write::write_permit_status`).
     pub(crate) written: Mutex<HashMap<String, Arc<DistributedLock>>>,

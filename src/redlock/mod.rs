@@ -18,6 +18,7 @@ mod permits;
 mod quarantine;
 mod queue;
 mod quorum;
+mod release_watch;
 mod rules;
 mod schedule;
 mod script_call;
@@ -39,6 +40,7 @@ pub use outcome::{NodeOutcome, NodeReport, OperationReport, QuarantineOutlook, Q
 pub use quarantine::quarantine_until;
 pub use queue::{QUEUE_FALLBACK, QUEUE_KEEP, QUEUE_POLL, Waiter, keep_for};
 pub use quorum::quorum_of;
+pub use release_watch::{ReleaseMark, ReleaseWatch};
 pub(crate) use schedule::fence_time;
 pub use schedule::{KeepAction, next_keep_action, shortest_ttl};
 pub use scripts::{MAX_PERMITS, PERMIT_KEY_PREFIX, counter_key, permit_key, queue_keys, released_channel};

@@ -155,27 +155,40 @@ impl Interest {
     /// if they do not): a waiter at place p of a lock's queue needs p releases before it can be let through, and
     /// sleeps through the others' hand-overs instead of asking at each.
     pub(super) async fn woken(&mut self, bursts: u64) {
-        loop {
-            let heard_by_a_majority = {
-                let heard = self.receiver.borrow_and_update();
-                let mut fresh: Vec<u64> = heard
-                    .iter()
-                    .zip(&self.since)
-                    .map(|(now, then)| now.wrapping_sub(*then))
-                    .collect();
-                fresh.sort_unstable_by(|a, b| b.cmp(a));
-                fresh
-                    .get(self.wakes.quorum.saturating_sub(1))
-                    .copied()
-                    .unwrap_or(0)
-            };
-            if heard_by_a_majority >= bursts.max(1) {
-                return;
-            }
-            if self.receiver.changed().await.is_err() {
-                return std::future::pending().await;
+        self.wait(bursts).await;
+    }
+
+    /// [`Interest::woken`] as a future that owns what it needs, so that a task can wait while the interest (and
+    /// with it the subscription) stays with its owner, across several waits.
+    pub(super) fn wait(&self, bursts: u64) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut receiver = self.receiver.clone();
+        let since = self.since.clone();
+        let quorum = self.wakes.quorum;
+        async move {
+            loop {
+                let heard_by_a_majority = {
+                    let heard = receiver.borrow_and_update();
+                    let mut fresh: Vec<u64> = heard
+                        .iter()
+                        .zip(&since)
+                        .map(|(now, then)| now.wrapping_sub(*then))
+                        .collect();
+                    fresh.sort_unstable_by(|a, b| b.cmp(a));
+                    fresh.get(quorum.saturating_sub(1)).copied().unwrap_or(0)
+                };
+                if heard_by_a_majority >= bursts.max(1) {
+                    return;
+                }
+                if receiver.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
             }
         }
+    }
+
+    /// Whether this interest listens through `wakes` (an engine's).
+    pub(super) fn is_from(&self, wakes: &Arc<Wakes>) -> bool {
+        Arc::ptr_eq(&self.wakes, wakes)
     }
 }
 

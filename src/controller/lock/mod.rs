@@ -15,6 +15,7 @@ pub mod permit_status;
 pub mod policy;
 pub mod queue_tickets;
 pub mod reconcile;
+pub mod release_wakes;
 pub mod releasing;
 pub mod reports;
 pub mod settings;

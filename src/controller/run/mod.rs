@@ -210,6 +210,7 @@ pub async fn start(
         failures: Default::default(),
         written: Default::default(),
         queue_tickets: Default::default(),
+        release_wakes: Default::default(),
     });
     let server_task = listener.serve(
         metrics.clone(),

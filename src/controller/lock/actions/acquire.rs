@@ -29,7 +29,7 @@ use crate::controller::lock::status::{self, Blocked, Showing};
 use crate::controller::lock::status_write::write_permit_status;
 use crate::controller::lock::token::{EXHAUSTED_REASON, Exhausted, Places, exhausted_message};
 use crate::controller::lock::token_floor::record_name;
-use crate::negative_controls::{self, Control};
+use crate::negative_controls::{self, Baseline, Control};
 use crate::redlock::{AcquireError, ExtendError, FailureKind, Lease, NodeOutcome, OperationReport, Waiter};
 use crate::telemetry::metrics::OutcomeLabels;
 
@@ -274,15 +274,26 @@ async fn grant(
         ctx.secret.waiter_id(key, &uid, target.permit),
         ctx.queue_tickets.ticket(key),
     );
+    let engine = &target.engine.engine;
+    let permit = target.permit_ref();
+    let heard = ctx.release_wakes.attempting(&permit, engine, key);
     let started = Instant::now();
-    let result = target
-        .engine
-        .engine
+    let result = engine
         .try_acquire_waiting(key, target.settings.ttl, value, floor, Some(waiter))
         .await;
-    if let Err(AcquireError::NotAcquired { report, .. }) = &result {
-        ctx.queue_tickets
-            .remember(key, report.queue_place().as_ref(), report.highest_counter());
+    match &result {
+        Err(AcquireError::NotAcquired { report, .. }) => {
+            let place = report.queue_place();
+            ctx.queue_tickets
+                .remember(key, place.as_ref(), report.highest_counter());
+            match &place {
+                Some(place) if !negative_controls::baseline(Baseline::NoReleaseWakes) => ctx
+                    .release_wakes
+                    .queued(&permit, engine, key, heard, place, &ctx.keeper),
+                _ => ctx.release_wakes.forget(&permit),
+            }
+        }
+        _ => ctx.release_wakes.forget(&permit),
     }
     let outcome = match &result {
         Ok(_) => "acquired",

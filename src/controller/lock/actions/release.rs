@@ -138,6 +138,7 @@ pub async fn cleanup(lock: &DistributedLock, ctx: &Context) -> Result<Action, Er
     // A lock re-created under the same name starts from the key's floor record (and status), which every
     // grant updates before anything shows it: this replica's memory of the old object is not needed.
     ctx.keeper.forget_token(&lref);
+    ctx.release_wakes.forget_lock(&lref);
     Ok(Action::await_change())
 }
 
