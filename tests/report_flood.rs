@@ -121,11 +121,7 @@ async fn a_flood_of_forged_reports_costs_few_reviews_and_a_genuine_report_is_sti
     let masters = RedisCluster::start(3).expect("masters");
     let env = Env::test_server().await;
     let quorum = env.unique("q");
-    env.create_quorum_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
-        "spec": { "endpoints": masters.urls(), "maxTtl": "60s", "nodeTimeout": "100ms", "assumeDurable": true }
-    }))
-    .await;
+    env.create_durable_quorum(&quorum, &masters.urls(), "60s").await;
     let (running, shutdown) = operator(&env, &installation_secret(41), None).await;
     quorum_available(&env, &quorum).await;
     for pod in ["web-0", "web-1"] {

@@ -499,22 +499,7 @@ async fn a_lock_waiting_for_a_shared_key_keeps_its_place_in_the_fair_queue() {
         engine.release(&lease).await;
     });
     eventually("the command queued behind the partner lock", || async {
-        let (queue, _) = redlock_operator::redlock::queue_keys(key);
-        let mut queued = 0;
-        for url in masters.urls() {
-            let mut conn = redis::Client::open(url.as_str())
-                .ok()?
-                .get_multiplexed_async_connection()
-                .await
-                .ok()?;
-            let count: usize = redis::cmd("ZCARD")
-                .arg(&queue)
-                .query_async(&mut conn)
-                .await
-                .ok()?;
-            queued += usize::from(count == 2);
-        }
-        (queued >= 2).then_some(())
+        (masters_queueing(&masters, key, 2).await >= 2).then_some(())
     })
     .await;
 
@@ -537,5 +522,89 @@ async fn a_lock_waiting_for_a_shared_key_keeps_its_place_in_the_fair_queue() {
     command.await.expect("the command");
     stop(running, shutdown).await;
     partner.cleanup(&env).await;
+    env.cleanup(&[&quorum]).await;
+}
+
+/// How many masters hold `waiters` waiters in `key`'s fair queue.
+async fn masters_queueing(masters: &RedisCluster, key: &str, waiters: usize) -> usize {
+    let (queue, _) = redlock_operator::redlock::queue_keys(key);
+    let mut count = 0;
+    for url in masters.urls() {
+        let Ok(client) = redis::Client::open(url.as_str()) else {
+            continue;
+        };
+        let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+            continue;
+        };
+        let queued: redis::RedisResult<usize> = redis::cmd("ZCARD").arg(&queue).query_async(&mut conn).await;
+        count += usize::from(queued.is_ok_and(|queued| queued == waiters));
+    }
+    count
+}
+
+/// A lock deleted while it waits in its key's queue leaves the queue before its deletion completes (and says so
+/// to the waiters behind it), instead of holding them up until the masters stop keeping it. Read as soon as the
+/// object is gone: a majority no longer queues it. (Were the leave missing, a read later than the masters' keep
+/// would pass too; none can fail for timing.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_deleted_while_it_waits_leaves_the_keys_queue() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let quorum = env.unique("q");
+    env.create_durable_quorum(&quorum, &masters.urls(), "60s").await;
+    let (running, shutdown) = operator(&env, &installation_secret(7), None).await;
+    quorum_available(&env, &quorum).await;
+
+    // An outside holder has the lock's key (a plain lock's: namespace/name) for longer than the test.
+    let key = format!("{}/report", env.namespace);
+    let mut config = redlock_operator::redlock::RedlockConfig::from_urls(&masters.urls()).expect("config");
+    config.assume_durable = true;
+    config.max_ttl = std::time::Duration::from_secs(60);
+    config.node_timeout = std::time::Duration::from_millis(100);
+    let engine = redlock_operator::redlock::Redlock::connect(config)
+        .await
+        .expect("engine");
+    let holder = eventually("the outside holder takes the key", || async {
+        let once = redlock_operator::redlock::AcquireOptions {
+            attempts: Some(1),
+            ..Default::default()
+        };
+        engine
+            .acquire(&key, std::time::Duration::from_secs(60), "outside", once)
+            .await
+            .ok()
+    })
+    .await;
+    env.locks()
+        .create(
+            &PostParams::default(),
+            &identity_lock("report", &quorum, "ours", None),
+        )
+        .await
+        .expect("lock");
+    object_where(&env.locks(), "report", "the lock queued first", |lock| {
+        phase(lock) == Some(LockPhase::Contended)
+            && lock.status.as_ref().and_then(|status| status.queue_place) == Some(1)
+    })
+    .await;
+    eventually("a majority queueing the lock", || async {
+        (masters_queueing(&masters, &key, 1).await >= 2).then_some(())
+    })
+    .await;
+
+    env.locks()
+        .delete("report", &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually("the lock gone", || async {
+        env.locks().get_opt("report").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(
+        masters_queueing(&masters, &key, 0).await >= 2,
+        "the deleted lock is still queued on a majority"
+    );
+    engine.release(&holder).await;
+    stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }

@@ -88,7 +88,7 @@ async fn measure(rounds: usize, controls: &str) -> Result<Vec<f64>, BoxError> {
 }
 
 fn phase(lock: &DistributedLock) -> Option<LockPhase> {
-    lock.status.as_ref().and_then(|status| status.phase.clone())
+    lock.status.as_ref().and_then(|status| status.phase)
 }
 
 async fn wait_until<S>(events: &mut S, done: impl Fn(&DistributedLock) -> bool) -> Result<(), BoxError>

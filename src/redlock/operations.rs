@@ -222,6 +222,18 @@ impl Redlock {
         tokio::spawn(async move { engine.leave_queue(&resource, waiter, value, wake).await });
     }
 
+    /// Takes `waiter` out of `resource`'s queue for good (a `DistributedLock` deleted while it waited), announced
+    /// when it was at the head: the waiter behind asks at once, instead of once the masters stop keeping this one
+    /// (an expiry is never announced).
+    pub async fn leave_waiting(&self, resource: &str, waiter: Waiter) {
+        match LockValue::random("leaving") {
+            Ok(value) => self.leave_queue(resource, Some(waiter), value, 1).await,
+            Err(err) => {
+                tracing::debug!(%err, "no value to leave the queue with; the masters drop the waiter in time")
+            }
+        }
+    }
+
     /// Takes `waiter` out of `resource`'s queue, decided at a majority (a waiter that gives up, before its
     /// caller moves on or exits); the masters still on their way finish in the background, as a release's do.
     /// A leave from one of the first `wake` places is announced.

@@ -279,6 +279,16 @@ impl Env {
         .await
     }
 
+    /// A quorum of fresh masters that vote at once (`assumeDurable`: no restart quarantine, which would last
+    /// `max_ttl`), for tests whose holders need a long TTL.
+    pub async fn create_durable_quorum(&self, name: &str, urls: &[String], max_ttl: &str) -> RedisQuorum {
+        self.create_quorum_from(serde_json::json!({
+            "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": name },
+            "spec": { "endpoints": urls, "maxTtl": max_ttl, "nodeTimeout": "100ms", "assumeDurable": true }
+        }))
+        .await
+    }
+
     /// A quorum whose locks in every namespace share keys (`sharedKeys`): what locks sharing a key across
     /// namespaces or clusters need.
     pub async fn create_sharing_quorum(&self, name: &str, urls: &[String], max_ttl: &str) -> RedisQuorum {

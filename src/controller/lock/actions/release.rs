@@ -1,5 +1,6 @@
 //! Releasing a lock's key: when the spec wants another holder, when a Job finished, when the lock is deleted.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube::ResourceExt;
@@ -11,7 +12,7 @@ use super::handover::{give_up, give_up_kept, rebuilt};
 use super::{Target, stamp_now};
 use crate::api::DistributedLock;
 use crate::controller::context::Context;
-use crate::controller::engines::QuorumLookup;
+use crate::controller::engines::{QuorumEngine, QuorumLookup};
 use crate::controller::error::Error;
 use crate::controller::keeper::{HeldView, PermitRef};
 use crate::controller::lock::decide::acquisition_in_status;
@@ -19,7 +20,7 @@ use crate::controller::lock::permit_status::{permit_span, status_of};
 use crate::controller::lock::settings::redis_key;
 use crate::controller::lock::status;
 use crate::controller::lock::status_write::write_permit_status;
-use crate::redlock::{OperationReport, permit_key};
+use crate::redlock::{OperationReport, Waiter, permit_key};
 
 /// Stops keeping the lock and deletes its key where it is still ours. Only the active replica releases: one that
 /// lost its leadership leaves the lock to the keeper (which may still extend it) and to its successor.
@@ -118,7 +119,10 @@ pub async fn cleanup(lock: &DistributedLock, ctx: &Context) -> Result<Action, Er
         let held = PermitRef::new(lref.clone(), permit);
         let released = match ctx.keeper.view(&held) {
             Some(view) => release_held(ctx, &held, Some(&view.quorum)).await,
-            None => release_from_status(lock, permit, ctx).await?,
+            None => {
+                leave_queue(lock, permit, ctx).await;
+                release_from_status(lock, permit, ctx).await?
+            }
         };
         // Nothing to say where the key was released already (after the validity shown to its holder) or expired.
         if let Some(report) = released.filter(|report| report.votes() > 0) {
@@ -154,25 +158,51 @@ pub async fn release_from_status(
     let Some((holder, token)) = acquisition_in_status(&status) else {
         return Ok(None);
     };
-    let QuorumLookup::Ready(engine) = ctx.engines.lookup(&lock.spec.quorum) else {
+    let Some((engine, key)) = engine_and_key(lock, permit, ctx) else {
         return Ok(None);
     };
-    // The key as every acquisition makes it (scoped by the namespace, or under the quorum's shared prefix): a
-    // spec that no longer makes one was not acted on, and its key expires on its own.
-    let namespace = lock.namespace().unwrap_or_default();
-    let Ok(lock_key) = redis_key(
-        &lock.spec,
-        &namespace,
-        &lock.name_any(),
-        engine.shared_keys.as_ref(),
-    ) else {
-        return Ok(None);
-    };
-    let key = permit_key(&lock_key, permit);
     let value = ctx
         .secret
         .lock_value(&key, &lock.uid().unwrap_or_default(), token, holder)?;
     Ok(Some(engine.engine.release_value(&key, value).await))
+}
+
+/// The engine of the lock's quorum and `permit`'s key as every acquisition makes it (scoped by the namespace, or
+/// under the quorum's shared prefix); `None` without an engine, or for a spec that no longer makes a key (it was
+/// not acted on, and its key expires on its own).
+fn engine_and_key(lock: &DistributedLock, permit: u32, ctx: &Context) -> Option<(Arc<QuorumEngine>, String)> {
+    let QuorumLookup::Ready(engine) = ctx.engines.lookup(&lock.spec.quorum) else {
+        return None;
+    };
+    let namespace = lock.namespace().unwrap_or_default();
+    let lock_key = redis_key(
+        &lock.spec,
+        &namespace,
+        &lock.name_any(),
+        engine.shared_keys.as_ref(),
+    )
+    .ok()?;
+    let key = permit_key(&lock_key, permit);
+    Some((engine, key))
+}
+
+/// A permit this replica saw waiting in its key's queue leaves it, so that the waiter behind is let through at
+/// once rather than once the masters stop keeping this one.
+async fn leave_queue(lock: &DistributedLock, permit: u32, ctx: &Context) {
+    let Some((engine, key)) = engine_and_key(lock, permit, ctx) else {
+        return;
+    };
+    let ticket = ctx.queue_tickets.ticket(&key);
+    if ticket <= 0 {
+        return;
+    }
+    let waiter = Waiter::new(
+        ctx.secret
+            .waiter_id(&key, &lock.uid().unwrap_or_default(), permit),
+        ticket,
+    );
+    engine.engine.leave_waiting(&key, waiter).await;
+    ctx.queue_tickets.forget(&key);
 }
 
 async fn show_released(ctx: &Context, target: &Target<'_>, message: &str) -> Result<bool, Error> {
