@@ -36,7 +36,7 @@ export REDLOCK_RBAC_RECORD_DIR="$PWD/target/rbac-requests"
 rm -rf "$REDLOCK_RBAC_RECORD_DIR"
 log=target/test-output.log
 # The end-to-end suites, run again below against other kinds of API.
-e2e_tests=(--test operator --test operator_faults --test leader --test jobs --test tenancy --test fencing_tokens --test cel_cases --test readme_local_path)
+e2e_tests=(--test operator --test operator_faults --test leader --test jobs --test tenancy --test fencing_tokens --test cel_cases --test readme_local_path --test fenced_objects)
 cargo test --locked 2>&1 | tee "$log"
 # The end-to-end tests once more against the test API server in its realistic mode: jittered latency on every
 # request and watch event, late initial lists of Jobs and pods, watches that end or expire (410) and relist.
