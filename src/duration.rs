@@ -76,12 +76,15 @@ fn parse_go(text: &str) -> Result<(bool, u64), ParseError> {
         return Err(not_a_duration());
     }
     const LIMIT: u64 = 1 << 63;
+    // Past 2^63: kept on with `LIMIT + 1` to the end of the text, so that one not in the grammar is called that
+    // (as the schema's pattern calls it) rather than too long.
     let mut total: u64 = 0;
     while !rest.is_empty() {
         if !rest.starts_with(|c: char| c == '.' || c.is_ascii_digit()) {
             return Err(not_a_duration());
         }
-        let (whole, after_whole) = leading_int(rest).ok_or_else(|| too_long(text))?;
+        let (whole, after_whole) = leading_int(rest);
+        let whole = whole.unwrap_or(LIMIT + 1);
         let has_whole = after_whole.len() != rest.len();
         rest = after_whole;
         let (mut fraction, mut scale, mut has_fraction) = (0, 1.0, false);
@@ -108,38 +111,35 @@ fn parse_go(text: &str) -> Result<(bool, u64), ParseError> {
                 "`{text}`: unknown unit `{unit}`; the units are ns, us (or µs), ms, s, m and h"
             )));
         };
-        if whole > LIMIT / unit_nanos {
-            return Err(too_long(text));
-        }
-        let mut part = whole * unit_nanos;
+        let mut part = whole
+            .checked_mul(unit_nanos)
+            .filter(|part| *part <= LIMIT)
+            .unwrap_or(LIMIT + 1);
         if fraction > 0 {
             // As Go does it: a float64 is exact enough to the nanosecond for fractions of an hour, and truncating
             // its product is what makes `1.0000000001s` one second here and in the API server alike.
             let fraction_nanos = (fraction as f64 * (unit_nanos as f64 / scale)) as u64;
-            part = part
-                .checked_add(fraction_nanos)
-                .filter(|part| *part <= LIMIT)
-                .ok_or_else(|| too_long(text))?;
+            part = part.saturating_add(fraction_nanos);
         }
-        total = total
-            .checked_add(part)
-            .filter(|total| *total <= LIMIT)
-            .ok_or_else(|| too_long(text))?;
+        total = total.saturating_add(part).min(LIMIT + 1);
+    }
+    if total > LIMIT {
+        return Err(too_long(text));
     }
     Ok((negative, total))
 }
 
-/// Go's `leadingInt`: the leading digits of `text` as a number, and what follows them; `None` past 2^63.
-fn leading_int(text: &str) -> Option<(u64, &str)> {
+/// Go's `leadingInt`: the leading digits of `text` as a number (`None` past 2^63), and what follows them.
+fn leading_int(text: &str) -> (Option<u64>, &str) {
     let digits = text.bytes().take_while(u8::is_ascii_digit).count();
-    let mut value: u64 = 0;
+    let mut value = Some(0u64);
     for digit in text[..digits].bytes() {
         value = value
-            .checked_mul(10)?
-            .checked_add(u64::from(digit - b'0'))
-            .filter(|value| *value <= 1 << 63)?;
+            .and_then(|value| value.checked_mul(10))
+            .and_then(|value| value.checked_add(u64::from(digit - b'0')))
+            .filter(|value| *value <= 1 << 63);
     }
-    Some((value, &text[digits..]))
+    (value, &text[digits..])
 }
 
 /// Go's `leadingFraction`: the digits after the point as a number and the power of ten that scales it, and what
@@ -335,6 +335,36 @@ mod tests {
         assert!(message("2562048h").contains("too long"));
         assert_eq!(parse("2562048h"), Err(ParseError::TooLong("2562048h".into())));
         assert!(message("soon").contains("not a duration"));
+    }
+
+    /// Found by the fuzz tests: a number too large for Go was called too long before the rest of the text was
+    /// read, so a text the schema's pattern refuses (no unit, an unknown one, a stray character after it) got the
+    /// range message instead of what is wrong with it.
+    #[test]
+    fn a_text_outside_the_grammar_is_invalid_however_large_its_numbers() {
+        for text in [
+            "99999999999999999999",
+            "99999999999999999999x",
+            "99999999999999999999s1d",
+            "9223372036854775808ns-",
+            "2562048h ",
+            "2562048h1",
+            "1.5h99999999999999999999",
+        ] {
+            assert!(
+                matches!(parse(text), Err(ParseError::Invalid(_))),
+                "{text:?}: {:?}",
+                parse(text)
+            );
+        }
+        for text in [
+            "99999999999999999999s",
+            "2562048h",
+            "9223372036854775807ns1ns",
+            "1s99999999999999999999h",
+        ] {
+            assert_eq!(parse(text), Err(ParseError::TooLong(text.into())), "{text:?}");
+        }
     }
 
     /// The schema's pattern and the parser take the same strings (less those too long for 64-bit nanoseconds,

@@ -5,6 +5,8 @@ pub mod api;
 pub mod cli;
 pub mod controller;
 pub mod duration;
+#[cfg(test)]
+mod fuzz_support;
 pub mod negative_controls;
 pub mod redlock;
 pub mod telemetry;

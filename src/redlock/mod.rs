@@ -8,6 +8,8 @@ mod client;
 mod config;
 mod error;
 mod fan_out;
+#[cfg(test)]
+mod fuzz;
 mod info;
 mod keeper;
 mod lease;

@@ -33,7 +33,7 @@ use super::value::LockValue;
 
 /// What one master answered an attempt on several permits.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Answer {
+pub(super) enum Answer {
     /// It took this candidate (an index into the attempt's candidates).
     Granted(usize),
     /// This candidate was free, but its counter is not below the proposal.
@@ -559,7 +559,7 @@ fn release_any(node: Arc<Node>, keys: Vec<Arc<str>>, value: LockValue) -> BoxFut
 }
 
 /// What the acquire-any script answered, for an attempt with `count` candidates.
-fn interpret_any(reply: Value, count: usize) -> Answer {
+pub(super) fn interpret_any(reply: Value, count: usize) -> Answer {
     let candidate = |value: &Value| match value {
         Value::Int(position) => usize::try_from(*position)
             .ok()

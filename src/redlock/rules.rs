@@ -15,7 +15,7 @@ use super::queue::Waiter;
 use super::value::LockValue;
 
 /// An operation on one key, as the scripts take it.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub(super) enum Op {
     Acquire {
         ttl_ms: u64,
