@@ -152,6 +152,18 @@ impl OperationReport {
             .count()
     }
 
+    /// Whether the masters that voted, with those whose answer is unknown (unreachable, or not waited for once the
+    /// operation was decided), could still make a majority: then the key may still hold the value on a majority,
+    /// and nobody else can take it either.
+    pub fn could_still_be_held(&self) -> bool {
+        let unknown = self
+            .nodes
+            .iter()
+            .filter(|node| node.outcome.is_unreachable() || node.outcome == NodeOutcome::Pending)
+            .count();
+        self.votes().saturating_add(unknown) >= self.quorum
+    }
+
     /// "2 timed out, 1 quarantined": why masters did not vote, for error messages.
     pub fn unreachable_summary(&self) -> String {
         self.unreachable_counts(true)
@@ -299,5 +311,38 @@ impl fmt::Display for OperationReport {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(outcomes: &[NodeOutcome]) -> OperationReport {
+        OperationReport {
+            nodes: outcomes
+                .iter()
+                .enumerate()
+                .map(|(index, outcome)| NodeReport {
+                    endpoint: format!("redis://m{index}"),
+                    outcome: outcome.clone(),
+                    latency: None,
+                })
+                .collect(),
+            elapsed: Duration::ZERO,
+            quorum: outcomes.len() / 2 + 1,
+        }
+    }
+
+    #[test]
+    fn masters_not_waited_for_count_as_unknown_like_unreachable_ones() {
+        use NodeOutcome::*;
+        // Decided once a majority could no longer extend: the one not waited for may hold the value too.
+        assert!(report(&[Granted, Timeout, NotHeld, NotHeld, Pending]).could_still_be_held());
+        assert!(report(&[Granted, Pending, Pending, NotHeld, NotHeld]).could_still_be_held());
+        assert!(report(&[Granted, Timeout, Timeout, NotHeld, NotHeld]).could_still_be_held());
+        // A majority answered that the key is not there: it is gone.
+        assert!(!report(&[Granted, NotHeld, NotHeld, NotHeld, Pending]).could_still_be_held());
+        assert!(!report(&[NotHeld, NotHeld, Timeout]).could_still_be_held());
     }
 }

@@ -126,9 +126,9 @@ pub async fn resume_fenced(
             jobs.resume(ctx, job, token).await?;
             Ok(Action::requeue(RESYNC))
         }
-        // Too few masters answered to tell: the masters that hold the value or did not answer could still make
-        // a majority. Nobody else can take the lock meanwhile either, so try again rather than give the token up.
-        Err(ExtendError::NoQuorum { report }) if report.votes() + report.unreachable() >= report.quorum => {
+        // Too few masters answered to tell: the masters that hold the value or did not answer (unreachable, or
+        // not waited for once the take-back was decided) could still make a majority. Nobody else can take the lock meanwhile either, so try again rather than give the token up.
+        Err(ExtendError::NoQuorum { report }) if report.could_still_be_held() => {
             tracing::info!(job, token, %report, "the fenced Job's lock cannot be taken back yet");
             Ok(Action::requeue(Duration::from_secs(1)))
         }
