@@ -92,7 +92,7 @@ impl ReleaseWakes {
         let now = Instant::now();
         let mut waiting = self.waiting();
         waiting.retain(|_, entry| now.duration_since(entry.renewed) < STALE_AFTER);
-        let entry = match waiting.remove(permit) {
+        let mut entry = match waiting.remove(permit) {
             Some(entry) if entry.watch.watches(engine, key) => entry,
             _ => {
                 let Some(watch) = engine.watch_releases(key, heard) else {
@@ -112,7 +112,6 @@ impl ReleaseWakes {
             tracing::debug!(lock = %lock, "the key was released: asking again now");
             keeper.wake(lock);
         });
-        let mut entry = entry;
         if let Some(previous) = entry.task.replace(task.abort_handle()) {
             previous.abort();
         }
