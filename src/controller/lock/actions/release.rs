@@ -192,7 +192,10 @@ async fn leave_queue(lock: &DistributedLock, permit: u32, ctx: &Context) {
     let Some((engine, key)) = engine_and_key(lock, permit, ctx) else {
         return;
     };
+    // Forgotten whether it waited or not: a refusal without a place leaves the counter it reported, and a deleted
+    // lock's entry would otherwise stay for the life of the process.
     let ticket = ctx.queue_tickets.ticket(&key);
+    ctx.queue_tickets.forget(&key);
     if ticket <= 0 {
         return;
     }
@@ -202,7 +205,6 @@ async fn leave_queue(lock: &DistributedLock, permit: u32, ctx: &Context) {
         ticket,
     );
     engine.engine.leave_waiting(&key, waiter).await;
-    ctx.queue_tickets.forget(&key);
 }
 
 async fn show_released(ctx: &Context, target: &Target<'_>, message: &str) -> Result<bool, Error> {
