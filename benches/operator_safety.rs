@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use product_safety::Scenario;
 use product_safety::nemesis::Forced;
-use product_safety::{controls, guard_controls, semaphore};
+use product_safety::{controls, fenced, guard_controls, semaphore};
 use redlock_operator::negative_controls::Control;
 
 fn main() {
@@ -111,6 +111,7 @@ fn main() {
                 semaphore::miscounting_client(Scenario::seed_from_env()).await,
                 guard_controls::unguarded_jobs(Scenario::seed_from_env()).await,
                 guard_controls::report_before_stop(Scenario::seed_from_env()).await,
+                fenced::paused_holder(Scenario::seed_from_env()).await,
             ] {
                 total += 1;
                 detected += usize::from(outcome.caught());

@@ -46,8 +46,11 @@ enum Failure {
 async fn main() -> ExitCode {
     let args = Args::parse();
     match write(&args).await {
-        Ok(token) => {
-            println!("configmap {} written with fencing token {token}", args.config_map);
+        Ok((token, resource_version)) => {
+            println!(
+                "configmap {} written with fencing token {token} (resourceVersion {resource_version})",
+                args.config_map
+            );
             ExitCode::SUCCESS
         }
         Err(Failure::Refused(message)) => {
@@ -61,8 +64,8 @@ async fn main() -> ExitCode {
     }
 }
 
-/// One fenced write; returns the token it was written with.
-async fn write(args: &Args) -> Result<u64, Failure> {
+/// One fenced write; returns the token it was written with and the object's resourceVersion after it.
+async fn write(args: &Args) -> Result<(u64, String), Failure> {
     let client = Client::try_default().await.map_err(|error| {
         Failure::Other(format!(
             "no Kubernetes client (in-cluster or kubeconfig): {error}"
@@ -86,7 +89,7 @@ async fn write(args: &Args) -> Result<u64, Failure> {
         .patch(&args.config_map, &PatchParams::default(), &Patch::Merge(patch))
         .await
     {
-        Ok(_) => Ok(token),
+        Ok(written) => Ok((token, written.metadata.resource_version.unwrap_or_default())),
         Err(kube::Error::Api(status)) if status.code == 403 => Err(Failure::Refused(status.message)),
         Err(error) => Err(Failure::Other(format!(
             "writing configmap {namespace}/{}: {error}",

@@ -49,6 +49,12 @@ REDLOCK_E2E_REALISTIC=1 cargo test --locked --no-fail-fast "${e2e_tests[@]}" 2>&
 # docs/contributing/testing.md); a real single-node Kubernetes started here from ../shared/k8s-node
 # (REDLOCK_K8S_NODE_KIT), when it is beside the checkout and this runs as root; otherwise a stand-in cluster.
 node_kit=${REDLOCK_K8S_NODE_KIT:-$PWD/../shared/k8s-node}
+# Issue 40's proof on a real API server: the product checker's fenced mode, a holder paused past its validity
+# refused by the chart's fenced-objects policy, and its negative control without the policy.
+fenced_proof() { # KUBECONFIG
+  echo "==> the paused holder against a real API server's fenced-objects policy"
+  REDLOCK_E2E_KUBECONFIG="$1" cargo test --locked --test operator_safety paused 2>&1 | tee -a "$log"
+}
 in_cluster_suite() { # KUBECONFIG
   echo "==> the in-cluster suite"
   REDLOCK_E2E_KUBECONFIG="$1" cargo test --locked --test in_cluster -- --ignored --test-threads=1 2>&1 | tee -a "$log"
@@ -56,6 +62,7 @@ in_cluster_suite() { # KUBECONFIG
 if [ -n "${REDLOCK_E2E_KUBECONFIG:-}" ]; then
   echo "==> end-to-end tests against the cluster of REDLOCK_E2E_KUBECONFIG"
   cargo test --locked "${e2e_tests[@]}" 2>&1 | tee -a "$log"
+  fenced_proof "$REDLOCK_E2E_KUBECONFIG"
   [ "${REDLOCK_E2E_IN_CLUSTER:-1}" = 0 ] || in_cluster_suite "$REDLOCK_E2E_KUBECONFIG"
 elif [ -x "$node_kit/start.sh" ] && [ "$(id -u)" -eq 0 ]; then
   phase_start=$SECONDS
@@ -73,6 +80,7 @@ elif [ -x "$node_kit/start.sh" ] && [ "$(id -u)" -eq 0 ]; then
   K8S_NODE_KIT=$node_kit scripts/build-images.sh target/images --binary "$operator_binary" --load "$node_dir" >/dev/null
   echo "==> end-to-end tests against the real node"
   REDLOCK_E2E_KUBECONFIG="$kubeconfig" cargo test --locked "${e2e_tests[@]}" 2>&1 | tee -a "$log"
+  fenced_proof "$kubeconfig"
   in_cluster_suite "$kubeconfig"
   "$node_kit/stop.sh" "$node_dir" >target/k8s-node-stop.log 2>&1
   trap - EXIT

@@ -11,12 +11,11 @@ use std::path::{Path, PathBuf};
 
 use e2e::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::core::ObjectMeta;
 use redlock_operator::api::LockPhase;
 use redlock_operator::controller::run::Running;
+use support::fenced_policy::{example_binary, install_policy, remove_policy};
 use support::redis_server::RedisCluster;
 use tokio_util::sync::CancellationToken;
 
@@ -24,79 +23,6 @@ const TTL: &str = "2s";
 const MAX_TTL: &str = "2s";
 const FENCED_BY: &str = "redlock.io/fenced-by";
 const TOKEN: &str = "redlock.io/fencing-token";
-
-/// `helm` from target/tools/bin, installed there by scripts/install-tools.sh when missing.
-fn helm(root: &Path) -> PathBuf {
-    let helm = root.join("target/tools/bin/helm");
-    if !helm.exists() {
-        let status = std::process::Command::new(root.join("scripts/install-tools.sh"))
-            .arg("helm")
-            .status()
-            .expect("scripts/install-tools.sh runs");
-        assert!(status.success(), "scripts/install-tools.sh helm failed");
-    }
-    helm
-}
-
-/// The chart's fenced-objects policy and binding as `helm template` renders them for `release`.
-fn rendered_policy(release: &str) -> Vec<serde_json::Value> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let output = std::process::Command::new(helm(root))
-        .args(["template", release])
-        .arg(root.join("charts/redlock-operator"))
-        .args([
-            "--namespace",
-            release,
-            "--show-only",
-            "templates/fenced-objects-policy.yaml",
-        ])
-        .output()
-        .expect("helm template runs");
-    assert!(
-        output.status.success(),
-        "helm template: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = String::from_utf8(output.stdout).expect("UTF-8");
-    text.split("\n---")
-        .filter_map(|document| serde_yaml_ng::from_str::<serde_json::Value>(document).ok())
-        .filter(serde_json::Value::is_object)
-        .collect()
-}
-
-fn api_of(env: &Env, object: &serde_json::Value) -> (Api<DynamicObject>, String) {
-    let kind = object["kind"].as_str().expect("kind");
-    let plural = match kind {
-        "ValidatingAdmissionPolicy" => "validatingadmissionpolicies",
-        "ValidatingAdmissionPolicyBinding" => "validatingadmissionpolicybindings",
-        other => panic!("unexpected {other} in the template"),
-    };
-    let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
-    let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
-    let name = object["metadata"]["name"].as_str().expect("name").to_owned();
-    (Api::all_with(env.client.clone(), &resource), name)
-}
-
-/// Installs the rendered policy and binding; returns them, to remove them afterwards.
-async fn install_policy(env: &Env, release: &str) -> Vec<serde_json::Value> {
-    let objects = rendered_policy(release);
-    assert_eq!(objects.len(), 2, "a policy and its binding: {objects:?}");
-    for object in &objects {
-        let (api, _) = api_of(env, object);
-        let dynamic: DynamicObject = serde_json::from_value(object.clone()).expect("object");
-        api.create(&PostParams::default(), &dynamic)
-            .await
-            .expect("create the policy or its binding");
-    }
-    objects
-}
-
-async fn remove_policy(env: &Env, objects: &[serde_json::Value]) {
-    for object in objects {
-        let (api, name) = api_of(env, object);
-        let _ = api.delete(&name, &DeleteParams::default()).await;
-    }
-}
 
 fn config_map(name: &str, fenced_by: Option<&str>) -> ConfigMap {
     ConfigMap {
@@ -171,7 +97,7 @@ impl Fenced {
         let env = Env::new().await;
         let quorum = env.unique("q");
         env.create_quorum(&quorum, &masters.urls(), MAX_TTL).await;
-        let policy = install_policy(&env, &env.namespace).await;
+        let policy = install_policy(&env.client, &env.namespace).await;
         let operator = operator(&env, &installation_secret(40), None).await;
         quorum_available(&env, &quorum).await;
         env.create_lock("work", &quorum, "team-a", TTL).await;
@@ -244,7 +170,7 @@ impl Fenced {
     async fn stop(self) {
         let (running, shutdown) = self.operator;
         stop(running, shutdown).await;
-        remove_policy(&self.env, &self.policy).await;
+        remove_policy(&self.env.client, &self.policy).await;
         self.env.cleanup(&[&self.quorum]).await;
     }
 }
@@ -346,33 +272,6 @@ async fn a_fenced_object_refuses_writes_with_a_stale_or_missing_fencing_token() 
         let _ = namespaces.delete(&lockless, &DeleteParams::default()).await;
     }
     fenced.stop().await;
-}
-
-/// The kube-rs example's binary. `CARGO_BIN_EXE_*` names `[[bin]]`s only, and `cargo test --test fenced_objects`
-/// builds no example (a whole `cargo test` does): the cargo running this test builds it (nothing to do when it is
-/// current) and says where it is, whatever the target directory or profile.
-fn example_binary(name: &str) -> PathBuf {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let output = std::process::Command::new(cargo)
-        .args([
-            "build",
-            "--locked",
-            "--quiet",
-            "--message-format=json-render-diagnostics",
-            "--example",
-            name,
-        ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .expect("cargo runs");
-    assert!(output.status.success(), "cargo build --example {name} failed");
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .find(|message| message["reason"] == "compiler-artifact" && message["target"]["name"] == name)
-        .and_then(|artifact| artifact["executable"].as_str().map(PathBuf::from))
-        .unwrap_or_else(|| panic!("cargo named no executable for the example {name}"))
 }
 
 /// A Python with the official Kubernetes client, in a venv that scripts/install-tools.sh makes under target/tools

@@ -271,6 +271,61 @@ async fn the_checker_catches_a_report_sent_before_the_work_stopped() {
     .await;
 }
 
+/// Issue 40's proof: the protected resource as a real fenced object behind the chart's policy. A holder (a `lock`
+/// process and its child, which writes the object with the kube-rs example client) is paused past its validity
+/// with SIGSTOP; another takes the key and writes; the paused child, continued, writes with its old token, and the
+/// API server refuses it. The checker finds nothing, and the refusal is the paused holder's own write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_paused_past_its_validity_is_refused_by_the_api_server() {
+    use product_safety::fenced::{Policy, paused_holder_run};
+    let seed = Scenario::seed_from_env();
+    let (report, pauses) = paused_holder_run(seed, Policy::Installed, 2).await;
+    println!("seed {seed}: {report}");
+    assert!(report.is_safe(), "seed {seed}: {report}");
+    let shown: Vec<_> = pauses
+        .iter()
+        .filter(|pause| pause.successor.is_some() && pause.write_after.is_some())
+        .collect();
+    assert!(
+        !shown.is_empty(),
+        "seed {seed}: no pause had a successor's write and the paused holder's next write: {pauses:?}"
+    );
+    for pause in shown {
+        assert!(
+            pause.write_after.as_ref().is_some_and(|write| !write.accepted),
+            "seed {seed}: {pause}"
+        );
+    }
+    assert!(report.writes_refused >= 1, "seed {seed}: {report}");
+}
+
+/// Its negative control: the same run without the policy. The paused holder's write is accepted over its
+/// successor's, and the checker (which reads the API server's order of the writes) must catch it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checker_catches_a_paused_holders_write_without_the_fenced_objects_policy() {
+    use product_safety::fenced::{Policy, paused_holder_run};
+    let (_, outcome) = caught(|seed| async move {
+        let (broken, pauses) = paused_holder_run(seed, Policy::Absent, 2).await;
+        for pause in &pauses {
+            println!("{pause}");
+        }
+        Outcome {
+            name: "no-fenced-objects-policy",
+            broken,
+            clean: None,
+        }
+    })
+    .await;
+    assert!(
+        outcome
+            .broken
+            .stale_writes_accepted
+            .iter()
+            .all(|stale| stale.later.holder.starts_with("outside/")),
+        "{outcome}"
+    );
+}
+
 /// What the checker found, as a run built to show it (it fails without the fix).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_leader_lock_stops_its_leader_before_another_cluster_leads() {

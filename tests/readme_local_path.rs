@@ -5,6 +5,11 @@
 //! 7002, 7003 and 8080, the kubeconfig, and the test build's `redlock-operator` on PATH. The operator block runs
 //! in the background ("a second terminal") and gets SIGINT before the block marked "after Ctrl-C".
 //!
+//! While the README's lock is held (before its "delete" block), the tutorial that continues the path,
+//! docs/tutorials/pause-a-holder.md, runs the same way: its marked blocks in order, terminal A's in the background,
+//! Ctrl-Z as a terminal sends it (SIGTSTP to the block's process group) and `fg` as SIGCONT. Its only substitution
+//! is the masters' ports.
+//!
 //! The masters the README starts are daemons (`--daemonize yes`), not children of the test: the README's own
 //! last block shuts them down, and if the test fails before that, a guard shuts down each one it saw start (by
 //! its run id, so that nothing else listening on a reused port is touched), and kills the operator.
@@ -66,7 +71,7 @@ fn marked_blocks(readme: &str) -> Vec<Block> {
 
 /// The README's ports replaced by free ones, each of which must occur (a substitution that silently no longer
 /// applies would let the test use the README's fixed ports).
-fn substitute(blocks: &mut [Block], ports: &[u16; 4]) {
+fn substitute(blocks: &mut [Block], ports: &[u16]) {
     for (fixed, free) in README_PORTS.iter().zip(ports) {
         let used = blocks.iter().any(|block| block.script.contains(fixed));
         assert!(
@@ -358,6 +363,9 @@ fn the_readme_local_path_works_as_written() {
         .count();
     assert!(holding >= 2, "a majority holds the key {key}: {holding} of 3");
 
+    // The tutorial that continues the path, while the README's lock is held.
+    pause_a_holder_tutorial(&mut shell, &ports[..3]);
+
     // 4. Deleted while the operator runs: its finalizer releases the key on every master.
     shell.run(delete);
     eventually("the key released on every master", SETTLE_DEADLINE, || {
@@ -402,5 +410,85 @@ fn namespace(shell: &Shell) -> String {
         "default".into()
     } else {
         namespace
+    }
+}
+
+/// docs/tutorials/pause-a-holder.md, as written: the policy and the fenced object; terminal A's holder writing
+/// every second; Ctrl-Z; terminal B's holder taking the key once it expired and writing with a higher token;
+/// terminal A's next writes refused by the API server; the object showing the second holder's write; `fg`, and
+/// terminal A's `lock` stopping its command and exiting 76 (lock lost); the clean-up.
+fn pause_a_holder_tutorial(shell: &mut Shell, master_ports: &[u16]) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    support::fenced_policy::helm(root);
+    let text = std::fs::read_to_string(root.join("docs/tutorials/pause-a-holder.md")).expect("the tutorial");
+    let mut blocks = marked_blocks(&text);
+    let marks: Vec<&str> = blocks.iter().map(|block| block.mark.as_str()).collect();
+    assert_eq!(
+        marks,
+        [
+            "run",
+            "run",
+            "run in terminal A",
+            "run in terminal B",
+            "run in terminal B",
+            "run"
+        ],
+        "the marked blocks of the tutorial"
+    );
+    substitute(&mut blocks, master_ports);
+    let [policy, objects, first, second, shown, clean_up] = &blocks[..] else {
+        unreachable!("six blocks, checked above")
+    };
+    shell.run(policy);
+    // Removed whatever happens next: the policy is cluster-wide, and a real cluster outlives this test.
+    let _policy_guard = PolicyGuard(shell.command(&clean_up.script));
+    shell.run(objects);
+
+    let log = shell.dir.join("terminal-a.log");
+    let mut terminal_a = shell.spawn(first, &log);
+    let group = Pid::from_raw(i32::try_from(terminal_a.id()).expect("pid"));
+    eventually("terminal A writes the object", STEP_DEADLINE, || {
+        read(&log).contains("configmap/report patched")
+    });
+    // Ctrl-Z: the terminal's foreground job is the block's process group (`lock` and the shell running it; the
+    // command `lock` started is in a group of its own).
+    killpg(group, Signal::SIGTSTP).expect("SIGTSTP");
+    let refusals_before = read(&log).matches("is stale").count();
+    assert_eq!(
+        refusals_before,
+        0,
+        "nothing refused before a second holder: {}",
+        read(&log)
+    );
+
+    shell.run(second);
+    eventually("terminal A's next write refused", STEP_DEADLINE, || {
+        read(&log).contains("is stale")
+    });
+    let object = shell.run(shown);
+    assert!(
+        object.trim_start().starts_with("second "),
+        "the object keeps the second holder's write: {object}\n--- terminal A\n{}",
+        read(&log)
+    );
+
+    // `fg`.
+    killpg(group, Signal::SIGCONT).expect("SIGCONT");
+    let status = wait_for(&mut terminal_a, STEP_DEADLINE);
+    assert_eq!(
+        status.and_then(|status| status.code()),
+        Some(76),
+        "terminal A's `lock` exits 76 (lock lost) once continued: {}",
+        read(&log)
+    );
+    shell.run(clean_up);
+}
+
+/// Runs the tutorial's clean-up when dropped, in case a step failed before the tutorial's own.
+struct PolicyGuard(Command);
+
+impl Drop for PolicyGuard {
+    fn drop(&mut self) {
+        let _ = self.0.stdout(Stdio::null()).stderr(Stdio::null()).status();
     }
 }

@@ -8,19 +8,15 @@
 mod e2e;
 mod support;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use e2e::*;
 use kube::api::ListParams;
 use redlock_operator::controller::lock::reports::budget::OTHER_PER_SECOND;
+use support::forged_reports::{Tally, flood, forged_jwt, post};
 use support::redis_server::RedisCluster;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 const LABEL: &str = "redlock.io/leader";
@@ -41,75 +37,6 @@ async fn leader_is(env: &Env, pod: &str) {
         (labelled == [pod]).then_some(())
     })
     .await;
-}
-
-/// A JWT that reads as a projected token for our audience, bound to a made-up pod, with a signature nobody
-/// issued.
-fn forged_jwt(namespace: &str, salt: u64) -> String {
-    let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let claims = serde_json::json!({
-        "aud": ["redlock-operator"], "exp": now + 3600, "iat": now, "nbf": now,
-        "iss": "https://kubernetes.default.svc.cluster.local", "jti": format!("{salt:x}"),
-        "kubernetes.io": { "namespace": namespace, "pod": { "name": "web-0", "uid": format!("forged-{salt}") },
-                           "serviceaccount": { "name": "default" } },
-        "sub": format!("system:serviceaccount:{namespace}:default"),
-    });
-    format!(
-        "{}.{}.{}",
-        URL_SAFE_NO_PAD.encode(r#"{"alg":"RS256","kid":"x"}"#),
-        URL_SAFE_NO_PAD.encode(claims.to_string()),
-        URL_SAFE_NO_PAD.encode(salt.to_be_bytes().repeat(32))
-    )
-}
-
-/// One answer: the HTTP status, and `Retry-After` if any.
-struct Answer {
-    code: u16,
-    retry_after: Option<u64>,
-}
-
-/// POSTs `body` to the report path on `addr` over a connection of its own, declaring `declared` bytes
-/// (`None`: the body's length) and sending only `body`; reads the answer's status line and headers.
-async fn post(addr: SocketAddr, bearer: &str, body: &[u8], declared: Option<usize>) -> Answer {
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    let head = format!(
-        "POST /v1/stopped HTTP/1.1\r\nHost: operator\r\nAuthorization: Bearer {bearer}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        declared.unwrap_or(body.len())
-    );
-    stream.write_all(head.as_bytes()).await.expect("send");
-    // The server may answer, and close, before reading a body it refuses: that is not an error here.
-    let _ = stream.write_all(body).await;
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
-        match stream.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => answer.extend_from_slice(&buf[..n]),
-        }
-    }
-    let text = String::from_utf8_lossy(&answer);
-    let code = text
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("no HTTP answer: {text:?}"));
-    let retry_after = text.lines().find_map(|line| {
-        let (name, value) = line.split_once(':')?;
-        name.eq_ignore_ascii_case("retry-after")
-            .then(|| value.trim().parse().ok())
-            .flatten()
-    });
-    Answer { code, retry_after }
-}
-
-#[derive(Default)]
-struct Tally {
-    sent: AtomicU64,
-    refused: AtomicU64,
-    too_many: AtomicU64,
-    too_many_without_retry_after: AtomicU64,
-    taken: AtomicU64,
 }
 
 /// 8 clients flood `POST /v1/stopped` for 6 s with made-up tokens (8 in 10), one forged JWT each
@@ -171,40 +98,7 @@ async fn a_flood_of_forged_reports_costs_few_reviews_and_a_genuine_report_is_sti
     let mut clients = Vec::new();
     for client in 0..CLIENTS {
         let (tally, namespace) = (tally.clone(), env.namespace.clone());
-        clients.push(tokio::spawn(async move {
-            let repeated = forged_jwt(&namespace, 1_000_000 + client as u64);
-            let mut n: u64 = 0;
-            while Instant::now() < end {
-                n += 1;
-                let fresh;
-                let bearer = match n % 10 {
-                    8 => repeated.as_str(),
-                    9 => {
-                        fresh = forged_jwt(&namespace, (client as u64) << 40 | n);
-                        fresh.as_str()
-                    }
-                    _ => "made-up-token",
-                };
-                // Not the grant status records: these go through the lane of reports nothing vouches for.
-                let body = format!(r#"{{"lock":"web","permit":0,"fencingToken":{}}}"#, 1000 + n);
-                let answer = post(addr, bearer, body.as_bytes(), None).await;
-                tally.sent.fetch_add(1, Ordering::Relaxed);
-                match answer.code {
-                    200 => {
-                        tally.taken.fetch_add(1, Ordering::Relaxed);
-                    }
-                    code => {
-                        tally.refused.fetch_add(1, Ordering::Relaxed);
-                        if code == 429 {
-                            tally.too_many.fetch_add(1, Ordering::Relaxed);
-                            if answer.retry_after.is_none_or(|seconds| seconds == 0) {
-                                tally.too_many_without_retry_after.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                    }
-                }
-            }
-        }));
+        clients.push(tokio::spawn(flood(addr, namespace, client, end, tally)));
     }
     // web-0's own report, a second into the flood, as its elect sends it (kube's client, which retries a 429).
     tokio::time::sleep(Duration::from_secs(1)).await;

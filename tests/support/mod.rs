@@ -4,7 +4,9 @@
 pub mod apiserver;
 pub mod fair_order;
 pub mod fault_proxy;
+pub mod fenced_policy;
 pub mod fixtures;
+pub mod forged_reports;
 pub mod forgotten_tokens;
 pub mod history;
 pub mod job_controller;

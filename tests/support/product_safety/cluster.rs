@@ -127,6 +127,17 @@ impl Cluster {
         (path, Client::try_from(config).expect("proxied client"), proxy)
     }
 
+    /// A kubeconfig file of this cluster, straight to its API server (for a process), named after `label`.
+    pub fn kubeconfig_file(&self, label: &str) -> PathBuf {
+        let path = self.dir.path().join(format!("kubeconfig-{label}"));
+        std::fs::write(
+            &path,
+            serde_yaml_ng::to_string(&self.kubeconfig).expect("kubeconfig YAML"),
+        )
+        .expect("write kubeconfig");
+        path
+    }
+
     pub fn locks(&self) -> Api<DistributedLock> {
         Api::namespaced(self.client.clone(), &self.namespace)
     }

@@ -11,6 +11,7 @@
 pub mod checker;
 pub mod cluster;
 pub mod controls;
+pub mod fenced;
 pub mod fences;
 #[allow(dead_code)] // Run by the test (tests/operator_safety.rs) only; the bench includes this module too.
 pub mod findings;
@@ -145,6 +146,10 @@ pub struct Scenario {
     pub controls: String,
     /// Print a line of progress this often.
     pub progress: Option<Duration>,
+    /// The fenced mode (`fenced.rs`): the churn keys' protected resource is a ConfigMap of the first cluster
+    /// that the `lock` processes' children write themselves, behind the chart's policy or (the negative
+    /// control) without it.
+    pub fenced: Option<fenced::Policy>,
 }
 
 /// One cluster, one replica, no workload, no nemesis: plain locks (one permit) of the default TTL, the Job locks'
@@ -180,6 +185,7 @@ impl Default for Scenario {
             miscounting_outside: false,
             controls: String::new(),
             progress: None,
+            fenced: None,
         }
     }
 }
@@ -449,7 +455,7 @@ fn outside_keys(scenario: &Scenario) -> Vec<(String, usize)> {
 /// The scenario's outside clients, if it has any and keys for them: the FIFO their children write to, its
 /// reader (until `outside_stop`), and one task per client (until `holders_stop`).
 fn start_outside_clients(
-    scenario: &Scenario,
+    (scenario, fenced): (&Scenario, Option<&outside::FencedWriter>),
     masters: &RedisCluster,
     recorder: &Arc<Recorder>,
     outside_stop: &CancellationToken,
@@ -459,7 +465,8 @@ fn start_outside_clients(
     if scenario.outside_clients == 0 || keys.is_empty() {
         return None;
     }
-    let (outside, follower) = outside::Outside::start(recorder.clone(), outside_stop.clone());
+    let (outside, follower) =
+        outside::Outside::start(recorder.clone(), fenced.is_some(), outside_stop.clone());
     let clients = (0..scenario.outside_clients)
         .map(|index| {
             outside.client(
@@ -470,6 +477,7 @@ fn start_outside_clients(
                     seed: scenario.seed.wrapping_add(100 + index as u64),
                     miscounting: scenario.miscounting_outside,
                     ttl: scenario.ttl,
+                    fenced: fenced.cloned(),
                 },
                 holders_stop.clone(),
             )
@@ -488,7 +496,9 @@ pub struct World {
     holders_stop: CancellationToken,
     holder_tasks: Vec<JoinHandle<()>>,
     /// The FIFO the outside clients' children write to, and its reader, stopped after every client.
-    _outside: Option<outside::Outside>,
+    pub outside: Option<outside::Outside>,
+    /// The fenced mode's policy objects, removed at the end (they are cluster-wide).
+    fenced_policy: Vec<serde_json::Value>,
     outside_stop: CancellationToken,
     outside_follower: Option<JoinHandle<()>>,
 }
@@ -553,20 +563,36 @@ impl World {
                 .await;
             holder_tasks.extend(feeders);
         }
+        let fenced = match scenario.fenced {
+            Some(policy) => {
+                let keys: Vec<String> = outside_keys(&scenario).into_iter().map(|(key, _)| key).collect();
+                let side = &sides[0];
+                Some(fenced::set_up(&side.cluster, &side.quorum, &keys, policy).await)
+            }
+            None => None,
+        };
+        let writer = fenced.as_ref().map(|setup| &setup.writer);
         // The FIFO's reader outlives the clients: a child that writes its last line to a FIFO nobody reads
         // would wait forever, and its `lock` process with it.
         let outside_stop = CancellationToken::new();
-        let (outside, outside_follower) =
-            match start_outside_clients(&scenario, &masters, &recorder, &outside_stop, &holders_stop) {
-                Some((outside, follower, clients)) => {
-                    holder_tasks.extend(clients);
-                    (Some(outside), Some(follower))
-                }
-                None => (None, None),
-            };
+        let started = start_outside_clients(
+            (&scenario, writer),
+            &masters,
+            &recorder,
+            &outside_stop,
+            &holders_stop,
+        );
+        let (outside, outside_follower) = match started {
+            Some((outside, follower, clients)) => {
+                holder_tasks.extend(clients);
+                (Some(outside), Some(follower))
+            }
+            None => (None, None),
+        };
         let rng = StdRng::seed_from_u64(scenario.seed);
         Self {
-            _outside: outside,
+            outside,
+            fenced_policy: fenced.map(|setup| setup.policy).unwrap_or_default(),
             outside_stop,
             outside_follower,
             scenario,
@@ -622,6 +648,9 @@ impl World {
                     );
                 }
             }
+        }
+        if let Some(side) = self.sides.first() {
+            crate::support::fenced_policy::remove_policy(&side.cluster.client, &self.fenced_policy).await;
         }
         for side in &mut self.sides {
             for replica in &mut side.replicas {

@@ -2,6 +2,10 @@
 //! README asks users to make theirs. It accepts a write only with a token at least the highest it accepted for
 //! the key, and keeps every write, accepted or refused, for the checker (which does not trust the store's own
 //! rule: it checks the accepted writes again).
+//!
+//! In the fenced mode (`fenced.rs`) the resource is a real object instead: a ConfigMap behind the chart's
+//! fenced-objects policy, which the holders' own processes write through the API server. They report each write
+//! and its answer, and the log here keeps them in the API server's order (the object's resourceVersion).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -15,6 +19,9 @@ pub struct Write {
     pub holder: String,
     pub at: Instant,
     pub accepted: bool,
+    /// The order the resource took it in: its place in this log, or, for a fenced object, the resourceVersion
+    /// the API server gave the object with it (etcd's revision, rising with every write; 0 for a refusal).
+    pub order: u64,
 }
 
 #[derive(Default)]
@@ -37,14 +44,25 @@ impl ProtectedResource {
         if accepted {
             state.highest.insert(key.to_owned(), token);
         }
+        let order = state.writes.len() as u64;
         state.writes.push(Write {
             key: key.to_owned(),
             token,
             holder: holder.to_owned(),
             at: Instant::now(),
             accepted,
+            order,
         });
         accepted
+    }
+
+    /// A write a holder made to a fenced object itself, as it reported it.
+    pub fn record(&self, write: Write) {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .writes
+            .push(write);
     }
 
     pub fn writes(&self) -> Vec<Write> {
@@ -81,9 +99,13 @@ impl std::fmt::Display for StaleWrite {
 
 /// Every accepted write, in the order the resource took them, whose token is below an accepted one before it.
 pub fn stale_writes_accepted(writes: &[Write]) -> Vec<StaleWrite> {
+    let mut accepted: Vec<&Write> = writes.iter().filter(|write| write.accepted).collect();
+    // Reports of writes to a fenced object reach the log in the order their processes made them, not
+    // necessarily the order the API server took them in.
+    accepted.sort_by_key(|write| write.order);
     let mut highest: HashMap<&str, &Write> = HashMap::new();
     let mut stale = Vec::new();
-    for write in writes.iter().filter(|write| write.accepted) {
+    for write in accepted {
         match highest.get(write.key.as_str()) {
             Some(top) if write.token < top.token => stale.push(StaleWrite {
                 earlier: (*top).clone(),

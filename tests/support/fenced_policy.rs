@@ -1,0 +1,108 @@
+//! The chart's fenced-objects policy (`templates/fenced-objects-policy.yaml`) as `helm template` renders it,
+//! installed on an API server and removed again; and the example clients built as `cargo` builds them. Used by
+//! the fenced-object e2e tests and by the product safety checker's fenced mode.
+
+use std::path::{Path, PathBuf};
+
+use kube::Client;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
+
+/// `helm` from target/tools/bin, installed there by scripts/install-tools.sh when missing.
+pub fn helm(root: &Path) -> PathBuf {
+    let helm = root.join("target/tools/bin/helm");
+    if !helm.exists() {
+        let status = std::process::Command::new(root.join("scripts/install-tools.sh"))
+            .arg("helm")
+            .status()
+            .expect("scripts/install-tools.sh runs");
+        assert!(status.success(), "scripts/install-tools.sh helm failed");
+    }
+    helm
+}
+
+/// The chart's fenced-objects policy and binding as `helm template` renders them for `release`.
+pub fn rendered_policy(release: &str) -> Vec<serde_json::Value> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let output = std::process::Command::new(helm(root))
+        .args(["template", release])
+        .arg(root.join("charts/redlock-operator"))
+        .args([
+            "--namespace",
+            release,
+            "--show-only",
+            "templates/fenced-objects-policy.yaml",
+        ])
+        .output()
+        .expect("helm template runs");
+    assert!(
+        output.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).expect("UTF-8");
+    text.split("\n---")
+        .filter_map(|document| serde_yaml_ng::from_str::<serde_json::Value>(document).ok())
+        .filter(serde_json::Value::is_object)
+        .collect()
+}
+
+fn api_of(client: &Client, object: &serde_json::Value) -> (Api<DynamicObject>, String) {
+    let kind = object["kind"].as_str().expect("kind");
+    let plural = match kind {
+        "ValidatingAdmissionPolicy" => "validatingadmissionpolicies",
+        "ValidatingAdmissionPolicyBinding" => "validatingadmissionpolicybindings",
+        other => panic!("unexpected {other} in the template"),
+    };
+    let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
+    let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
+    let name = object["metadata"]["name"].as_str().expect("name").to_owned();
+    (Api::all_with(client.clone(), &resource), name)
+}
+
+/// Installs the policy and binding rendered for `release`; returns them, to remove them afterwards.
+pub async fn install_policy(client: &Client, release: &str) -> Vec<serde_json::Value> {
+    let objects = rendered_policy(release);
+    assert_eq!(objects.len(), 2, "a policy and its binding: {objects:?}");
+    for object in &objects {
+        let (api, _) = api_of(client, object);
+        let dynamic: DynamicObject = serde_json::from_value(object.clone()).expect("object");
+        api.create(&PostParams::default(), &dynamic)
+            .await
+            .expect("create the policy or its binding");
+    }
+    objects
+}
+
+pub async fn remove_policy(client: &Client, objects: &[serde_json::Value]) {
+    for object in objects {
+        let (api, name) = api_of(client, object);
+        let _ = api.delete(&name, &DeleteParams::default()).await;
+    }
+}
+
+/// The executable of example `name`. `CARGO_BIN_EXE_*` names `[[bin]]`s only, and `cargo test --test X` builds no
+/// example (a whole `cargo test` does): the cargo running the test builds it (nothing to do when it is current) and
+/// says where it is, whatever the target directory or profile.
+pub fn example_binary(name: &str) -> PathBuf {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let output = std::process::Command::new(cargo)
+        .args([
+            "build",
+            "--locked",
+            "--quiet",
+            "--message-format=json-render-diagnostics",
+            "--example",
+            name,
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("cargo runs");
+    assert!(output.status.success(), "cargo build --example {name} failed");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|message| message["reason"] == "compiler-artifact" && message["target"]["name"] == name)
+        .and_then(|artifact| artifact["executable"].as_str().map(PathBuf::from))
+        .unwrap_or_else(|| panic!("cargo named no executable for the example {name}"))
+}

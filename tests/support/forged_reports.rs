@@ -1,0 +1,120 @@
+//! Reports of stopped work as a client without a genuine token sends them: a made-up bearer token or a JWT that
+//! reads as a projected token for our audience with a signature nobody issued, POSTed over a connection of its
+//! own. Used by the flood test (tests/report_flood.rs) and the operator bench's flood phase.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// A JWT that reads as a projected token for our audience, bound to a made-up pod, with a signature nobody
+/// issued.
+pub fn forged_jwt(namespace: &str, salt: u64) -> String {
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let claims = serde_json::json!({
+        "aud": ["redlock-operator"], "exp": now + 3600, "iat": now, "nbf": now,
+        "iss": "https://kubernetes.default.svc.cluster.local", "jti": format!("{salt:x}"),
+        "kubernetes.io": { "namespace": namespace, "pod": { "name": "web-0", "uid": format!("forged-{salt}") },
+                           "serviceaccount": { "name": "default" } },
+        "sub": format!("system:serviceaccount:{namespace}:default"),
+    });
+    format!(
+        "{}.{}.{}",
+        URL_SAFE_NO_PAD.encode(r#"{"alg":"RS256","kid":"x"}"#),
+        URL_SAFE_NO_PAD.encode(claims.to_string()),
+        URL_SAFE_NO_PAD.encode(salt.to_be_bytes().repeat(32))
+    )
+}
+
+/// One answer: the HTTP status, and `Retry-After` if any.
+pub struct Answer {
+    pub code: u16,
+    pub retry_after: Option<u64>,
+}
+
+/// POSTs `body` to the report path on `addr` over a connection of its own, declaring `declared` bytes
+/// (`None`: the body's length) and sending only `body`; reads the answer's status line and headers.
+pub async fn post(addr: SocketAddr, bearer: &str, body: &[u8], declared: Option<usize>) -> Answer {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "POST /v1/stopped HTTP/1.1\r\nHost: operator\r\nAuthorization: Bearer {bearer}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        declared.unwrap_or(body.len())
+    );
+    stream.write_all(head.as_bytes()).await.expect("send");
+    // The server may answer, and close, before reading a body it refuses: that is not an error here.
+    let _ = stream.write_all(body).await;
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&answer);
+    let code = text
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP answer: {text:?}"));
+    let retry_after = text.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case("retry-after")
+            .then(|| value.trim().parse().ok())
+            .flatten()
+    });
+    Answer { code, retry_after }
+}
+
+/// What a flood sent and how it was answered.
+#[derive(Default)]
+pub struct Tally {
+    pub sent: AtomicU64,
+    pub refused: AtomicU64,
+    pub too_many: AtomicU64,
+    pub too_many_without_retry_after: AtomicU64,
+    pub taken: AtomicU64,
+}
+
+/// One flooding client (number `client`) until `end`: reports of lock `web` in `namespace` with made-up tokens
+/// (8 in 10), one forged JWT of its own repeated (1 in 10) and fresh forged JWTs (1 in 10), one connection each.
+pub async fn flood(addr: SocketAddr, namespace: String, client: usize, end: Instant, tally: Arc<Tally>) {
+    let repeated = forged_jwt(&namespace, 1_000_000 + client as u64);
+    let mut n: u64 = 0;
+    while Instant::now() < end {
+        n += 1;
+        let fresh;
+        let bearer = match n % 10 {
+            8 => repeated.as_str(),
+            9 => {
+                fresh = forged_jwt(&namespace, (client as u64) << 40 | n);
+                fresh.as_str()
+            }
+            _ => "made-up-token",
+        };
+        // Not the grant status records: these go through the lane of reports nothing vouches for.
+        let body = format!(r#"{{"lock":"web","permit":0,"fencingToken":{}}}"#, 1000 + n);
+        let answer = post(addr, bearer, body.as_bytes(), None).await;
+        tally.sent.fetch_add(1, Ordering::Relaxed);
+        match answer.code {
+            200 => {
+                tally.taken.fetch_add(1, Ordering::Relaxed);
+            }
+            code => {
+                tally.refused.fetch_add(1, Ordering::Relaxed);
+                if code == 429 {
+                    tally.too_many.fetch_add(1, Ordering::Relaxed);
+                    if answer.retry_after.is_none_or(|seconds| seconds == 0) {
+                        tally.too_many_without_retry_after.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    }
+}
