@@ -213,6 +213,12 @@ pub struct RedlockConfig {
     #[cfg(feature = "negative-controls")]
     #[doc(hidden)]
     pub queue_fallback: Option<Duration>,
+    /// The negative control of the engine checker's slow-rememberers scenario: an acquisition is decided as soon
+    /// as a majority grants, even when a master restarted recently is among them (see
+    /// [`RECENT_RESTART`](super::quarantine::RECENT_RESTART)). Tests and benchmarks only.
+    #[cfg(feature = "negative-controls")]
+    #[doc(hidden)]
+    pub decide_before_counters: bool,
 }
 
 /// 400 days.
@@ -237,6 +243,8 @@ impl RedlockConfig {
             poll_only: false,
             #[cfg(feature = "negative-controls")]
             queue_fallback: None,
+            #[cfg(feature = "negative-controls")]
+            decide_before_counters: false,
         }
     }
 
@@ -253,6 +261,15 @@ impl RedlockConfig {
         }
         #[cfg(not(feature = "negative-controls"))]
         (true, super::QUEUE_FALLBACK)
+    }
+
+    /// Whether an acquisition granted by a recently restarted master waits for the other masters' counters
+    /// (always, but in the negative control of tests and benchmarks).
+    pub(super) fn waits_for_counters(&self) -> bool {
+        #[cfg(feature = "negative-controls")]
+        return !self.decide_before_counters;
+        #[cfg(not(feature = "negative-controls"))]
+        true
     }
 
     /// Whether acquisitions skip the fair queue (a negative control; never in a release build).

@@ -5,6 +5,7 @@
 //! reaches every master. A failed acquisition is undone here too, each unlock ordered behind its master's SET.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
@@ -13,6 +14,7 @@ use super::client::Redlock;
 use super::lease::Lease;
 use super::node::{Purpose, Reach};
 use super::outcome::{NodeOutcome, NodeReport, OperationReport};
+use super::quarantine::RECENT_RESTART;
 use super::quorum::{Tally, quorum_of};
 use super::rules::Op;
 use super::script_call::{Keys, NodeFuture};
@@ -162,18 +164,48 @@ impl Redlock {
             }
         }
         let mut decision = tally.decided();
-        while decision.is_none() || !decide_early {
-            let Some((index, outcome, latency)) = pending.next().await else {
+        // An acquisition granted by a master that restarted recently waits for the other masters' answers: that
+        // master forgot the key's counter, and a slow master that remembers a higher one must be heard before the
+        // token is fixed (the caller proposes above it).
+        let mut heard_a_restarted_master = false;
+        let counters_wait = self.counters_wait(op);
+        let mut counters_deadline: Option<Instant> = None;
+        while decision.is_none() || !decide_early || (heard_a_restarted_master && decision == Some(true)) {
+            let next = match counters_deadline {
+                Some(deadline) => match tokio::time::timeout_at(deadline, pending.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                },
+                None => pending.next().await,
+            };
+            let Some((index, outcome, latency)) = next else {
                 break;
             };
             let outcome = match extended {
                 Some(lease) => lease.counted(index, outcome),
                 None => outcome,
             };
-            tally.record(op.counts(&outcome));
+            let vote = op.counts(&outcome);
+            tally.record(vote);
+            heard_a_restarted_master |= counters_wait.is_some()
+                && vote
+                && nodes[index].restarted_within(RECENT_RESTART, Instant::now());
             reports[index].outcome = outcome;
             reports[index].latency = latency;
             decision = tally.decided();
+            if let Some(wait) = counters_wait
+                && heard_a_restarted_master
+                && decision == Some(true)
+                && counters_deadline.is_none()
+            {
+                counters_deadline = Some(Instant::now() + wait);
+            }
+        }
+        if heard_a_restarted_master && decide_early {
+            tracing::debug!(
+                %resource,
+                "a master restarted recently granted: waited for the other masters' fencing counters"
+            );
         }
         for (index, report) in reports.iter_mut().enumerate() {
             if report.outcome == NodeOutcome::Pending && only.is_none_or(|only| only.contains(&index)) {
@@ -189,6 +221,21 @@ impl Redlock {
             majority: decision == Some(true),
             pending,
         }
+    }
+
+    /// How long an acquisition decided with a recently restarted master's grant waits for the other masters'
+    /// counters: the node timeout, but at most a quarter of the TTL, so that the wait never costs the lock most of
+    /// its validity. `None`: no wait (not an acquisition, durable masters keep their counters across a restart,
+    /// or the negative control).
+    fn counters_wait(&self, op: Op) -> Option<Duration> {
+        let config = &self.inner.config;
+        let Op::Acquire { ttl_ms, .. } = op else {
+            return None;
+        };
+        if config.assume_durable || !config.waits_for_counters() {
+            return None;
+        }
+        Some(config.node_timeout.min(Duration::from_millis(ttl_ms / 4)))
     }
 
     /// Removes a failed acquisition's key everywhere. A master whose SET is still unanswered gets its unlock

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::config::{ConfigError, Endpoint, RedlockConfig};
 use super::info::{ServerInfo, parse_server_info};
 use super::outcome::NodeOutcome;
-use super::quarantine::quarantine_until;
+use super::quarantine::{UPTIME_UNCERTAINTY, quarantine_until};
 use super::scripts;
 
 /// Large enough that bursts of pipelined operations never wait for room in redis-rs's request queue.
@@ -85,6 +85,8 @@ struct State {
     generation: u64,
     info: Option<ServerInfo>,
     quarantined_until: Option<Instant>,
+    /// The latest moment the master can have started, from the uptime it reported at verification.
+    started_by: Option<Instant>,
     last_error: Option<String>,
     latency: Option<Duration>,
     restarts_seen: u64,
@@ -243,6 +245,14 @@ impl Node {
         }))
     }
 
+    /// Whether the master may have started less than `window` before `now` (a master never verified has not
+    /// voted, and does not count).
+    pub(crate) fn restarted_within(&self, window: Duration, now: Instant) -> bool {
+        self.state()
+            .started_by
+            .is_some_and(|started| now.saturating_duration_since(started) < window)
+    }
+
     pub(crate) fn record_latency(&self, latency: Duration) {
         self.state().latency = Some(latency);
     }
@@ -375,10 +385,13 @@ impl Node {
             at = ?answered_at,
             "connected and verified"
         );
+        let known_uptime = info.uptime.saturating_sub(UPTIME_UNCERTAINTY);
+        let started_by = answered_at.checked_sub(known_uptime).unwrap_or(answered_at);
         state.generation += 1;
         state.conn = Some(conn);
         state.info = Some(info);
         state.quarantined_until = quarantined_until;
+        state.started_by = Some(started_by);
         state.latency = Some(answered_at - asked_at);
         state.last_error = None;
         Ok(())

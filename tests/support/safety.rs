@@ -768,19 +768,7 @@ pub async fn majority_restart_tokens(durable_floor: bool) -> Report {
     wait_eligible(&holder, 5).await;
     let recorder = Recorder::default();
     let started = Instant::now();
-    let mut floor = 0;
-    for _ in 0..5 {
-        let lease = holder
-            .acquire("ledger", ttl, "holder", once_above(0))
-            .await
-            .expect("holder acquires");
-        record_whole(&recorder, "holder", &lease);
-        floor = floor.max(lease.fencing_token());
-        // Released only once its window is over, so that windows never overlap in this history.
-        tokio::time::sleep_until(lease.valid_until()).await;
-        holder.release(&lease).await;
-        holder.settle().await;
-    }
+    let floor = grant_five_times(&holder, &recorder, ttl).await;
     for index in 0..3 {
         cluster[index].restart().expect("restart");
     }
@@ -793,6 +781,62 @@ pub async fn majority_restart_tokens(durable_floor: bool) -> Report {
     contend(&recorder, &contender, "ledger", ttl, floor, give_up).await;
     cluster[3].cont();
     cluster[4].cont();
+    recorder.report(&["ledger".to_owned()], 1, started, Instant::now())
+}
+
+/// Key `ledger` granted to the holder five times (tokens 1 to 5, learnt from the masters' counters: it proposes
+/// token 1 each time); returns the highest token.
+async fn grant_five_times(holder: &Redlock, recorder: &Recorder, ttl: Duration) -> i64 {
+    let mut highest = 0;
+    for _ in 0..5 {
+        let lease = holder
+            .acquire("ledger", ttl, "holder", once_above(0))
+            .await
+            .expect("holder acquires");
+        record_whole(recorder, "holder", &lease);
+        highest = highest.max(lease.fencing_token());
+        // Released only once its window is over, so that windows never overlap in this history.
+        tokio::time::sleep_until(lease.valid_until()).await;
+        holder.release(&lease).await;
+        holder.settle().await;
+    }
+    highest
+}
+
+/// Issue 39, item 4 (or, with `wait_for_counters` off, its negative control): a key is used five times (tokens 1
+/// to 5, no floor), then a majority of masters restarts empty. Once their quarantine is over, a contender
+/// acquires while the two masters that remember token 5 are slow (150 ms each way, well inside the engine's wait
+/// for counters: the 1 s node timeout, and a quarter of the 4 s TTL), not hung. The restarted masters answer first: decided at once, the contender gets token 1 again.
+/// Since a restarted master is in the deciding majority, the engine waits for the others' counters, proposes
+/// above 5, and gets 6.
+pub async fn slow_rememberers_tokens(wait_for_counters: bool) -> Report {
+    let ttl = Duration::from_secs(4);
+    let mut cluster = RedisCluster::start(5).expect("masters");
+    let upstreams: Vec<_> = cluster.servers().iter().map(|server| server.addr()).collect();
+    let proxies = FaultProxy::start_group(&upstreams).await.expect("proxies");
+    let urls: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
+    let mut config = RedlockConfig::from_urls(&urls).expect("config");
+    config.max_ttl = ttl;
+    config.node_timeout = Duration::from_secs(1);
+    config.decide_before_counters = !wait_for_counters;
+    let holder = Redlock::connect(config.clone()).await.expect("engine");
+    wait_eligible(&holder, 5).await;
+    let recorder = Recorder::default();
+    let started = Instant::now();
+    grant_five_times(&holder, &recorder, ttl).await;
+    for index in 0..3 {
+        cluster[index].restart().expect("restart");
+    }
+    recorder.nemesis_events.fetch_add(1, Ordering::Relaxed);
+    let contender = Redlock::connect(config).await.expect("engine");
+    wait_eligible(&contender, 5).await;
+    // Slow only now: connecting through them would take longer than the connect timeout.
+    for proxy in &proxies[3..] {
+        proxy.set_latency(Direction::Both, Duration::from_millis(150));
+    }
+    recorder.nemesis_events.fetch_add(2, Ordering::Relaxed);
+    let give_up = Instant::now() + Duration::from_secs(10);
+    contend(&recorder, &contender, "ledger", ttl, 0, give_up).await;
     recorder.report(&["ledger".to_owned()], 1, started, Instant::now())
 }
 
