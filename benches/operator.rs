@@ -33,6 +33,12 @@
 //! First, unless `OPERATOR_BENCH_HANDOVERS` is 0 (default 30 rounds), the hand-over to a queued lock at a
 //! release, woken and polled only (`operator/handovers.rs`).
 //!
+//! Then, unless `OPERATOR_BENCH_JOB_QUEUE` is 0 (default 30 Jobs), the hand-over along a Job queue: previous
+//! Job complete → next Job unsuspended (`operator/job_queue.rs`).
+//!
+//! Then, unless `OPERATOR_BENCH_FLOOD_LOCKS` is 0 (default 200 held locks, `OPERATOR_BENCH_FLOOD_SECONDS` 20 per
+//! window), a flood of forged reports beside them, against the same window idle (`operator/flood.rs`).
+//!
 //! Events: `OPERATOR_BENCH_EVENTS` (default 3,000: about a second of acquisitions, long enough for the steady
 //! holding's waves of extensions and status writes to average out) more locks are created once with the
 //! operator idle (the baseline) and once just after the N acquisitions (whose `Acquired` Events an event
@@ -43,8 +49,12 @@
 //! (see `operator/recorders.rs`). The semaphore run measures no Events. `OPERATOR_BENCH_BINARY` runs another
 //! build of the operator (an older one, to compare in the same session).
 
+#[path = "operator/flood.rs"]
+mod flood;
 #[path = "operator/handovers.rs"]
 mod handovers;
+#[path = "operator/job_queue.rs"]
+mod job_queue;
 #[path = "operator/recorders.rs"]
 mod recorders;
 #[path = "operator/semaphores.rs"]
@@ -280,11 +290,10 @@ fn metric(text: &str, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// The p-th quantile of a Prometheus histogram, as the upper bound of the bucket it falls in.
-fn histogram_quantile(text: &str, name: &str, quantile: f64) -> f64 {
+/// A Prometheus histogram's buckets: each upper bound with its cumulative count.
+fn histogram_buckets(text: &str, name: &str) -> Vec<(f64, f64)> {
     let prefix = format!("{name}_bucket{{le=\"");
-    let buckets: Vec<(f64, f64)> = text
-        .lines()
+    text.lines()
         .filter_map(|line| {
             let rest = line.strip_prefix(&prefix)?;
             let (bound, count) = rest.split_once("\"} ")?;
@@ -295,7 +304,12 @@ fn histogram_quantile(text: &str, name: &str, quantile: f64) -> f64 {
             };
             Some((bound, count.split_whitespace().next()?.parse().ok()?))
         })
-        .collect();
+        .collect()
+}
+
+/// The p-th quantile of a Prometheus histogram, as the upper bound of the bucket it falls in.
+fn histogram_quantile(text: &str, name: &str, quantile: f64) -> f64 {
+    let buckets = histogram_buckets(text, name);
     let total = buckets.last().map_or(0.0, |(_, count)| *count);
     buckets
         .iter()
@@ -575,6 +589,17 @@ async fn bench() -> Result<(), BoxError> {
     let handovers = env_number("OPERATOR_BENCH_HANDOVERS", 30) as usize;
     if handovers > 0 {
         handovers::run(handovers).await?;
+        println!();
+    }
+    let queued_jobs = env_number("OPERATOR_BENCH_JOB_QUEUE", 30) as usize;
+    if queued_jobs > 1 {
+        job_queue::run(queued_jobs).await?;
+        println!();
+    }
+    let flood_locks = env_number("OPERATOR_BENCH_FLOOD_LOCKS", 200) as usize;
+    if flood_locks > 0 {
+        let flood_window = Duration::from_secs(env_number("OPERATOR_BENCH_FLOOD_SECONDS", 20));
+        flood::run(flood_locks, flood_window).await?;
         println!();
     }
     // Either run can be left out (its count set to 0), to explore the other's sizes quickly.
