@@ -441,12 +441,17 @@ fn pause_a_holder_tutorial(shell: &mut Shell, master_ports: &[u16]) {
     };
     shell.run(policy);
     // Removed whatever happens next: the policy is cluster-wide, and a real cluster outlives this test.
-    let _policy_guard = PolicyGuard(shell.command(&clean_up.script));
+    let _policy_guard = Undo(shell.command(
+        "helm template redlock ./charts/redlock-operator --show-only templates/fenced-objects-policy.yaml \
+         | kubectl delete --ignore-not-found -f -",
+    ));
     shell.run(objects);
 
     let log = shell.dir.join("terminal-a.log");
     let mut terminal_a = shell.spawn(first, &log);
     let group = Pid::from_raw(i32::try_from(terminal_a.id()).expect("pid"));
+    // Killed if a step fails: stopped by Ctrl-Z, it would stay (its command dies with it, by its death signal).
+    let mut terminal_a_guard = KillGroup(Some(group));
     eventually("terminal A writes the object", STEP_DEADLINE, || {
         read(&log).contains("configmap/report patched")
     });
@@ -475,6 +480,10 @@ fn pause_a_holder_tutorial(shell: &mut Shell, master_ports: &[u16]) {
     // `fg`.
     killpg(group, Signal::SIGCONT).expect("SIGCONT");
     let status = wait_for(&mut terminal_a, STEP_DEADLINE);
+    if status.is_some() {
+        // Exited (after its `lock`) and reaped: its group is gone, and its number may be reused.
+        terminal_a_guard.0 = None;
+    }
     assert_eq!(
         status.and_then(|status| status.code()),
         Some(76),
@@ -484,11 +493,22 @@ fn pause_a_holder_tutorial(shell: &mut Shell, master_ports: &[u16]) {
     shell.run(clean_up);
 }
 
-/// Runs the tutorial's clean-up when dropped, in case a step failed before the tutorial's own.
-struct PolicyGuard(Command);
+/// Runs a command when dropped: what undoes a step, in case a later one fails.
+struct Undo(Command);
 
-impl Drop for PolicyGuard {
+impl Drop for Undo {
     fn drop(&mut self) {
         let _ = self.0.stdout(Stdio::null()).stderr(Stdio::null()).status();
+    }
+}
+
+/// SIGKILLs a process group when dropped, unless disarmed (`None`): stopped or not, SIGKILL ends it.
+struct KillGroup(Option<Pid>);
+
+impl Drop for KillGroup {
+    fn drop(&mut self) {
+        if let Some(group) = self.0 {
+            let _ = killpg(group, Signal::SIGKILL);
+        }
     }
 }

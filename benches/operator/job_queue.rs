@@ -3,7 +3,7 @@
 //! (`tests/support/job_controller.rs`). For each Job after the first: from its predecessor seen `Complete` to it
 //! seen unsuspended, both through a watch like any client's. That chain stays inside the operator (the lock
 //! gives its grant up and takes it again for the next Job), so it is what a queue of short Jobs pays per Job.
-//! Ends with `SUMMARY_JOB_QUEUE jobs=N handovers=N p50_ms=X p99_ms=X`.
+//! Ends with `SUMMARY_JOB_QUEUE jobs=N handovers=N p50_ms=X max_ms=X` (the maximum: too few hand-overs for a p99).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -86,13 +86,13 @@ pub async fn run(jobs: usize) -> Result<(), BoxError> {
         let index = ((samples.len() as f64 - 1.0) * q).round() as usize;
         samples.get(index).copied().unwrap_or(0.0)
     };
-    let (p50, p99) = (quantile(0.5), quantile(0.99));
+    let (p50, max) = (quantile(0.5), quantile(1.0));
     println!(
-        "  previous Job complete → next Job unsuspended: p50 {p50:.1} ms, p99 {p99:.1} ms ({} hand-overs)",
+        "  previous Job complete → next Job unsuspended: p50 {p50:.1} ms, max {max:.1} ms ({} hand-overs)",
         samples.len()
     );
     println!(
-        "SUMMARY_JOB_QUEUE jobs={jobs} handovers={} p50_ms={p50:.1} p99_ms={p99:.1}",
+        "SUMMARY_JOB_QUEUE jobs={jobs} handovers={} p50_ms={p50:.1} max_ms={max:.1}",
         samples.len()
     );
     Ok(())

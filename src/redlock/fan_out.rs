@@ -14,9 +14,8 @@ use super::client::Redlock;
 use super::lease::Lease;
 use super::node::{Purpose, Reach};
 use super::outcome::{NodeOutcome, NodeReport, OperationReport};
-use super::quarantine::RECENT_RESTART;
 use super::quorum::{Tally, quorum_of};
-use super::rules::Op;
+use super::rules::{Op, PROPOSAL_ROUNDS};
 use super::script_call::{Keys, NodeFuture};
 use super::value::LockValue;
 
@@ -168,7 +167,10 @@ impl Redlock {
         // master forgot the key's counter, and a slow master that remembers a higher one must be heard before the
         // token is fixed (the caller proposes above it).
         let mut heard_a_restarted_master = false;
-        let counters_wait = self.counters_wait(op);
+        let counters_wait = match op {
+            Op::Acquire { ttl_ms, .. } => self.counters_wait(Duration::from_millis(ttl_ms)),
+            Op::Extend { .. } | Op::Release | Op::LeaveQueue { .. } => None,
+        };
         let mut counters_deadline: Option<Instant> = None;
         while decision.is_none() || !decide_early || (heard_a_restarted_master && decision == Some(true)) {
             let next = match counters_deadline {
@@ -187,13 +189,13 @@ impl Redlock {
             };
             let vote = op.counts(&outcome);
             tally.record(vote);
-            heard_a_restarted_master |= counters_wait.is_some()
-                && vote
-                && nodes[index].restarted_within(RECENT_RESTART, Instant::now());
+            heard_a_restarted_master |=
+                counters_wait.is_some() && vote && nodes[index].counters_suspect(Instant::now());
             reports[index].outcome = outcome;
             reports[index].latency = latency;
             decision = tally.decided();
             if let Some(wait) = counters_wait
+                && decide_early
                 && heard_a_restarted_master
                 && decision == Some(true)
                 && counters_deadline.is_none()
@@ -223,19 +225,16 @@ impl Redlock {
         }
     }
 
-    /// How long an acquisition decided with a recently restarted master's grant waits for the other masters'
-    /// counters: the node timeout, but at most a quarter of the TTL, so that the wait never costs the lock most of
-    /// its validity. `None`: no wait (not an acquisition, durable masters keep their counters across a restart,
-    /// or the negative control).
-    fn counters_wait(&self, op: Op) -> Option<Duration> {
+    /// How long a round of an acquisition (of `ttl`) decided with a recently restarted master's grant waits for the
+    /// other masters' counters: the node timeout, but at most a sixteenth of the TTL, so that the attempt's rounds
+    /// ([`PROPOSAL_ROUNDS`], four) never wait away more than a quarter of its validity together. `None`: no wait
+    /// (durable masters keep their counters across a restart, or the negative control).
+    pub(super) fn counters_wait(&self, ttl: Duration) -> Option<Duration> {
         let config = &self.inner.config;
-        let Op::Acquire { ttl_ms, .. } = op else {
-            return None;
-        };
         if config.assume_durable || !config.waits_for_counters() {
             return None;
         }
-        Some(config.node_timeout.min(Duration::from_millis(ttl_ms / 4)))
+        Some(config.node_timeout.min(ttl / (4 * PROPOSAL_ROUNDS)))
     }
 
     /// Removes a failed acquisition's key everywhere. A master whose SET is still unanswered gets its unlock

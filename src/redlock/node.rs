@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::config::{ConfigError, Endpoint, RedlockConfig};
 use super::info::{ServerInfo, parse_server_info};
 use super::outcome::NodeOutcome;
-use super::quarantine::{UPTIME_UNCERTAINTY, quarantine_until};
+use super::quarantine::{RECENT_RESTART, UPTIME_UNCERTAINTY, quarantine_until};
 use super::scripts;
 
 /// Large enough that bursts of pipelined operations never wait for room in redis-rs's request queue.
@@ -245,9 +245,11 @@ impl Node {
         }))
     }
 
-    /// Whether the master may have started less than `window` before `now` (a master never verified has not
-    /// voted, and does not count).
-    pub(crate) fn restarted_within(&self, window: Duration, now: Instant) -> bool {
+    /// Whether the master's fencing counters may still be missing keys it knew before a restart: it may have
+    /// started less than its quarantine plus [`RECENT_RESTART`] before `now`, that is, it has been voting for
+    /// less than that hour (a master never verified has not voted, and does not count).
+    pub(crate) fn counters_suspect(&self, now: Instant) -> bool {
+        let window = self.settings.quarantine_period.saturating_add(RECENT_RESTART);
         self.state()
             .started_by
             .is_some_and(|started| now.saturating_duration_since(started) < window)

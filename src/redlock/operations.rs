@@ -16,7 +16,7 @@ use super::keeper::KeptLock;
 use super::lease::{Holding, Lease, next_token, validity_left};
 use super::outcome::{NodeOutcome, OperationReport};
 use super::queue::{Waiter, keep_for};
-use super::rules::{Op, could_grant, extend_outcome, failed_attempt};
+use super::rules::{Op, PROPOSAL_ROUNDS, could_grant, extend_outcome, failed_attempt};
 use super::schedule::KeepPolicy;
 use super::scripts::{millis, released_channel};
 use super::value::LockValue;
@@ -39,10 +39,6 @@ pub struct AcquireOptions {
     /// the queue, and is refused while anyone waits in it (it does not jump the queue).
     pub fair: bool,
 }
-
-/// Proposal rounds in one acquisition attempt: the first, and re-proposals above the counters masters reported.
-/// One re-proposal is enough unless contenders raise the counters at the same time.
-pub(super) const PROPOSAL_ROUNDS: u32 = 4;
 
 impl Redlock {
     /// Acquires `resource` for `holder`, retrying with random pauses as `options` allow.

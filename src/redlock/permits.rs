@@ -24,9 +24,9 @@ use super::lease::Lease;
 use super::lease::{Holding, next_token, validity_left};
 use super::node::{Node, Purpose, Reach, Ready};
 use super::operations::AcquireOptions;
-use super::operations::PROPOSAL_ROUNDS;
 use super::outcome::{NodeOutcome, NodeReport, OperationReport};
 use super::queue::Waiter;
+use super::rules::PROPOSAL_ROUNDS;
 use super::rules::{failed_attempt, holder_named, reported_counter};
 use super::scripts::{self, MAX_PERMITS, counter_key, millis, permit_key, queue_keys};
 use super::value::LockValue;
@@ -342,8 +342,26 @@ impl Redlock {
             grants: vec![0; candidates.keys.len()],
             waiting: pending.len(),
         };
-        while !tally.decided() {
-            let Some((index, answer)) = pending.next().await else {
+        // As a plain acquisition: once a master that restarted recently granted the winner, the others' answers
+        // (their counters) are waited for, a bounded while, before the round is taken as decided.
+        let counters_wait = self.counters_wait(ttl);
+        let mut heard_a_restarted_master = false;
+        let mut counters_deadline: Option<Instant> = None;
+        loop {
+            let next = if !tally.decided() {
+                pending.next().await
+            } else {
+                let (Some(wait), true, Some(_)) = (counters_wait, heard_a_restarted_master, tally.winner())
+                else {
+                    break;
+                };
+                let deadline = *counters_deadline.get_or_insert_with(|| Instant::now() + wait);
+                match tokio::time::timeout_at(deadline, pending.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                }
+            };
+            let Some((index, answer)) = next else {
                 break;
             };
             tally.waiting = tally.waiting.saturating_sub(1);
@@ -351,6 +369,7 @@ impl Redlock {
                 && let Some(grants) = tally.grants.get_mut(candidate)
             {
                 *grants += 1;
+                heard_a_restarted_master |= nodes[index].counters_suspect(Instant::now());
             }
             answers[index] = Some(answer);
         }

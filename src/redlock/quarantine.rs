@@ -7,12 +7,12 @@ use tokio::time::Instant;
 /// 10.001 s: the real uptime is only known to be more than the reported one minus a second.
 pub const UPTIME_UNCERTAINTY: Duration = Duration::from_secs(1);
 
-/// How long after a master's (latest possible) start an acquisition it helps decide waits for the other masters'
-/// counters. A master restarted without persistence forgot every key's fencing counter, and learns a key's
-/// again only from a grant or repair of that key after its quarantine; a majority made of such masters and of
-/// masters that missed the last grants could fix a token below one already granted while the masters that
-/// remember are merely slow. An hour covers the keys granted often enough to matter here; past it the wait
-/// would cost every acquisition the slowest master's latency for good.
+/// How long after a master's quarantine (counted from its latest possible start) an acquisition it helps decide
+/// waits for the other masters' counters. A master restarted without persistence forgot every key's fencing
+/// counter, and learns a key's again only from a grant or repair of that key once it votes; a majority made of
+/// such masters and of masters that missed the last grants could fix a token below one already granted while the
+/// masters that remember are merely slow. An hour covers the keys granted often enough to matter here; past it
+/// the wait would cost every acquisition the slowest master's latency for good.
 pub const RECENT_RESTART: Duration = Duration::from_secs(3600);
 
 /// Until when a master must stay out of the quorum, given the uptime `INFO server` reported.

@@ -15,6 +15,10 @@ use super::queue::Waiter;
 use super::value::LockValue;
 
 /// An operation on one key, as the scripts take it.
+/// Proposal rounds in one acquisition attempt: the first, and re-proposals above the counters masters reported.
+/// One re-proposal is enough unless contenders raise the counters at the same time.
+pub(super) const PROPOSAL_ROUNDS: u32 = 4;
+
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Op {
     Acquire {

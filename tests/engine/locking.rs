@@ -160,7 +160,7 @@ async fn minority_failures_do_not_block_or_slow_acquisition() {
         .await
         .expect("2 of 5 paused");
     // Fresh masters count as restarted within the hour: a restarted master granted, so the attempt waits for the
-    // paused masters' counters, but at most a quarter of the TTL (0.5 s), not their 5 s node timeout.
+    // paused masters' counters, but at most a sixteenth of the TTL (125 ms), not their 5 s node timeout.
     assert!(
         started.elapsed() < Duration::from_secs(1),
         "decided without waiting the node timeout for the paused masters"

@@ -80,6 +80,36 @@ pub async fn remove_policy(client: &Client, objects: &[serde_json::Value]) {
     }
 }
 
+/// Installed policy objects, removed when dropped (they are cluster-wide, and a real cluster outlives the test
+/// that installed them, also one that panics). Needs a multi-thread runtime.
+pub struct PolicyGuard {
+    client: Client,
+    objects: Vec<serde_json::Value>,
+}
+
+impl PolicyGuard {
+    /// Installs the policy rendered for `release` (see [`install_policy`]).
+    pub async fn install(client: &Client, release: &str) -> Self {
+        let objects = install_policy(client, release).await;
+        Self {
+            client: client.clone(),
+            objects,
+        }
+    }
+}
+
+impl Drop for PolicyGuard {
+    fn drop(&mut self) {
+        let (client, objects) = (self.client.clone(), std::mem::take(&mut self.objects));
+        if objects.is_empty() {
+            return;
+        }
+        tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(remove_policy(&client, &objects));
+        });
+    }
+}
+
 /// The executable of example `name`. `CARGO_BIN_EXE_*` names `[[bin]]`s only, and `cargo test --test X` builds no
 /// example (a whole `cargo test` does): the cargo running the test builds it (nothing to do when it is current) and
 /// says where it is, whatever the target directory or profile.

@@ -805,12 +805,14 @@ async fn grant_five_times(holder: &Redlock, recorder: &Recorder, ttl: Duration) 
 
 /// Issue 39, item 4 (or, with `wait_for_counters` off, its negative control): a key is used five times (tokens 1
 /// to 5, no floor), then a majority of masters restarts empty. Once their quarantine is over, a contender
-/// acquires while the two masters that remember token 5 are slow (150 ms each way, well inside the engine's wait
-/// for counters: the 1 s node timeout, and a quarter of the 4 s TTL), not hung. The restarted masters answer first: decided at once, the contender gets token 1 again.
+/// acquires while the two masters that remember token 5 are slow (100 ms each way, well inside the engine's wait
+/// for counters: the 1 s node timeout, and a sixteenth of the contender's 8 s TTL), not hung. The restarted masters answer first: decided at once, the contender gets token 1 again.
 /// Since a restarted master is in the deciding majority, the engine waits for the others' counters, proposes
 /// above 5, and gets 6.
 pub async fn slow_rememberers_tokens(wait_for_counters: bool) -> Report {
-    let ttl = Duration::from_secs(4);
+    // The contender's TTL (and the quorum's): its rounds wait up to a sixteenth of it for counters, 500 ms.
+    let ttl = Duration::from_secs(8);
+    let grant_ttl = Duration::from_secs(1);
     let mut cluster = RedisCluster::start(5).expect("masters");
     let upstreams: Vec<_> = cluster.servers().iter().map(|server| server.addr()).collect();
     let proxies = FaultProxy::start_group(&upstreams).await.expect("proxies");
@@ -823,7 +825,7 @@ pub async fn slow_rememberers_tokens(wait_for_counters: bool) -> Report {
     wait_eligible(&holder, 5).await;
     let recorder = Recorder::default();
     let started = Instant::now();
-    grant_five_times(&holder, &recorder, ttl).await;
+    grant_five_times(&holder, &recorder, grant_ttl).await;
     for index in 0..3 {
         cluster[index].restart().expect("restart");
     }
@@ -832,10 +834,10 @@ pub async fn slow_rememberers_tokens(wait_for_counters: bool) -> Report {
     wait_eligible(&contender, 5).await;
     // Slow only now: connecting through them would take longer than the connect timeout.
     for proxy in &proxies[3..] {
-        proxy.set_latency(Direction::Both, Duration::from_millis(150));
+        proxy.set_latency(Direction::Both, Duration::from_millis(100));
     }
     recorder.nemesis_events.fetch_add(2, Ordering::Relaxed);
-    let give_up = Instant::now() + Duration::from_secs(10);
+    let give_up = Instant::now() + Duration::from_secs(20);
     contend(&recorder, &contender, "ledger", ttl, 0, give_up).await;
     recorder.report(&["ledger".to_owned()], 1, started, Instant::now())
 }

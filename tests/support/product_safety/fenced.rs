@@ -26,7 +26,7 @@ use super::controls::{Outcome, base};
 use super::outside::{FencedWriter, Running};
 use super::protected::Write;
 use super::{Scenario, World};
-use crate::support::fenced_policy::{example_binary, install_policy};
+use crate::support::fenced_policy::{PolicyGuard, example_binary};
 
 const FENCED_BY: &str = "redlock.io/fenced-by";
 
@@ -49,10 +49,11 @@ fn lock_name(key: &str) -> String {
     format!("fenced-{}", key.rsplit(':').next().unwrap_or(key))
 }
 
-/// What the fenced mode set up on the first cluster: how the children write, and the policy objects to remove.
+/// What the fenced mode set up on the first cluster: how the children write, and the policy (removed when
+/// dropped).
 pub struct Setup {
     pub writer: FencedWriter,
-    pub policy: Vec<serde_json::Value>,
+    pub policy: Option<PolicyGuard>,
 }
 
 /// The policy (unless `policy` is absent), one lock and one labelled ConfigMap per key, and the writer; waits
@@ -63,11 +64,13 @@ pub async fn set_up(
     keys: &[String],
     policy: Policy,
 ) -> Setup {
+    // Built first: a build that fails leaves nothing installed behind.
+    let binary = tokio::task::block_in_place(|| example_binary("fenced_write"));
     let client = cluster.client.clone();
     let namespace = cluster.namespace.clone();
     let installed = match policy {
-        Policy::Installed => install_policy(&client, &namespace).await,
-        Policy::Absent => Vec::new(),
+        Policy::Installed => Some(PolicyGuard::install(&client, &namespace).await),
+        Policy::Absent => None,
     };
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
     for key in keys {
@@ -114,7 +117,6 @@ pub async fn set_up(
         })
         .await;
     }
-    let binary = tokio::task::block_in_place(|| example_binary("fenced_write"));
     let kubeconfig = cluster.kubeconfig_file("writers");
     Setup {
         writer: FencedWriter {

@@ -497,8 +497,8 @@ pub struct World {
     holder_tasks: Vec<JoinHandle<()>>,
     /// The FIFO the outside clients' children write to, and its reader, stopped after every client.
     pub outside: Option<outside::Outside>,
-    /// The fenced mode's policy objects, removed at the end (they are cluster-wide).
-    fenced_policy: Vec<serde_json::Value>,
+    /// The fenced mode's policy, removed at the end (it is cluster-wide), or when the run panics.
+    fenced_policy: Option<crate::support::fenced_policy::PolicyGuard>,
     outside_stop: CancellationToken,
     outside_follower: Option<JoinHandle<()>>,
 }
@@ -592,7 +592,7 @@ impl World {
         let rng = StdRng::seed_from_u64(scenario.seed);
         Self {
             outside,
-            fenced_policy: fenced.map(|setup| setup.policy).unwrap_or_default(),
+            fenced_policy: fenced.and_then(|setup| setup.policy),
             outside_stop,
             outside_follower,
             scenario,
@@ -649,9 +649,7 @@ impl World {
                 }
             }
         }
-        if let Some(side) = self.sides.first() {
-            crate::support::fenced_policy::remove_policy(&side.cluster.client, &self.fenced_policy).await;
-        }
+        drop(self.fenced_policy.take());
         for side in &mut self.sides {
             for replica in &mut side.replicas {
                 replica.kill();

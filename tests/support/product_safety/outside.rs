@@ -37,10 +37,11 @@ const CHILD: &str = "echo \"start $RUN $REDLOCK_FENCING_TOKEN $((REDLOCK_PERMIT 
 /// The fenced mode's child: says it started (with its process group, `$$`: `lock` makes it the leader of one),
 /// then writes the fenced object `$OBJECT` `$WRITES` times, `$EVERY` apart, each time with the token it was granted
 /// with, and reports each answer with the number of writes it has left: `wrote … TOKEN LEFT RESOURCE_VERSION`, or
-/// `refused-1 … TOKEN LEFT` when the API server refused it (403), `refused-2` on any other failure.
+/// `refused-1 … TOKEN LEFT` when the API server refused it (403), `refused-2` on any other failure. A SIGTERM only
+/// ends the loop: the answer of a write under way is reported first, so that no accepted write goes unlogged.
 const FENCED_CHILD: &str = "echo \"start $RUN $REDLOCK_FENCING_TOKEN $((REDLOCK_PERMIT % COUNTED)) $$\" >> \"$FIFO\"; \
-     trap 'echo \"stop $RUN\" >> \"$FIFO\"; exit 0' TERM; left=$WRITES; \
-     while [ \"$left\" -gt 0 ]; do left=$((left-1)); \
+     stopping=; trap 'stopping=1' TERM; left=$WRITES; \
+     while [ \"$left\" -gt 0 ] && [ -z \"$stopping\" ]; do left=$((left-1)); \
        if out=$(REDLOCK_FENCING_TOKEN_FILE= \"$WRITER\" --namespace \"$NAMESPACE\" \"$OBJECT\" \"token=$REDLOCK_FENCING_TOKEN\" 2>&1); \
        then rv=${out##*resourceVersion }; echo \"wrote $RUN $REDLOCK_FENCING_TOKEN $left ${rv%)}\" >> \"$FIFO\"; \
        else echo \"refused-$? $RUN $REDLOCK_FENCING_TOKEN $left\" >> \"$FIFO\"; fi; \
@@ -351,11 +352,12 @@ async fn follow(
                         }
                         let Ok(token) = token.parse() else { continue };
                         let accepted = *answer == "wrote";
-                        let order = rest.first().and_then(|rv| rv.parse().ok()).unwrap_or(0);
-                        if accepted && order == 0 {
-                            // Accepted, but not placed in the API server's order: the check could not use it.
-                            eprintln!("fenced write without a resourceVersion: {line}");
-                        }
+                        // An accepted write the API server's order does not place is taken as its last: the
+                        // check may then see a stale write that was not, never miss one.
+                        let order = rest
+                            .first()
+                            .and_then(|rv| rv.parse().ok())
+                            .unwrap_or(if accepted { u64::MAX } else { 0 });
                         recorder.resource.record(Write {
                             key: (*key).to_owned(),
                             token,
