@@ -278,6 +278,7 @@ async fn the_checker_catches_a_report_sent_before_the_work_stopped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_paused_past_its_validity_is_refused_by_the_api_server() {
     use product_safety::fenced::{Policy, paused_holder_run};
+    let _alone = one_fenced_run_at_a_time().await;
     let seed = Scenario::seed_from_env();
     let (report, pauses) = paused_holder_run(seed, Policy::Installed, 2).await;
     println!("seed {seed}: {report}");
@@ -304,6 +305,7 @@ async fn a_holder_paused_past_its_validity_is_refused_by_the_api_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checker_catches_a_paused_holders_write_without_the_fenced_objects_policy() {
     use product_safety::fenced::{Policy, paused_holder_run};
+    let _alone = one_fenced_run_at_a_time().await;
     let (_, outcome) = caught(|seed| async move {
         let (broken, pauses) = paused_holder_run(seed, Policy::Absent, 2).await;
         for pause in &pauses {
@@ -324,6 +326,17 @@ async fn the_checker_catches_a_paused_holders_write_without_the_fenced_objects_p
             .all(|stale| stale.later.holder.starts_with("outside/")),
         "{outcome}"
     );
+}
+
+/// On a real cluster (`REDLOCK_E2E_KUBECONFIG`) the fenced runs take turns: the policy one installs is
+/// cluster-wide, and would judge the other's objects, so that the run without the policy would run with it. Each test
+/// API server has a policy of its own, so there they run side by side.
+async fn one_fenced_run_at_a_time() -> Option<tokio::sync::MutexGuard<'static, ()>> {
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    match std::env::var_os("REDLOCK_E2E_KUBECONFIG") {
+        Some(_) => Some(TURN.lock().await),
+        None => None,
+    }
 }
 
 /// What the checker found, as a run built to show it (it fails without the fix).
