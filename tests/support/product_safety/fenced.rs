@@ -40,13 +40,17 @@ pub enum Policy {
 
 /// The fenced object of `key` (`shared:churn-0` → `protected-churn-0`).
 pub fn object_name(key: &str) -> String {
-    let name = key.rsplit(':').next().unwrap_or(key);
-    format!("protected-{name}")
+    format!("protected-{}", resource_key(key))
+}
+
+/// The lock's `resourceKey` of a shared key (`shared:churn-0` → `churn-0`).
+fn resource_key(key: &str) -> &str {
+    key.rsplit(':').next().unwrap_or(key)
 }
 
 /// The lock the object of `key` is fenced by.
 fn lock_name(key: &str) -> String {
-    format!("fenced-{}", key.rsplit(':').next().unwrap_or(key))
+    format!("fenced-{}", resource_key(key))
 }
 
 /// What the fenced mode set up on the first cluster: how the children write, and the policy (removed when
@@ -74,7 +78,7 @@ pub async fn set_up(
     };
     let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
     for key in keys {
-        let resource_key = key.rsplit(':').next().unwrap_or(key);
+        let resource_key = resource_key(key);
         let lock = serde_json::json!({
             "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
             "metadata": { "name": lock_name(key) },
