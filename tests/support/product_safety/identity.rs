@@ -26,16 +26,24 @@ pub struct IdentityLock {
     pub key: String,
     resource_key: String,
     quorum: String,
+    ttl: String,
     created: usize,
 }
 
 impl IdentityLock {
-    pub async fn create(cluster: &Cluster, quorum: &str, lock: &str, resource_key: &str) -> Self {
+    /// Lock `lock` on `resource_key`, with TTL `ttl`.
+    pub async fn create(
+        cluster: &Cluster,
+        quorum: &str,
+        (lock, resource_key): (&str, &str),
+        ttl: Duration,
+    ) -> Self {
         let mut identity = Self {
             lock: lock.to_owned(),
             key: format!("shared:{resource_key}"),
             resource_key: resource_key.to_owned(),
             quorum: quorum.to_owned(),
+            ttl: super::duration_text(ttl),
             created: 0,
         };
         identity.create_object(cluster).await;
@@ -46,7 +54,7 @@ impl IdentityLock {
         let object = serde_json::json!({
             "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
             "metadata": { "name": self.lock, "labels": { ROLE_LABEL: "identity" } },
-            "spec": { "quorum": self.quorum, "ttl": super::TTL, "resourceKey": self.resource_key,
+            "spec": { "quorum": self.quorum, "ttl": self.ttl, "resourceKey": self.resource_key,
                       "holder": { "identity": format!("{}-{}", self.lock, self.created) } }
         });
         self.created += 1;

@@ -100,6 +100,8 @@ pub struct Scenario {
     pub leader_permits: usize,
     /// Identity locks per cluster, on the same keys as the leader locks.
     pub identity_locks: usize,
+    /// The identity locks' TTL (at most `ttl`, the quorum's `maxTtl`).
+    pub identity_ttl: Duration,
     /// Job-fencing locks per cluster, on keys `churn-0`, `churn-1`, … (shared by the clusters).
     pub job_locks: usize,
     /// The Job locks' and `lock` processes' TTL, and the quorum's `maxTtl` (so at least `TTL`, the leader and
@@ -165,6 +167,7 @@ impl Default for Scenario {
             pods_per_lock: 0,
             leader_permits: 1,
             identity_locks: 0,
+            identity_ttl: DEFAULT_TTL,
             job_locks: 0,
             ttl: DEFAULT_TTL,
             job_fence_margin: None,
@@ -304,8 +307,9 @@ impl Side {
         }
         for index in 0..scenario.identity_locks {
             let key = format!("key-{}", index % scenario.leader_locks.max(1));
+            let name = format!("ident-{index}");
             let lock =
-                IdentityLock::create(&self.cluster, &self.quorum, &format!("ident-{index}"), &key).await;
+                IdentityLock::create(&self.cluster, &self.quorum, (&name, &key), scenario.identity_ttl).await;
             self.identities.push(lock);
         }
     }
