@@ -365,11 +365,13 @@ impl Cluster {
     }
 }
 
-/// The operator binary running as a child process, with its metrics on `port`.
+/// The operator binary running as a child process, with its metrics on `port` and its reports port (TLS) on
+/// `reports_port`.
 struct Operator {
     child: tokio::process::Child,
     pid: u32,
     port: u16,
+    reports_port: u16,
 }
 
 impl Operator {
@@ -381,12 +383,15 @@ impl Operator {
     /// [`Operator::start`] with the negative controls `controls` (comma-separated names; `""`: none).
     async fn start_with_controls(cluster: &Cluster, controls: &str) -> Result<Self, BoxError> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let reports_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let binary = std::env::var_os("OPERATOR_BENCH_BINARY")
             .unwrap_or_else(|| env!("CARGO_BIN_EXE_redlock-operator").into());
         let child = tokio::process::Command::new(binary)
             .args(["run", "--no-leader-election"])
             .arg("--metrics-addr")
             .arg(format!("127.0.0.1:{port}"))
+            .arg("--reports-addr")
+            .arg(format!("127.0.0.1:{reports_port}"))
             .arg("--installation-secret-file")
             .arg(&cluster.secret)
             .env("KUBECONFIG", &cluster.kubeconfig)
@@ -409,7 +414,12 @@ impl Operator {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Ok(Self { child, pid, port })
+        Ok(Self {
+            child,
+            pid,
+            port,
+            reports_port,
+        })
     }
 
     /// Installs the CRDs and the quorum on `cluster`, starts the binary and measures it idle with no lock (the

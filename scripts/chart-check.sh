@@ -136,7 +136,7 @@ lint_and_render toggles \
   --set metrics.service.enabled=false --set jobAdmissionPolicy.enabled=false --set quorum.create=false \
   --set apiPriority.enabled=false --set operator.lockSelector=team=payments \
   --set-json 'operator.lockNamespaces=["payments","billing"]' \
-  --set networkPolicy.enabled=true --set tests.enabled=false
+  --set networkPolicy.enabled=true --set tests.enabled=false --set handOver.tlsSecretName=reports-tls
 # Three masters without a password and a maxTtl shorter than the helm test's usual TTL, written as Go writes it
 # (the CRDs' grammar: a fraction here).
 lint_and_render short-ttl --set redis.replicas=3 --set redis.auth.enabled=false --set quorum.maxTtl=2.5s
@@ -250,6 +250,17 @@ expect "default: the operator looks at every lock" "$out/default.yaml" \
   "not any(a.startswith('--lock-') for a in kind('Deployment')[0]['spec']['template']['spec']['containers'][0]['args'])"
 expect "apiPriority.enabled=false: no FlowSchema or priority level" "$out/toggles.yaml" \
   "not kind('FlowSchema') and not kind('PriorityLevelConfiguration')"
+expect "hand-over reports: their own TLS port, with a key each replica makes (no Secret mounted)" "$out/default.yaml" \
+  "(lambda c: '--reports-addr=0.0.0.0:8443' in c['args'] and {'name': 'reports', 'containerPort': 8443, 'protocol': 'TCP'} in c['ports']
+     and not any(a.startswith('--reports-tls') for a in c['args']))(
+     kind('Deployment')[0]['spec']['template']['spec']['containers'][0])"
+expect "handOver.tlsSecretName: the Secret mounted and passed as the reports port's certificate and key" "$out/toggles.yaml" \
+  "(lambda p: '--reports-tls-cert=/etc/redlock-operator/reports-tls/tls.crt' in p['containers'][0]['args']
+     and '--reports-tls-key=/etc/redlock-operator/reports-tls/tls.key' in p['containers'][0]['args']
+     and {'name': 'reports-tls', 'secret': {'secretName': 'reports-tls', 'defaultMode': 288}} in p['volumes'])(
+     kind('Deployment')[0]['spec']['template']['spec'])"
+expect "NetworkPolicy: the operator admits the metrics port and the reports port, each in a rule of its own" "$out/toggles.yaml" \
+  "[[p['port'] for p in r['ports']] for r in kind('NetworkPolicy')[0]['spec']['ingress']] == [['metrics'], ['reports']]"
 expect "NetworkPolicy: the embedded masters let the helm test hook in" "$out/values-monitoring.yaml" \
   "any(peer.get('podSelector', {}).get('matchLabels', {}).get('app.kubernetes.io/component') == 'test'
        for n in kind('NetworkPolicy') for rule in n['spec'].get('ingress', []) for peer in rule.get('from', []))"

@@ -9,4 +9,5 @@ pub mod duration;
 mod fuzz_support;
 pub mod negative_controls;
 pub mod redlock;
+pub mod report_channel;
 pub mod telemetry;

@@ -450,9 +450,9 @@ fn spawn_elect_logging(
     )
 }
 
-/// The lock's status.handOverUrl, and the key waiting with `token` (its holder and release time), once status
-/// records it as given up.
-async fn given_up(env: &Env, token: i64) -> (String, String, k8s_openapi::jiff::Timestamp) {
+/// The lock's status.handOverUrl with its certificate pin, and the key waiting with `token` (its holder and
+/// release time), once status records it as given up.
+async fn given_up(env: &Env, token: i64) -> ((String, String), String, k8s_openapi::jiff::Timestamp) {
     let lock = lock_where(env, "web", "the key given up recorded", |lock| {
         lock.status
             .as_ref()
@@ -466,10 +466,16 @@ async fn given_up(env: &Env, token: i64) -> (String, String, k8s_openapi::jiff::
         .find(|key| key.fencing_token == token)
         .expect("the key");
     (
-        status
-            .hand_over_url
-            .clone()
-            .expect("status shows where to report"),
+        (
+            status
+                .hand_over_url
+                .clone()
+                .expect("status shows where to report"),
+            status
+                .hand_over_certificate_sha256
+                .clone()
+                .expect("status pins the certificate there"),
+        ),
         key.holder.clone(),
         key.release_at.0,
     )
@@ -515,7 +521,7 @@ async fn a_leader_that_reports_its_work_stopped_hands_over_before_its_validity_e
         read().ends_with("stop web-0\n").then_some(())
     })
     .await;
-    let (url, holder, release_at) = given_up(&env, 1).await;
+    let ((url, pin), holder, release_at) = given_up(&env, 1).await;
     assert_eq!(holder, "web-0");
     assert!(
         release_at >= shown,
@@ -563,7 +569,7 @@ async fn a_leader_that_reports_its_work_stopped_hands_over_before_its_validity_e
         ),
     ] {
         assert_eq!(
-            send_stopped_report(&url, bearer, body).await,
+            send_stopped_report(&url, &pin, bearer, body).await,
             (code, reason.to_owned()),
             "{what}"
         );
@@ -574,7 +580,7 @@ async fn a_leader_that_reports_its_work_stopped_hands_over_before_its_validity_e
     );
     // web-0's own report, as its elect would send it: taken, and web-1 leads long before the validity ends.
     assert_eq!(
-        send_stopped_report(&url, Some(&tokens["web-0"]), report(1)).await,
+        send_stopped_report(&url, &pin, Some(&tokens["web-0"]), report(1)).await,
         (200, "Taken".to_owned())
     );
     wait_for_leader(&env, "web-1").await;
@@ -813,6 +819,63 @@ async fn a_leader_deleted_after_its_grants_first_validity_still_reports_on_sigte
     env.cleanup(&[&quorum]).await;
 }
 
+/// Issue 39: a holder sends its report, and its token, only to the server whose certificate status pins. Here
+/// status names another server (a TLS server with a key of its own, behind a door that counts connections) beside
+/// the operator's pin: web-0's `elect` connects, completes no handshake with it, says why, sends nothing, and the
+/// key waits for the validity shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_sends_nothing_to_a_server_with_another_certificate() {
+    use redlock_operator::report_channel::{identity, server};
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let impostor = server::bind("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("bind");
+    let impostor_addr = impostor.local_addr;
+    let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = requests.clone();
+    let routes = axum::Router::new().fallback(move || async move {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        "taken"
+    });
+    let own_key = identity::Identity::new(&identity::KeySource::Generated, &[]).expect("a key");
+    let impostor_stop = tokio_util::sync::CancellationToken::new();
+    let _impostor = impostor.serve_reports(own_key.server_config, routes, impostor_stop.clone());
+    let door = ReportDoor::start().await;
+    door.open_to(impostor_addr);
+
+    let quorum = env.unique("q");
+    create_long_ttl_quorum(&masters, &env, &quorum).await;
+    let (running, shutdown) = operator_reporting_to(&env, &installation_secret(34), &door.url()).await;
+    quorum_available(&env, &quorum).await;
+    let mut web0 = ReportingLeader::start(&env, &quorum, "10s").await;
+    let shown = valid_until(&env, "web-0").await;
+
+    set_ready(&env, "web-0", false).await;
+    web0.command_stopped("web-0's command to stop on the move").await;
+    web0.wait_for_log(
+        "shows another certificate than the one status pins: nothing was sent to it",
+        "without having tried the server status names",
+    )
+    .await;
+    wait_for_leader(&env, "web-1").await;
+    assert!(
+        k8s_openapi::jiff::Timestamp::now() >= shown,
+        "handed over before the validity shown to web-0 ended ({shown})"
+    );
+    assert!(door.accepted() > 0, "elect never connected");
+    assert_eq!(
+        requests.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a request reached the server with another certificate"
+    );
+    assert_eq!(reports_taken(&running).await, 0.0, "the operator took a report");
+    let _ = web0.elect.kill().await;
+    impostor_stop.cancel();
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
+
 /// A door in front of the operator's report endpoint, for a test to hold reports in flight: connections are
 /// accepted (and counted) at once, and relayed once the door is opened.
 struct ReportDoor {
@@ -846,7 +909,7 @@ impl ReportDoor {
     }
 
     fn url(&self) -> String {
-        format!("http://{}/v1/stopped", self.addr)
+        format!("https://{}/v1/stopped", self.addr)
     }
 
     fn accepted(&self) -> usize {
@@ -892,7 +955,7 @@ async fn a_leader_whose_move_came_before_sigterm_finishes_its_report() {
         "on SIGTERM with its report in flight: the report was cut short",
     )
     .await;
-    door.open_to(running.metrics_addr);
+    door.open_to(running.reports_addr);
     web0.exits_having_reported().await;
     handed_over_on_the_report(&env, &running, shown).await;
     stop(running, shutdown).await;

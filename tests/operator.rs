@@ -400,6 +400,8 @@ async fn a_standby_takes_over_from_a_killed_active_replica_without_a_new_token()
             "run",
             "--metrics-addr",
             "127.0.0.1:0",
+            "--reports-addr",
+            "127.0.0.1:0",
             "--lease-duration",
             "2s",
             "--identity",
@@ -480,6 +482,7 @@ async fn the_binary_serves_health_and_metrics_and_sigterm_keeps_locks() {
         .args(["run", "--no-leader-election", "--log-format", "json"])
         .arg("--metrics-addr")
         .arg(format!("127.0.0.1:{port}"))
+        .args(["--reports-addr", "127.0.0.1:0"])
         .arg("--installation-secret-file")
         .arg(&secret_file)
         .env("KUBECONFIG", &env.kubeconfig)

@@ -34,7 +34,7 @@ const MARK: &str = "<!-- local-path: ";
 const STEP_DEADLINE: Duration = Duration::from_secs(240);
 const SETTLE_DEADLINE: Duration = Duration::from_secs(30);
 /// The ports the README uses, in the order of the free ones that replace them.
-const README_PORTS: [&str; 4] = ["7001", "7002", "7003", "8080"];
+const README_PORTS: [&str; 5] = ["7001", "7002", "7003", "8080", "8443"];
 
 #[derive(Debug)]
 struct Block {
@@ -279,7 +279,7 @@ fn the_readme_local_path_works_as_written() {
         ],
         "the marked blocks of the README's local path"
     );
-    let ports = [(); 4].map(|()| free_port().expect("a free port"));
+    let ports = [(); 5].map(|()| free_port().expect("a free port"));
     substitute(&mut blocks, &ports);
     let master_ports = &ports[..3];
 

@@ -71,10 +71,11 @@ async fn a_flood_of_forged_reports_costs_few_reviews_and_a_genuine_report_is_sti
             .is_some_and(|status| status.releasing.iter().any(|key| key.fencing_token == 1))
     })
     .await;
-    let url = lock
-        .status
-        .and_then(|status| status.hand_over_url)
-        .expect("status shows where to report");
+    let status = lock.status.expect("status");
+    let url = status.hand_over_url.expect("status shows where to report");
+    let pin = status
+        .hand_over_certificate_sha256
+        .expect("status pins the certificate there");
     let addr = url::Url::parse(&url)
         .expect("a URL")
         .socket_addrs(|| None)
@@ -100,11 +101,11 @@ async fn a_flood_of_forged_reports_costs_few_reviews_and_a_genuine_report_is_sti
         let (tally, namespace) = (tally.clone(), env.namespace.clone());
         clients.push(tokio::spawn(flood(addr, namespace, client, end, tally)));
     }
-    // web-0's own report, a second into the flood, as its elect sends it (kube's client, which retries a 429).
+    // web-0's own report, a second into the flood, as its elect sends it (trying again on a 429).
     tokio::time::sleep(Duration::from_secs(1)).await;
     let report = serde_json::json!({ "lock": "web", "permit": 0, "fencingToken": 1 });
     let sent_at = Instant::now();
-    let answer = send_stopped_report(&url, Some(&token), report).await;
+    let answer = send_stopped_report(&url, &pin, Some(&token), report).await;
     let latency = sent_at.elapsed();
     for client in clients {
         client.await.expect("a flood client");

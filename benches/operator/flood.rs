@@ -1,6 +1,6 @@
 //! A flood of forged reports beside held locks (issue 39): the real binary holds `locks` identity locks (ttl
 //! 10s); one window is measured idle, then the same window while 8 clients flood `POST /v1/stopped` on the
-//! operator's port with made-up bearer tokens and forged, unsigned JWTs for our audience
+//! operator's reports port (TLS, a handshake per request) with made-up bearer tokens and forged, unsigned JWTs for our audience
 //! (`tests/support/forged_reports.rs`, the mix the flood test sends). Per window:
 //! - the extensions' lag, mean (the histogram's sum over its count, over the window alone) and p99 (the upper
 //!   bound of its bucket: the buckets double, so the p99 only moves in steps);
@@ -60,7 +60,7 @@ pub async fn run(locks: usize, window: Duration) -> Result<(), BoxError> {
     let tally = Arc::new(Tally::default());
     let reviews_before = cluster.server.token_reviews();
     let end = Instant::now() + window;
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], operator.port));
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], operator.reports_port));
     let clients: Vec<_> = (0..CLIENTS)
         .map(|client| tokio::spawn(flood(addr, "default".to_owned(), client, end, tally.clone())))
         .collect();

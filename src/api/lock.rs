@@ -245,10 +245,15 @@ pub struct DistributedLockStatus {
     #[schemars(length(max = 100))]
     pub releasing: Vec<ReleasingKey>,
     /// Where a holder's `elect` or Job guard reports that its work has stopped for a key given up, so that the key
-    /// is released at once instead of at its releaseAt: the active operator replica's address.
+    /// is released at once instead of at its releaseAt: the active operator replica's address (https).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 2048))]
     pub hand_over_url: Option<String>,
+    /// The SHA-256 (lowercase hex) of the certificate the server at handOverUrl shows: holders send their report,
+    /// and their token, only to a server with this certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9a-f]{64}$"))]
+    pub hand_over_certificate_sha256: Option<String>,
     /// Holder changes and losses so far.
     #[serde(default)]
     pub transitions: i64,

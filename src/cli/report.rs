@@ -10,8 +10,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-// The `http` types of kube's client (axum re-exports the same crate).
-use axum::http::{Request, Uri, header};
 use k8s_openapi::jiff::Timestamp;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -20,6 +18,7 @@ use super::term::Term;
 use crate::api::DistributedLock;
 use crate::api::holder_contract::StoppedReport;
 use crate::api::lock::ReleasingKey;
+use crate::report_channel::client::{self, PostError};
 
 /// One attempt's bound: the operator answers after two reads and a token review.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -61,6 +60,7 @@ pub async fn report_stopped(
     let stopped_with = latest.borrow().clone();
     let shown = shown_until(stopped_with.as_deref(), reporter.holder, term);
     let mut announced = false;
+    let mut warned_wrong_server = false;
     loop {
         let seen = latest.borrow_and_update().clone();
         let Some(lock) = seen else {
@@ -95,29 +95,45 @@ pub async fn report_stopped(
                 );
                 return;
             }
-            GivenUp::ReportTo(Some(url)) => match send(reporter, &url, &report).await {
-                Sent::Taken => {
-                    eprintln!(
-                        "redlock-operator {}: reported the work under fencing token {} stopped: the key is handed over now",
-                        reporter.tool, term.token
-                    );
-                    return;
-                }
-                // Status has not caught up yet (the grant is still shown to a pod whose container could be
-                // restarted): the next status change may allow it.
-                Sent::NotYet => {}
-                Sent::Refused(message) => {
-                    eprintln!("redlock-operator {}: report refused: {message}", reporter.tool);
-                    return;
-                }
-                Sent::Unreachable(message) => {
-                    tracing::debug!(%message, "the operator could not be reached; trying again");
-                    tokio::select! {
-                        () = tokio::time::sleep(RETRY_PAUSE) => continue,
-                        () = tokio::time::sleep_until(deadline) => return gave_up(reporter, term),
+            GivenUp::ReportTo(Some(Destination { pin: None, .. })) => {
+                eprintln!(
+                    "redlock-operator {}: status shows no certificate pin beside handOverUrl (an operator older than this holder): nothing is sent, and the key goes when the validity shown ends",
+                    reporter.tool
+                );
+                return;
+            }
+            GivenUp::ReportTo(Some(Destination { url, pin: Some(pin) })) => {
+                match send(reporter, &url, &pin, &report).await {
+                    Sent::Taken => {
+                        eprintln!(
+                            "redlock-operator {}: reported the work under fencing token {} stopped: the key is handed over now",
+                            reporter.tool, term.token
+                        );
+                        return;
+                    }
+                    // Status has not caught up yet (the grant is still shown to a pod whose container could be
+                    // restarted): the next status change may allow it.
+                    Sent::NotYet => {}
+                    Sent::Refused(message) => {
+                        eprintln!("redlock-operator {}: report refused: {message}", reporter.tool);
+                        return;
+                    }
+                    Sent::Unreachable {
+                        message,
+                        wrong_server,
+                    } => {
+                        if wrong_server && !warned_wrong_server {
+                            eprintln!("redlock-operator {}: {message}; trying again", reporter.tool);
+                            warned_wrong_server = true;
+                        }
+                        tracing::debug!(%message, "the operator could not be reached; trying again");
+                        tokio::select! {
+                            () = tokio::time::sleep(RETRY_PAUSE) => continue,
+                            () = tokio::time::sleep_until(deadline) => return gave_up(reporter, term),
+                        }
                     }
                 }
-            },
+            }
         }
         tokio::select! {
             changed = latest.changed() => if changed.is_err() { return },
@@ -181,10 +197,17 @@ pub(crate) async fn unless_signalled(work: impl Future<Output = ()>) {
     }
 }
 
+/// Where status says to report: the URL and the pin of the certificate the server there must show.
+#[derive(Debug, PartialEq, Eq)]
+struct Destination {
+    url: String,
+    pin: Option<String>,
+}
+
 #[derive(Debug, PartialEq, Eq)]
 enum GivenUp {
     /// Status records the key as given up: report to this address (`None`: the operator takes no reports).
-    ReportTo(Option<String>),
+    ReportTo(Option<Destination>),
     /// Still shown as the grant, or not recorded yet.
     NotYet,
     /// Neither shown nor waiting: the key was released already (or taken over).
@@ -211,7 +234,10 @@ fn given_up(lock: &DistributedLock, holder: &str, permit: u32, token: i64) -> Gi
         return GivenUp::NotYet;
     };
     if recorded(lock, holder, permit, token).is_some() {
-        return GivenUp::ReportTo(status.hand_over_url.clone());
+        return GivenUp::ReportTo(status.hand_over_url.clone().map(|url| Destination {
+            url,
+            pin: status.hand_over_certificate_sha256.clone(),
+        }));
     }
     let shown = super::term::term_of(lock, holder)
         .is_some_and(|term| term.token == token && term.permit.unwrap_or(0) == permit);
@@ -222,10 +248,24 @@ enum Sent {
     Taken,
     NotYet,
     Refused(String),
-    Unreachable(String),
+    /// Not taken, worth another try; `wrong_server`: the server showed another certificate than the pinned one,
+    /// and nothing was sent to it.
+    Unreachable {
+        message: String,
+        wrong_server: bool,
+    },
 }
 
-async fn send(reporter: &Reporter<'_>, url: &str, report: &StoppedReport) -> Sent {
+impl Sent {
+    fn unreachable(message: impl Into<String>) -> Self {
+        Self::Unreachable {
+            message: message.into(),
+            wrong_server: false,
+        }
+    }
+}
+
+async fn send(reporter: &Reporter<'_>, url: &str, pin: &str, report: &StoppedReport) -> Sent {
     let token = match std::fs::read_to_string(reporter.token_file) {
         Ok(token) => token.trim().to_owned(),
         Err(err) => {
@@ -235,46 +275,29 @@ async fn send(reporter: &Reporter<'_>, url: &str, report: &StoppedReport) -> Sen
             ));
         }
     };
-    let Some((base, path)) = split_url(url) else {
-        return Sent::Refused(format!("status.handOverUrl {url:?} is not an http(s) URL"));
-    };
-    // kube's client is a plain HTTP(S) client once it has no credentials of its own: no second one is built in.
-    let client = match kube::Client::try_from(kube::Config::new(base)) {
-        Ok(client) => client,
-        Err(err) => return Sent::Unreachable(err.to_string()),
-    };
     let body = match serde_json::to_vec(report) {
         Ok(body) => body,
         Err(err) => return Sent::Refused(err.to_string()),
     };
-    let request = Request::post(path)
-        .header(header::AUTHORIZATION, format!("Bearer {token}"))
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(body);
-    let request = match request {
-        Ok(request) => request,
-        Err(err) => return Sent::Refused(err.to_string()),
-    };
-    match tokio::time::timeout(ATTEMPT_TIMEOUT, client.request_text(request)).await {
-        Ok(Ok(_)) => Sent::Taken,
-        Ok(Err(kube::Error::Api(status))) => match (status.code, status.reason.as_str()) {
-            (409, _) => Sent::NotYet,
-            (503, _) => Sent::Unreachable(status.message.clone()),
-            _ => Sent::Refused(format!("{} ({})", status.message, status.reason)),
+    let posted = client::post(url, pin, Some(&token), body);
+    match tokio::time::timeout(ATTEMPT_TIMEOUT, posted).await {
+        Ok(Ok(answer)) => match answer.code {
+            200..=299 => Sent::Taken,
+            409 => Sent::NotYet,
+            // Busy (the budgets of token reviews) or not the active replica yet: worth another try.
+            429 | 503 => Sent::unreachable(answer.summary()),
+            _ => Sent::Refused(answer.summary()),
         },
-        Ok(Err(err)) => Sent::Unreachable(err.to_string()),
-        Err(_) => Sent::Unreachable("no answer in time".into()),
+        Ok(Err(err @ (PostError::NotHttps(_) | PostError::NotAPin(_)))) => Sent::Refused(err.to_string()),
+        // A server with another certificate (a standby that took the old active's address, or somebody else's):
+        // nothing was sent to it, and the next status may name the right one.
+        Ok(Err(err @ PostError::PinMismatch { .. })) => Sent::Unreachable {
+            message: err.to_string(),
+            wrong_server: true,
+        },
+        Ok(Err(err)) => Sent::unreachable(err.to_string()),
+        Err(_) => Sent::unreachable("no answer in time"),
     }
-}
-
-/// `http://host:port/v1/stopped` as kube's client takes it: the base (scheme and authority) and the path.
-fn split_url(url: &str) -> Option<(Uri, String)> {
-    let parsed = url::Url::parse(url).ok()?;
-    if !matches!(parsed.scheme(), "http" | "https") {
-        return None;
-    }
-    let base: Uri = parsed.origin().ascii_serialization().parse().ok()?;
-    Some((base, parsed.path().to_owned()))
 }
 
 #[cfg(test)]
@@ -312,7 +335,8 @@ mod tests {
                 })
                 .into_iter()
                 .collect(),
-            hand_over_url: Some("http://10.0.0.5:8080/v1/stopped".into()),
+            hand_over_url: Some("https://10.0.0.5:8443/v1/stopped".into()),
+            hand_over_certificate_sha256: Some("ab".repeat(32)),
             ..DistributedLockStatus::default()
         });
         lock
@@ -322,7 +346,10 @@ mod tests {
     fn a_report_goes_only_for_a_grant_recorded_as_given_up() {
         assert_eq!(
             given_up(&lock(None, Some(7)), "web-0", 0, 7),
-            GivenUp::ReportTo(Some("http://10.0.0.5:8080/v1/stopped".into()))
+            GivenUp::ReportTo(Some(Destination {
+                url: "https://10.0.0.5:8443/v1/stopped".into(),
+                pin: Some("ab".repeat(32)),
+            }))
         );
         assert_eq!(
             given_up(&lock(Some(7), None), "web-0", 0, 7),
@@ -376,14 +403,5 @@ mod tests {
         assert_eq!(release_time(&recorded, "web-0", 0, 7), Some(at(1_000)));
         assert_eq!(release_time(&recorded, "web-0", 0, 6), None);
         assert_eq!(release_time(&extended, "web-0", 0, 7), None);
-    }
-
-    #[test]
-    fn the_address_splits_into_what_kubes_client_takes() {
-        let (base, path) = split_url("http://10.0.0.5:8080/v1/stopped").unwrap();
-        assert_eq!(base.to_string(), "http://10.0.0.5:8080/");
-        assert_eq!(path, "/v1/stopped");
-        assert!(split_url("ftp://10.0.0.5/v1/stopped").is_none());
-        assert!(split_url("not a url").is_none());
     }
 }

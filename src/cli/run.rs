@@ -9,10 +9,10 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use super::exit_code;
-use crate::api::holder_contract::STOPPED_REPORT_PATH;
 use crate::controller::installation_secret::InstallationSecret;
 use crate::controller::replica_lease::LeaseTiming;
-use crate::controller::run::{ElectionOptions, LockScope, RunOptions, start};
+use crate::controller::run::{ElectionOptions, LockScope, RunOptions, hand_over_url_at, start};
+use crate::report_channel::identity::KeySource;
 
 #[derive(Debug, Args)]
 #[command(after_help = durations_help!())]
@@ -20,6 +20,28 @@ pub struct RunArgs {
     /// Where /metrics, /healthz and /readyz are served.
     #[arg(long, env = "REDLOCK_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
+    /// Where holders' reports that their work stopped are taken, over TLS (a port of its own, so that a
+    /// NetworkPolicy can open metrics to the scraper and this to holder pods).
+    #[arg(long, env = "REDLOCK_REPORTS_ADDR", default_value = "0.0.0.0:8443")]
+    pub reports_addr: SocketAddr,
+    /// PEM certificate for the reports port (a mounted kubernetes.io/tls Secret's tls.crt), with
+    /// --reports-tls-key. Default: each replica makes its own key and self-signed certificate at start; status
+    /// shows the certificate's SHA-256 beside handOverUrl either way, and holders check it.
+    #[arg(
+        long,
+        env = "REDLOCK_REPORTS_TLS_CERT",
+        value_name = "PATH",
+        requires = "reports_tls_key"
+    )]
+    pub reports_tls_cert: Option<PathBuf>,
+    /// The PEM private key of --reports-tls-cert.
+    #[arg(
+        long,
+        env = "REDLOCK_REPORTS_TLS_KEY",
+        value_name = "PATH",
+        requires = "reports_tls_cert"
+    )]
+    pub reports_tls_key: Option<PathBuf>,
     /// Namespace of the Lease that picks the active replica (default: the kubeconfig's or the pod's namespace).
     #[arg(long, env = "POD_NAMESPACE")]
     pub namespace: Option<String>,
@@ -61,13 +83,13 @@ pub struct RunArgs {
     #[arg(long, env = "REDLOCK_LOCK_SELECTOR", value_name = "SELECTOR")]
     pub lock_selector: Option<String>,
     /// Where holders (`elect`, the Job guard) reach this replica to report that their work stopped, so that a key
-    /// given up is released at once on their word: shown in each lock's status.handOverUrl. Default: from
-    /// --pod-ip; else the metrics address when it names one IP; none when it is 0.0.0.0 (given-up keys then wait
-    /// for the validity shown).
+    /// given up is released at once on their word: shown in each lock's status.handOverUrl, an https URL that
+    /// reaches the reports port. Default: from --pod-ip; else the reports address when it names one IP; none when
+    /// it is 0.0.0.0 (given-up keys then wait for the validity shown).
     #[arg(long, env = "REDLOCK_HAND_OVER_URL", value_name = "URL")]
     pub hand_over_url: Option<String>,
     /// This replica's pod IP (the chart passes it through the downward API): the default --hand-over-url is
-    /// `http://<it>:<metrics port>/v1/stopped`.
+    /// `https://<it>:<reports port>/v1/stopped`.
     #[arg(long, env = "POD_IP", value_name = "IP")]
     pub pod_ip: Option<std::net::IpAddr>,
     /// How often each RedisQuorum's masters are checked and its status written.
@@ -90,11 +112,14 @@ pub async fn run(args: RunArgs) -> i32 {
         );
     }
     if let Some(url) = &args.hand_over_url
-        && !matches!(url::Url::parse(url), Ok(parsed) if matches!(parsed.scheme(), "http" | "https"))
+        && !url.is_empty()
+        && !matches!(url::Url::parse(url), Ok(parsed) if parsed.scheme() == "https" && parsed.host().is_some())
     {
         return fail(
             exit_code::USAGE,
-            format!("--hand-over-url {url:?} is not an http(s) URL"),
+            format!(
+                "--hand-over-url {url:?} is not an https URL: holders send reports only over TLS, to the reports port"
+            ),
         );
     }
     let secret = match &args.installation_secret_file {
@@ -157,6 +182,14 @@ pub async fn run(args: RunArgs) -> i32 {
     let shutdown = CancellationToken::new();
     let options = RunOptions {
         metrics_addr: args.metrics_addr,
+        reports_addr: args.reports_addr,
+        reports_key: match (&args.reports_tls_cert, &args.reports_tls_key) {
+            (Some(certificate), Some(key)) => KeySource::Files {
+                certificate: certificate.clone(),
+                key: key.clone(),
+            },
+            _ => KeySource::Generated,
+        },
         election,
         secret,
         health_interval: args.health_interval,
@@ -172,8 +205,8 @@ pub async fn run(args: RunArgs) -> i32 {
             .clone()
             .filter(|url| !url.is_empty())
             .or_else(|| {
-                let reachable = SocketAddr::new(args.pod_ip?, args.metrics_addr.port());
-                Some(format!("http://{reachable}{STOPPED_REPORT_PATH}"))
+                let reachable = SocketAddr::new(args.pod_ip?, args.reports_addr.port());
+                Some(hand_over_url_at(reachable))
             }),
     };
     let running = match start(client, options, shutdown.clone()).await {

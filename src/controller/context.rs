@@ -48,6 +48,8 @@ pub struct Context {
     pub jobs: Store<Job>,
     /// Where holders report that their work stopped (shown in every lock's status); `None`: not taken.
     pub hand_over_url: Option<String>,
+    /// The pin of the reports port's certificate, shown beside `hand_over_url`.
+    pub hand_over_pin: Option<String>,
     /// The pods that reported so, per given-up grant.
     pub stopped: StoppedPods,
     /// Consecutive failures per object, for the error backoff.

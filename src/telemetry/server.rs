@@ -1,5 +1,5 @@
-//! `/metrics`, `/healthz` and `/readyz` on one port, beside the routes the controllers serve there (holders'
-//! reports that their work stopped).
+//! `/metrics`, `/healthz` and `/readyz` on one port. Holders' reports have a port of their own
+//! (`crate::report_channel`), so that a NetworkPolicy can open this one to the scraper and that one to holders.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -24,7 +24,7 @@ struct Shared {
 
 /// The port, bound at start (so a port in use fails at once), served once the controllers' routes exist.
 pub struct Bound {
-    listener: TcpListener,
+    pub(crate) listener: TcpListener,
     pub local_addr: SocketAddr,
 }
 
@@ -35,20 +35,18 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<Bound> {
 }
 
 impl Bound {
-    /// Serves metrics, health and `routes` until `shutdown`.
+    /// Serves metrics and health until `shutdown`.
     pub fn serve(
         self,
         metrics: Arc<Metrics>,
         health: Arc<Health>,
-        routes: Router,
         shutdown: CancellationToken,
     ) -> tokio::task::JoinHandle<()> {
         let app = Router::new()
             .route("/metrics", get(metrics_text))
             .route("/healthz", get(|| async { "ok\n" }))
             .route("/readyz", get(ready))
-            .with_state(Shared { metrics, health })
-            .merge(routes);
+            .with_state(Shared { metrics, health });
         let listener = self.listener;
         tokio::spawn(async move {
             let served = axum::serve(listener, app)

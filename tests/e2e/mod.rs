@@ -468,6 +468,8 @@ async fn operator_of(
     let shutdown = CancellationToken::new();
     let options = RunOptions {
         metrics_addr: "127.0.0.1:0".parse().expect("addr"),
+        reports_addr: "127.0.0.1:0".parse().expect("addr"),
+        reports_key: Default::default(),
         election: identity.map(|identity| ElectionOptions {
             namespace: env.namespace.clone(),
             lease_name: "redlock-operator".into(),
@@ -738,24 +740,26 @@ pub async fn pod_token(env: &Env, pod: &str, audience: &str) -> String {
         .expect("a token for the pod")
 }
 
-/// Sends a report that a holder's work stopped to `url` (a lock's `status.handOverUrl`), as `elect` does, with
-/// `bearer` as the token: the answer's HTTP status and reason.
-pub async fn send_stopped_report(url: &str, bearer: Option<&str>, body: serde_json::Value) -> (u16, String) {
-    let parsed = url::Url::parse(url).expect("status.handOverUrl is a URL");
-    let base = parsed.origin().ascii_serialization().parse().expect("an origin");
-    let client = Client::try_from(Config::new(base)).expect("an HTTP client");
-    let mut request =
-        axum::http::Request::post(parsed.path()).header(axum::http::header::CONTENT_TYPE, "application/json");
-    if let Some(bearer) = bearer {
-        request = request.header(axum::http::header::AUTHORIZATION, format!("Bearer {bearer}"));
-    }
-    let request = request
-        .body(serde_json::to_vec(&body).expect("JSON"))
-        .expect("a request");
-    match client.request::<serde_json::Value>(request).await {
-        Ok(answer) => (200, answer["reason"].as_str().unwrap_or_default().to_owned()),
-        Err(kube::Error::Api(status)) => (status.code, status.reason.clone()),
-        Err(other) => panic!("the operator did not answer the report: {other}"),
+/// Sends a report that a holder's work stopped to `url` (a lock's `status.handOverUrl`), as `elect` does: over
+/// TLS to the server whose certificate has `pin` (`status.handOverCertificateSha256`), with `bearer` as the token.
+/// Tries again, as `elect` does, while the answer is 429 or 503 (for at most ten seconds). The answer's HTTP
+/// status and reason.
+pub async fn send_stopped_report(
+    url: &str,
+    pin: &str,
+    bearer: Option<&str>,
+    body: serde_json::Value,
+) -> (u16, String) {
+    let body = serde_json::to_vec(&body).expect("JSON");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = redlock_operator::report_channel::client::post(url, pin, bearer, body.clone())
+            .await
+            .unwrap_or_else(|err| panic!("the operator did not answer the report: {err}"));
+        if !matches!(answer.code, 429 | 503) || tokio::time::Instant::now() > deadline {
+            return (answer.code, answer.reason_and_message().0);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 

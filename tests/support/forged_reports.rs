@@ -1,6 +1,7 @@
 //! Reports of stopped work as a client without a genuine token sends them: a made-up bearer token or a JWT that
 //! reads as a projected token for our audience with a signature nobody issued, POSTed over a connection of its
-//! own. Used by the flood test (tests/report_flood.rs) and the operator bench's flood phase.
+//! own, over TLS to whatever certificate the port shows (an attacker has no reason to check the pin). Used by the
+//! flood test (tests/report_flood.rs) and the operator bench's flood phase.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -40,7 +41,12 @@ pub struct Answer {
 /// POSTs `body` to the report path on `addr` over a connection of its own, declaring `declared` bytes
 /// (`None`: the body's length) and sending only `body`; reads the answer's status line and headers.
 pub async fn post(addr: SocketAddr, bearer: &str, body: &[u8], declared: Option<usize>) -> Answer {
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let server_name = rustls::pki_types::ServerName::from(addr.ip());
+    let mut stream = any_certificate()
+        .connect(server_name, tcp)
+        .await
+        .expect("a TLS handshake");
     let head = format!(
         "POST /v1/stopped HTTP/1.1\r\nHost: operator\r\nAuthorization: Bearer {bearer}\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
@@ -116,5 +122,60 @@ pub async fn flood(addr: SocketAddr, namespace: String, client: usize, end: Inst
                 }
             }
         }
+    }
+}
+
+/// A TLS client that takes any certificate (and checks that the server holds its key, as rustls always does).
+fn any_certificate() -> tokio_rustls::TlsConnector {
+    static CONNECTOR: std::sync::OnceLock<tokio_rustls::TlsConnector> = std::sync::OnceLock::new();
+    CONNECTOR
+        .get_or_init(|| {
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+                .with_safe_default_protocol_versions()
+                .expect("TLS versions")
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+                .with_no_client_auth();
+            tokio_rustls::TlsConnector::from(Arc::new(config))
+        })
+        .clone()
+}
+
+#[derive(Debug)]
+struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
     }
 }

@@ -59,6 +59,7 @@ async fn write_status_from(
         next.held = Some(held_count(&next, current.spec.permits));
         // Where the holders shown here report that their work stopped: this replica, which wrote what they see.
         next.hand_over_url.clone_from(&ctx.hand_over_url);
+        next.hand_over_certificate_sha256.clone_from(&ctx.hand_over_pin);
         if &next == before {
             return Ok(Some(current.into_owned()));
         }

@@ -1,4 +1,4 @@
-//! `redlock-operator run`, as a library function: the metrics/health server, the Lease election, the keeper
+//! `redlock-operator run`, as a library function: the metrics/health server, the reports port, the Lease election, the keeper
 //! of held locks and the two controllers, stopped together by one token. Tests run exactly this in-process.
 
 pub mod routing;
@@ -31,6 +31,8 @@ use super::replica_lease::{Elector, Leadership, LeaseTiming};
 use super::{lock, quorum};
 use crate::api::holder_contract::{LOCK_LABEL, STOPPED_REPORT_PATH};
 use crate::api::{DistributedLock, RedisQuorum};
+use crate::report_channel;
+use crate::report_channel::identity::{Identity, IdentityError, KeySource};
 use crate::telemetry::events::{Recorder, Reporter};
 use crate::telemetry::health::Health;
 use crate::telemetry::metrics::Metrics;
@@ -49,6 +51,10 @@ pub struct ElectionOptions {
 
 pub struct RunOptions {
     pub metrics_addr: SocketAddr,
+    /// Where holders' reports are taken, over TLS.
+    pub reports_addr: SocketAddr,
+    /// The reports port's key: made at start, or read from files.
+    pub reports_key: KeySource,
     /// `None`: this process is the only replica and always active.
     pub election: Option<ElectionOptions>,
     pub secret: InstallationSecret,
@@ -63,9 +69,10 @@ pub struct RunOptions {
     /// Which locks this installation looks at: those in these namespaces (all when empty) matching this label
     /// selector (all when `None`). Others never enter its cache.
     pub scope: LockScope,
-    /// Where holders reach this replica to report their work stopped (`http://<pod IP>:<port>/v1/stopped`),
-    /// shown in each lock's status. `None`: the metrics address when it is a specific loopback or IP address,
-    /// else no reports are taken and a given-up key waits for the validity shown to its holder.
+    /// Where holders reach this replica to report their work stopped (`https://<pod IP>:<port>/v1/stopped`),
+    /// shown in each lock's status with the pin of the reports port's certificate. `None`: the reports address
+    /// when it is a specific loopback or IP address, else no reports are taken and a given-up key waits for the
+    /// validity shown to its holder.
     pub hand_over_url: Option<String>,
 }
 
@@ -98,15 +105,24 @@ impl RunOptions {
     }
 }
 
-/// The report address when none is given: the metrics port's, when it is bound to an address holders can reach
+/// The report address when none is given: the reports port's, when it is bound to an address holders can reach
 /// by that name (a loopback or a pod IP), not to every interface.
-fn default_hand_over_url(metrics_addr: SocketAddr) -> Option<String> {
-    (!metrics_addr.ip().is_unspecified()).then(|| format!("http://{metrics_addr}{STOPPED_REPORT_PATH}"))
+fn default_hand_over_url(reports_addr: SocketAddr) -> Option<String> {
+    (!reports_addr.ip().is_unspecified()).then(|| hand_over_url_at(reports_addr))
+}
+
+/// `https://<addr>/v1/stopped`.
+pub fn hand_over_url_at(addr: SocketAddr) -> String {
+    format!("https://{addr}{STOPPED_REPORT_PATH}")
 }
 
 /// A started operator.
 pub struct Running {
     pub metrics_addr: SocketAddr,
+    /// Where the reports port listens (TLS).
+    pub reports_addr: SocketAddr,
+    /// The pin of its certificate.
+    pub reports_pin: String,
     pub leadership: Arc<Leadership>,
     pub keeper: Arc<Keeper>,
     pub task: JoinHandle<()>,
@@ -119,6 +135,8 @@ pub enum RunError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    ReportsKey(#[from] IdentityError),
 }
 
 /// Starts everything and returns once the metrics port is bound. Cancelling `shutdown` stops the controllers,
@@ -138,13 +156,21 @@ pub async fn start(
             source,
         })?;
     let metrics_addr = listener.local_addr;
+    let reports_listener = report_channel::server::bind(options.reports_addr)
+        .await
+        .map_err(|source| RunError::Listen {
+            addr: options.reports_addr,
+            source,
+        })?;
+    let reports_addr = reports_listener.local_addr;
     let hand_over_url = options
         .hand_over_url
         .clone()
-        .or_else(|| default_hand_over_url(metrics_addr));
+        .or_else(|| default_hand_over_url(reports_addr));
+    let reports_identity = Identity::new(&options.reports_key, &certificate_names(hand_over_url.as_deref()))?;
     match &hand_over_url {
         Some(url) => {
-            tracing::info!(%url, "holders report their work stopped here: a key given up is released at once on their word")
+            tracing::info!(%url, certificate_sha256 = %reports_identity.pin, "holders report their work stopped here, over TLS to this certificate (status shows its pin): a key given up is released at once on their word")
         }
         None => tracing::warn!(
             "no --hand-over-url: holders cannot report their work stopped, so every key given up waits for the validity shown to its holder"
@@ -206,15 +232,16 @@ pub async fn start(
         pod_index: pod_index.clone(),
         jobs: job_store.clone(),
         hand_over_url: hand_over_url.clone(),
+        hand_over_pin: hand_over_url.as_ref().map(|_| reports_identity.pin.clone()),
         stopped: Default::default(),
         failures: Default::default(),
         written: Default::default(),
         queue_tickets: Default::default(),
         release_wakes: Default::default(),
     });
-    let server_task = listener.serve(
-        metrics.clone(),
-        health.clone(),
+    let server_task = listener.serve(metrics.clone(), health.clone(), server_stop.clone());
+    let reports_task = reports_listener.serve_reports(
+        reports_identity.server_config.clone(),
         lock::reports::endpoint::router(ctx.clone()),
         server_stop.clone(),
     );
@@ -352,9 +379,12 @@ pub async fn start(
         gauge_task.abort();
         server_stop.cancel();
         let _ = server_task.await;
+        let _ = reports_task.await;
     });
     Ok(Running {
         metrics_addr,
+        reports_addr,
+        reports_pin: reports_identity.pin,
         leadership,
         keeper,
         task,
@@ -387,4 +417,17 @@ fn receiver_stream(
     futures::stream::unfold(receiver, |mut receiver| async move {
         receiver.recv().await.map(|lock| (lock, receiver))
     })
+}
+
+/// The names the generated certificate carries: the host of the hand-over URL, for people who look at it (holders
+/// check its pin, not its names).
+fn certificate_names(hand_over_url: Option<&str>) -> Vec<String> {
+    hand_over_url
+        .and_then(|url| url::Url::parse(url).ok())
+        .and_then(|url| {
+            url.host_str()
+                .map(|host| host.trim_start_matches('[').trim_end_matches(']').to_owned())
+        })
+        .into_iter()
+        .collect()
 }

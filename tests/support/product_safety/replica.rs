@@ -60,6 +60,8 @@ impl Replica {
                 "run",
                 "--metrics-addr",
                 "127.0.0.1:0",
+                "--reports-addr",
+                "127.0.0.1:0",
                 "--health-interval",
                 "500ms",
             ])

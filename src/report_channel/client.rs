@@ -1,0 +1,280 @@
+//! A holder's side of the channel: one POST over TLS to the URL status shows, to a server whose certificate has
+//! the pin status shows beside it, and to no other. Nothing (not the token, not the report) is sent before the
+//! server has shown that certificate and proved it holds its key.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::http::{HeaderValue, Request, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::rt::TokioIo;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, SignatureScheme};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+/// The most of an answer that is read (the operator's are a few hundred bytes).
+const ANSWER_LIMIT: usize = 64 * 1024;
+
+/// The server's answer: its HTTP status and body.
+#[derive(Debug)]
+pub struct Answer {
+    pub code: u16,
+    pub body: Bytes,
+}
+
+impl Answer {
+    /// The answer's `reason` and `message` (the operator answers with a Kubernetes `Status`), or its status code.
+    pub fn reason_and_message(&self) -> (String, String) {
+        let status: serde_json::Value = serde_json::from_slice(&self.body).unwrap_or_default();
+        let text = |field: &str| status[field].as_str().unwrap_or_default().to_owned();
+        (text("reason"), text("message"))
+    }
+
+    /// `message (reason)`, for a log line.
+    pub fn summary(&self) -> String {
+        match self.reason_and_message() {
+            (reason, message) if !reason.is_empty() || !message.is_empty() => format!("{message} ({reason})"),
+            _ => format!("HTTP {}", self.code),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PostError {
+    #[error("{0:?} is not an https URL with a host")]
+    NotHttps(String),
+    #[error("{0:?} is not a certificate pin (64 hex digits)")]
+    NotAPin(String),
+    #[error("the server at {url} shows another certificate than the one status pins: nothing was sent to it")]
+    PinMismatch { url: String },
+    #[error("cannot reach {url}: {reason}")]
+    Unreachable { url: String, reason: String },
+}
+
+/// POSTs `body` (JSON) with `bearer` as its credentials to `url`, over TLS to a server whose certificate has `pin`.
+pub async fn post(url: &str, pin: &str, bearer: Option<&str>, body: Vec<u8>) -> Result<Answer, PostError> {
+    let parsed = url::Url::parse(url).map_err(|_| PostError::NotHttps(url.to_owned()))?;
+    let (Some(host), Some(port)) = (parsed.host_str(), parsed.port_or_known_default()) else {
+        return Err(PostError::NotHttps(url.to_owned()));
+    };
+    if parsed.scheme() != "https" {
+        return Err(PostError::NotHttps(url.to_owned()));
+    }
+    let pin = super::pin::parse(pin).ok_or_else(|| PostError::NotAPin(pin.to_owned()))?;
+    let unreachable = |reason: String| PostError::Unreachable {
+        url: url.to_owned(),
+        reason,
+    };
+    // An IPv6 host comes bracketed, as URLs write it.
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let server_name = ServerName::try_from(host.to_owned()).map_err(|err| unreachable(err.to_string()))?;
+    let tcp = TcpStream::connect((host, port))
+        .await
+        .map_err(|err| unreachable(err.to_string()))?;
+    let _ = tcp.set_nodelay(true);
+    let tls = connector(&pin)
+        .map_err(|err| unreachable(err.to_string()))?
+        .connect(server_name, tcp)
+        .await
+        .map_err(|err| {
+            if is_pin_mismatch(&err) {
+                PostError::PinMismatch { url: url.to_owned() }
+            } else {
+                unreachable(err.to_string())
+            }
+        })?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .map_err(|err| unreachable(err.to_string()))?;
+    let driver = tokio::spawn(connection);
+    let mut request = Request::post(parsed.path())
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONNECTION, "close");
+    if let Ok(authority) = HeaderValue::from_str(&authority(&parsed)) {
+        request = request.header(header::HOST, authority);
+    }
+    if let Some(bearer) = bearer {
+        request = request.header(header::AUTHORIZATION, format!("Bearer {bearer}"));
+    }
+    let request = request
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|err| unreachable(err.to_string()))?;
+    let answered = sender.send_request(request).await;
+    let answer = match answered {
+        Ok(response) => {
+            let code = response.status().as_u16();
+            Limited::new(response.into_body(), ANSWER_LIMIT)
+                .collect()
+                .await
+                .map(|body| Answer {
+                    code,
+                    body: body.to_bytes(),
+                })
+                .map_err(|err| unreachable(err.to_string()))
+        }
+        Err(err) => Err(unreachable(err.to_string())),
+    };
+    driver.abort();
+    answer
+}
+
+fn authority(url: &url::Url) -> String {
+    match (url.host_str(), url.port()) {
+        (Some(host), Some(port)) => format!("{host}:{port}"),
+        (Some(host), None) => host.to_owned(),
+        _ => String::new(),
+    }
+}
+
+fn connector(pin: &str) -> Result<TlsConnector, rustls::Error> {
+    let provider = super::crypto_provider();
+    let mut config = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(PinnedCertificate {
+            pin: pin.to_owned(),
+            provider,
+        }))
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(TlsConnector::from(Arc::new(config)))
+}
+
+fn is_pin_mismatch(err: &std::io::Error) -> bool {
+    err.get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .is_some_and(|err| {
+            matches!(
+                err,
+                rustls::Error::InvalidCertificate(CertificateError::ApplicationVerificationFailure)
+            )
+        })
+}
+
+/// Trusts the one certificate with the pin, whatever names and dates it carries: the pin came with the URL in the
+/// lock's status, which only the operator writes and the holder reads through the API server's authentication,
+/// so a name check would add nothing, and the replica's own certificate names no CA. The handshake's signature is
+/// still verified, so the server must hold the certificate's key.
+#[derive(Debug)]
+struct PinnedCertificate {
+    pin: String,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for PinnedCertificate {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        if super::pin::of(end_entity) == self.pin {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::report_channel::identity::{Identity, KeySource};
+    use crate::report_channel::server;
+
+    /// A reports server answering every request with 200, counting them.
+    async fn counting_server() -> (String, String, Arc<AtomicUsize>, CancellationToken) {
+        let bound = server::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let url = format!("https://{}/v1/stopped", bound.local_addr);
+        let identity = Identity::new(&KeySource::Generated, &["127.0.0.1".into()]).unwrap();
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counted = requests.clone();
+        let routes = axum::Router::new().fallback(move || async move {
+            counted.fetch_add(1, Ordering::SeqCst);
+            "taken"
+        });
+        let stop = CancellationToken::new();
+        bound.serve_reports(identity.server_config, routes, stop.clone());
+        (url, identity.pin, requests, stop)
+    }
+
+    #[tokio::test]
+    async fn a_post_reaches_the_pinned_server_and_no_other() {
+        let (url, pin, requests, stop) = counting_server().await;
+        let answer = post(&url, &pin, Some("token"), b"{}".to_vec()).await.unwrap();
+        assert_eq!((answer.code, &answer.body[..]), (200, &b"taken"[..]));
+        assert_eq!(requests.load(Ordering::SeqCst), 1);
+
+        let other = "ab".repeat(32);
+        let err = post(&url, &other, Some("token"), b"{}".to_vec())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, PostError::PinMismatch { .. }), "{err}");
+        assert_eq!(
+            requests.load(Ordering::SeqCst),
+            1,
+            "a request reached the wrong server"
+        );
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn nothing_goes_over_plain_http_or_without_a_pin() {
+        let pin = "ab".repeat(32);
+        let err = post("http://127.0.0.1:1/v1/stopped", &pin, None, Vec::new())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, PostError::NotHttps(_)), "{err}");
+        let err = post("https://127.0.0.1:1/v1/stopped", "nope", None, Vec::new())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, PostError::NotAPin(_)), "{err}");
+        let err = post("not a url", &pin, None, Vec::new()).await.unwrap_err();
+        assert!(matches!(err, PostError::NotHttps(_)), "{err}");
+    }
+}
