@@ -198,8 +198,68 @@ async fn leader_election(cluster: &Cluster, report: &Report, observer: &Observer
         wait_held(cluster, LEADER_LOCK, Duration::from_secs(10)).await,
     );
     service_reaches_the_leader(cluster, report, observer).await;
+    reports_port_shows_the_pinned_certificate(cluster, report).await;
     hand_over(cluster, report, observer).await;
     true
+}
+
+/// The lock's status names the active replica's reports port (https, on its pod IP) and pins its certificate; the
+/// port shows that certificate (a POST without a token, over the pinned channel, is answered 401), and a client
+/// with another pin is refused before it sends anything. Needs the pod network reachable from where the suite
+/// runs (a single node is); elsewhere it says so and moves on.
+async fn reports_port_shows_the_pinned_certificate(cluster: &Cluster, report: &Report) {
+    use redlock_operator::report_channel::client::{PostError, post};
+    let locks: Api<DistributedLock> = Api::namespaced(cluster.client.clone(), &cluster.app_ns);
+    let status = locks.get(LEADER_LOCK).await.ok().and_then(|lock| lock.status);
+    let shown = status.as_ref().and_then(|status| {
+        Some((
+            status.hand_over_url.clone()?,
+            status.hand_over_certificate_sha256.clone()?,
+        ))
+    });
+    let Some((url, pin)) = shown else {
+        report.check(
+            "the lock's status shows handOverUrl and handOverCertificateSha256",
+            false,
+            format!("{status:?}"),
+        );
+        return;
+    };
+    report.check(
+        "the lock's status shows an https handOverUrl and a certificate pin",
+        url.starts_with("https://") && url.ends_with(":8443/v1/stopped"),
+        format!("{url} {pin}"),
+    );
+    match post(&url, &pin, None, b"{}".to_vec()).await {
+        Ok(answer) => {
+            report.check(
+                "the reports port shows the pinned certificate and refuses a report without a token (401)",
+                answer.code == 401,
+                answer.summary(),
+            );
+        }
+        Err(PostError::Unreachable { reason, .. }) => {
+            report.note(&format!(
+                "the reports port at {url} is not reachable from here ({reason}): the pin is not checked"
+            ));
+            return;
+        }
+        Err(err) => {
+            report.check(
+                "the reports port shows the pinned certificate",
+                false,
+                err.to_string(),
+            );
+            return;
+        }
+    }
+    let other = "0".repeat(64);
+    let refused = post(&url, &other, None, b"{}".to_vec()).await;
+    report.check(
+        "a client with another pin completes no handshake with the reports port",
+        matches!(refused, Err(PostError::PinMismatch { .. })),
+        format!("{refused:?}"),
+    );
 }
 
 /// The Service `web-leader` selects the leader label: its endpoints are the leader alone.
