@@ -121,14 +121,17 @@ pub async fn report_stopped(
                     Sent::Unreachable {
                         message,
                         wrong_server,
+                        retry_after,
                     } => {
                         if wrong_server && !warned_wrong_server {
                             eprintln!("redlock-operator {}: {message}; trying again", reporter.tool);
                             warned_wrong_server = true;
                         }
                         tracing::debug!(%message, "the operator could not be reached; trying again");
+                        // As long as the operator asks (its budgets of token reviews), never past the deadline.
+                        let pause = retry_after.unwrap_or_default().max(RETRY_PAUSE);
                         tokio::select! {
-                            () = tokio::time::sleep(RETRY_PAUSE) => continue,
+                            () = tokio::time::sleep(pause) => continue,
                             () = tokio::time::sleep_until(deadline) => return gave_up(reporter, term),
                         }
                     }
@@ -248,11 +251,12 @@ enum Sent {
     Taken,
     NotYet,
     Refused(String),
-    /// Not taken, worth another try; `wrong_server`: the server showed another certificate than the pinned one,
-    /// and nothing was sent to it.
+    /// Not taken, worth another try (after `retry_after` when the operator said so); `wrong_server`: the server
+    /// showed another certificate than the pinned one, and nothing was sent to it.
     Unreachable {
         message: String,
         wrong_server: bool,
+        retry_after: Option<Duration>,
     },
 }
 
@@ -260,6 +264,7 @@ impl Sent {
     fn unreachable(message: impl Into<String>) -> Self {
         Self::Unreachable {
             message: message.into(),
+            retry_after: None,
             wrong_server: false,
         }
     }
@@ -285,7 +290,11 @@ async fn send(reporter: &Reporter<'_>, url: &str, pin: &str, report: &StoppedRep
             200..=299 => Sent::Taken,
             409 => Sent::NotYet,
             // Busy (the budgets of token reviews) or not the active replica yet: worth another try.
-            429 | 503 => Sent::unreachable(answer.summary()),
+            429 | 503 => Sent::Unreachable {
+                message: answer.summary(),
+                wrong_server: false,
+                retry_after: answer.retry_after,
+            },
             _ => Sent::Refused(answer.summary()),
         },
         Ok(Err(err @ (PostError::NotHttps(_) | PostError::NotAPin(_)))) => Sent::Refused(err.to_string()),
@@ -294,6 +303,7 @@ async fn send(reporter: &Reporter<'_>, url: &str, pin: &str, report: &StoppedRep
         Ok(Err(err @ PostError::PinMismatch { .. })) => Sent::Unreachable {
             message: err.to_string(),
             wrong_server: true,
+            retry_after: None,
         },
         Ok(Err(err)) => Sent::unreachable(err.to_string()),
         Err(_) => Sent::unreachable("no answer in time"),

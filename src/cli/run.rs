@@ -112,7 +112,6 @@ pub async fn run(args: RunArgs) -> i32 {
         );
     }
     if let Some(url) = &args.hand_over_url
-        && !url.is_empty()
         && !matches!(url::Url::parse(url), Ok(parsed) if parsed.scheme() == "https" && parsed.host().is_some())
     {
         return fail(

@@ -3,6 +3,7 @@
 //! server has shown that certificate and proved it holds its key.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::{HeaderValue, Request, header};
@@ -14,6 +15,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, SignatureScheme};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
+use tokio_util::task::AbortOnDropHandle;
 
 /// The most of an answer that is read (the operator's are a few hundred bytes).
 const ANSWER_LIMIT: usize = 64 * 1024;
@@ -23,6 +25,8 @@ const ANSWER_LIMIT: usize = 64 * 1024;
 pub struct Answer {
     pub code: u16,
     pub body: Bytes,
+    /// `Retry-After`, in seconds, when the answer has one.
+    pub retry_after: Option<Duration>,
 }
 
 impl Answer {
@@ -89,7 +93,8 @@ pub async fn post(url: &str, pin: &str, bearer: Option<&str>, body: Vec<u8>) -> 
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
         .await
         .map_err(|err| unreachable(err.to_string()))?;
-    let driver = tokio::spawn(connection);
+    // Ends with this attempt, also when a timeout drops it midway (the server's slot is freed at once).
+    let _driver = AbortOnDropHandle::new(tokio::spawn(connection));
     let mut request = Request::post(parsed.path())
         .header(header::CONTENT_TYPE, "application/json")
         .header(header::CONNECTION, "close");
@@ -103,22 +108,26 @@ pub async fn post(url: &str, pin: &str, bearer: Option<&str>, body: Vec<u8>) -> 
         .body(Full::new(Bytes::from(body)))
         .map_err(|err| unreachable(err.to_string()))?;
     let answered = sender.send_request(request).await;
-    let answer = match answered {
+    match answered {
         Ok(response) => {
             let code = response.status().as_u16();
+            let retry_after = response
+                .headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|value| value.to_str().ok()?.trim().parse::<u64>().ok())
+                .map(Duration::from_secs);
             Limited::new(response.into_body(), ANSWER_LIMIT)
                 .collect()
                 .await
                 .map(|body| Answer {
                     code,
                     body: body.to_bytes(),
+                    retry_after,
                 })
                 .map_err(|err| unreachable(err.to_string()))
         }
         Err(err) => Err(unreachable(err.to_string())),
-    };
-    driver.abort();
-    answer
+    }
 }
 
 fn authority(url: &url::Url) -> String {

@@ -1,5 +1,7 @@
 //! The reports port: TLS with the replica's own certificate, one request per connection, and a bound on what a
-//! client without credentials can hold (connections at once, and each connection's life), whatever it sends.
+//! client without credentials can hold (connections at once, per source address and in all, each connection's
+//! life and buffers), whatever it sends. A connection beyond a bound is closed at once, so that a holder fails
+//! fast and tries again rather than waiting in the backlog.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,8 +15,16 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-/// Connections served at once; more wait in the kernel's backlog. Each holds a task, a TLS session and buffers.
+use super::sources::Sources;
+
+/// Connections served at once; more are closed as they come. Each holds a task, a TLS session and buffers (at
+/// most [`MAX_BUFFER`] each way).
 const MAX_CONNECTIONS: usize = 256;
+/// Connections served at once from one source address (a pod).
+const PER_SOURCE: usize = 8;
+/// The most of a request buffered (hyper's least is 8 KiB): a report's headers take 1–2 KiB, and its body is
+/// limited to 4 KiB before it is read.
+const MAX_BUFFER: usize = 16 * 1024;
 /// A client that has not finished its handshake by then is dropped (a slow handshake holds a connection slot).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 /// The request's headers must have come by then.
@@ -37,20 +47,16 @@ impl Bound {
     ) -> tokio::task::JoinHandle<()> {
         let acceptor = TlsAcceptor::from(tls);
         let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        let sources = Sources::new(PER_SOURCE);
         let listener = self.listener;
         tokio::spawn(async move {
             loop {
-                let slot = tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    slot = slots.clone().acquire_owned() => slot,
-                };
-                let Ok(slot) = slot else { return };
-                let stream = tokio::select! {
+                let accepted = tokio::select! {
                     () = shutdown.cancelled() => return,
                     accepted = listener.accept() => accepted,
                 };
-                let stream = match stream {
-                    Ok((stream, _peer)) => stream,
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
                     Err(err) => {
                         // Out of file descriptors, most likely: pause rather than spin.
                         tracing::warn!(error = %err, "the reports port cannot accept a connection");
@@ -58,9 +64,16 @@ impl Bound {
                         continue;
                     }
                 };
+                // Beyond a bound the connection is dropped, which closes it.
+                let Some(source) = sources.enter(peer.ip()) else {
+                    continue;
+                };
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    continue;
+                };
                 let (acceptor, routes, stop) = (acceptor.clone(), routes.clone(), shutdown.clone());
                 tokio::spawn(async move {
-                    let _slot = slot;
+                    let _slots = (slot, source);
                     let _ =
                         tokio::time::timeout(CONNECTION_LIFETIME, serve_one(acceptor, stream, routes, stop))
                             .await;
@@ -77,6 +90,7 @@ async fn serve_one(acceptor: TlsAcceptor, stream: TcpStream, routes: Router, sto
     };
     let connection = hyper::server::conn::http1::Builder::new()
         .keep_alive(false)
+        .max_buf_size(MAX_BUFFER)
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
         .serve_connection(TokioIo::new(tls), TowerToHyperService::new(routes));

@@ -742,7 +742,7 @@ pub async fn pod_token(env: &Env, pod: &str, audience: &str) -> String {
 
 /// Sends a report that a holder's work stopped to `url` (a lock's `status.handOverUrl`), as `elect` does: over
 /// TLS to the server whose certificate has `pin` (`status.handOverCertificateSha256`), with `bearer` as the token.
-/// Tries again, as `elect` does, while the answer is 429 or 503 (for at most ten seconds). The answer's HTTP
+/// Tries again, as `elect` does, while the answer is 429 or 503, after its `Retry-After` (for at most ten seconds). The answer's HTTP
 /// status and reason.
 pub async fn send_stopped_report(
     url: &str,
@@ -759,7 +759,8 @@ pub async fn send_stopped_report(
         if !matches!(answer.code, 429 | 503) || tokio::time::Instant::now() > deadline {
             return (answer.code, answer.reason_and_message().0);
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        let pause = answer.retry_after.unwrap_or_default();
+        tokio::time::sleep(pause.max(Duration::from_millis(250))).await;
     }
 }
 

@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// A JWT that reads as a projected token for our audience, bound to a made-up pod, with a signature nobody
@@ -41,18 +40,41 @@ pub struct Answer {
 /// POSTs `body` to the report path on `addr` over a connection of its own, declaring `declared` bytes
 /// (`None`: the body's length) and sending only `body`; reads the answer's status line and headers.
 pub async fn post(addr: SocketAddr, bearer: &str, body: &[u8], declared: Option<usize>) -> Answer {
-    let tcp = TcpStream::connect(addr).await.expect("connect");
+    post_from(None, addr, bearer, body, declared)
+        .await
+        .unwrap_or_else(|err| panic!("no answer: {err}"))
+}
+
+/// [`post`] from the source address `source` (a loopback address of its own per client: the reports port bounds
+/// the connections of one source); `Err` when the connection is closed before an answer (a bound met).
+pub async fn post_from(
+    source: Option<std::net::IpAddr>,
+    addr: SocketAddr,
+    bearer: &str,
+    body: &[u8],
+    declared: Option<usize>,
+) -> Result<Answer, String> {
+    let socket = tokio::net::TcpSocket::new_v4().map_err(|err| err.to_string())?;
+    if let Some(source) = source {
+        socket
+            .bind(SocketAddr::new(source, 0))
+            .map_err(|err| err.to_string())?;
+    }
+    let tcp = socket.connect(addr).await.map_err(|err| err.to_string())?;
     let server_name = rustls::pki_types::ServerName::from(addr.ip());
     let mut stream = any_certificate()
         .connect(server_name, tcp)
         .await
-        .expect("a TLS handshake");
+        .map_err(|err| format!("TLS handshake: {err}"))?;
     let head = format!(
         "POST /v1/stopped HTTP/1.1\r\nHost: operator\r\nAuthorization: Bearer {bearer}\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         declared.unwrap_or(body.len())
     );
-    stream.write_all(head.as_bytes()).await.expect("send");
+    stream
+        .write_all(head.as_bytes())
+        .await
+        .map_err(|err| err.to_string())?;
     // The server may answer, and close, before reading a body it refuses: that is not an error here.
     let _ = stream.write_all(body).await;
     let mut answer = Vec::new();
@@ -68,14 +90,14 @@ pub async fn post(addr: SocketAddr, bearer: &str, body: &[u8], declared: Option<
         .split(' ')
         .nth(1)
         .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("no HTTP answer: {text:?}"));
+        .ok_or_else(|| format!("no HTTP answer: {text:?}"))?;
     let retry_after = text.lines().find_map(|line| {
         let (name, value) = line.split_once(':')?;
         name.eq_ignore_ascii_case("retry-after")
             .then(|| value.trim().parse().ok())
             .flatten()
     });
-    Answer { code, retry_after }
+    Ok(Answer { code, retry_after })
 }
 
 /// What a flood sent and how it was answered.
@@ -86,11 +108,20 @@ pub struct Tally {
     pub too_many: AtomicU64,
     pub too_many_without_retry_after: AtomicU64,
     pub taken: AtomicU64,
+    /// Connections closed before an answer (the reports port's bounds on connections).
+    pub closed: AtomicU64,
 }
 
 /// One flooding client (number `client`) until `end`: reports of lock `web` in `namespace` with made-up tokens
-/// (8 in 10), one forged JWT of its own repeated (1 in 10) and fresh forged JWTs (1 in 10), one connection each.
+/// (8 in 10), one forged JWT of its own repeated (1 in 10) and fresh forged JWTs (1 in 10), one connection each,
+/// from a loopback address of its own (`127.0.0.<client + 2>`, as each pod has its own), when `addr` is one.
 pub async fn flood(addr: SocketAddr, namespace: String, client: usize, end: Instant, tally: Arc<Tally>) {
+    let source = match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_loopback() => u8::try_from(client + 2)
+            .ok()
+            .map(|last| std::net::IpAddr::from([127, 0, 0, last])),
+        _ => None,
+    };
     let repeated = forged_jwt(&namespace, 1_000_000 + client as u64);
     let mut n: u64 = 0;
     while Instant::now() < end {
@@ -106,8 +137,12 @@ pub async fn flood(addr: SocketAddr, namespace: String, client: usize, end: Inst
         };
         // Not the grant status records: these go through the lane of reports nothing vouches for.
         let body = format!(r#"{{"lock":"web","permit":0,"fencingToken":{}}}"#, 1000 + n);
-        let answer = post(addr, bearer, body.as_bytes(), None).await;
+        let answer = post_from(source, addr, bearer, body.as_bytes(), None).await;
         tally.sent.fetch_add(1, Ordering::Relaxed);
+        let Ok(answer) = answer else {
+            tally.closed.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
         match answer.code {
             200 => {
                 tally.taken.fetch_add(1, Ordering::Relaxed);

@@ -240,11 +240,14 @@ pub async fn start(
         release_wakes: Default::default(),
     });
     let server_task = listener.serve(metrics.clone(), health.clone(), server_stop.clone());
-    let reports_task = reports_listener.serve_reports(
-        reports_identity.server_config.clone(),
-        lock::reports::endpoint::router(ctx.clone()),
-        server_stop.clone(),
-    );
+    // With no address shown in status, nobody is told where to report: the port is closed rather than served.
+    let reports_task = hand_over_url.is_some().then(|| {
+        reports_listener.serve_reports(
+            reports_identity.server_config.clone(),
+            lock::reports::endpoint::router(ctx.clone()),
+            server_stop.clone(),
+        )
+    });
 
     let lock_health = health.clone();
     let mut lock_watch = watcher::Config::default();
@@ -379,7 +382,9 @@ pub async fn start(
         gauge_task.abort();
         server_stop.cancel();
         let _ = server_task.await;
-        let _ = reports_task.await;
+        if let Some(reports_task) = reports_task {
+            let _ = reports_task.await;
+        }
     });
     Ok(Running {
         metrics_addr,
