@@ -40,6 +40,8 @@ fn job_runtime(env: &Env) -> Option<FakeJobRuntime> {
 
 #[path = "jobs/masters.rs"]
 mod masters;
+#[path = "jobs/reports.rs"]
+mod reports;
 use masters::{keep_key, let_in, lock_out, redis_connection};
 
 /// What a test Job's one pod does.
@@ -873,100 +875,6 @@ fn guard(env: &Env, job: &str, token: &str, out: &std::path::Path, script: &str)
             ("OUT", out.as_os_str()),
         ],
     )
-}
-
-/// Issue 29: a guarded Job pod that reports its work stopped lets its key go at once. Deleting the lock
-/// suspends the Job; its pod is deleted (the test plays the kubelet and sends the guard SIGTERM), the guard stops
-/// the work and reports it with the pod's projected token, and the key is released and the lock gone long before
-/// the 60 s validity shown to the Job ends.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_guarded_job_pod_that_reports_its_work_stopped_lets_a_deleted_lock_go_at_once() {
-    let masters = RedisCluster::start(3).expect("masters");
-    let env = Env::new().await;
-    let _runtime = job_runtime(&env);
-    create_job(&env, "report", None, true, 30, Work::Seconds(600)).await;
-    let quorum = env.unique("q");
-    // Masters started for this test: no restart to sit out, whatever the longest TTL.
-    env.create_quorum_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
-        "spec": { "endpoints": masters.urls(), "maxTtl": "60s", "nodeTimeout": "100ms", "assumeDurable": true }
-    }))
-    .await;
-    let (quorum, running, shutdown) = start_with_lock(&env, 40, quorum, "60s", None).await;
-    wait_for_grant(&env, "report", 1).await;
-    wait_for_pod_running(&env, 1).await;
-    let pod = live_granted_pods(&env)
-        .await
-        .into_iter()
-        .map(|(pod, _)| pod)
-        .next()
-        .expect("the granted pod");
-
-    let dir = tempfile::tempdir().expect("dir");
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, pod_token(&env, &pod, "redlock-operator").await).expect("token file");
-    let out = dir.path().join("out");
-    let forever =
-        "echo start >> \"$OUT\"; trap 'echo stop >> \"$OUT\"; exit 0' TERM; while true; do sleep 0.05; done";
-    let mut guarded = spawn_helper(
-        &env,
-        &["guard", "--lock", "batch"],
-        forever,
-        &[
-            ("JOB_NAME", "report".as_ref()),
-            ("REDLOCK_GRANTED_TOKEN", "1".as_ref()),
-            ("REDLOCK_REPORT_TOKEN_FILE", token_file.as_os_str()),
-            ("OUT", out.as_os_str()),
-        ],
-    );
-    let read = || std::fs::read_to_string(&out).unwrap_or_default();
-    eventually("the guarded work to start", || async {
-        (read() == "start\n").then_some(())
-    })
-    .await;
-    let shown = env
-        .locks()
-        .get("batch")
-        .await
-        .expect("lock")
-        .status
-        .and_then(|status| status.valid_until)
-        .expect("a validity shown")
-        .0;
-
-    env.locks()
-        .delete("batch", &DeleteParams::default())
-        .await
-        .expect("delete the lock");
-    // The kubelet's part: the pod of the suspended Job is being deleted, so its container gets SIGTERM.
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
-    eventually("the Job's pod to be deleted", || async {
-        let current = pods.get_opt(&pod).await.ok()?;
-        current
-            .is_none_or(|current| current.metadata.deletion_timestamp.is_some())
-            .then_some(())
-    })
-    .await;
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(guarded.id().expect("pid")).expect("pid"));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
-    let key = format!("{}/batch", env.namespace);
-    eventually("the lock to be gone and its key released", || async {
-        let gone = env.locks().get_opt("batch").await.ok()?.is_none();
-        (gone && key_on(&masters.urls(), &key).await.0 == 0).then_some(())
-    })
-    .await;
-    assert!(
-        k8s_openapi::jiff::Timestamp::now() < shown,
-        "the key waited for the validity shown ({shown}): the report was not taken"
-    );
-    assert_eq!(read(), "start\nstop\n", "the work stopped before the report");
-    assert_eq!(
-        exit_status(&mut guarded).await,
-        Some(0),
-        "the work's own status after SIGTERM"
-    );
-    stop(running, shutdown).await;
-    env.cleanup(&[&quorum]).await;
 }
 
 async fn exit_status(child: &mut tokio::process::Child) -> Option<i32> {

@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use redlock_operator::api::LockPhase;
 use support::redis_server::RedisCluster;
+use support::report_door::{Impostor, ReportDoor};
 use tokio::time::Instant;
 
 const LABEL: &str = "redlock.io/leader";
@@ -825,28 +826,12 @@ async fn a_leader_deleted_after_its_grants_first_validity_still_reports_on_sigte
 /// key waits for the validity shown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_sends_nothing_to_a_server_with_another_certificate() {
-    use redlock_operator::report_channel::{identity, server};
     let masters = RedisCluster::start(3).expect("masters");
     let env = Env::new().await;
-    let impostor = server::bind("127.0.0.1:0".parse().expect("addr"))
-        .await
-        .expect("bind");
-    let impostor_addr = impostor.local_addr;
-    let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = requests.clone();
-    let routes = axum::Router::new().fallback(move || async move {
-        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        "taken"
-    });
-    let own_key = identity::Identity::new(&identity::KeySource::Generated, &[]).expect("a key");
-    let impostor_stop = tokio_util::sync::CancellationToken::new();
-    let _impostor = impostor.serve_reports(own_key.server_config, routes, impostor_stop.clone());
-    let door = ReportDoor::start().await;
-    door.open_to(impostor_addr);
-
+    let impostor = Impostor::start().await;
     let quorum = env.unique("q");
     create_long_ttl_quorum(&masters, &env, &quorum).await;
-    let (running, shutdown) = operator_reporting_to(&env, &installation_secret(34), &door.url()).await;
+    let (running, shutdown) = operator_reporting_to(&env, &installation_secret(34), &impostor.url()).await;
     quorum_available(&env, &quorum).await;
     let mut web0 = ReportingLeader::start(&env, &quorum, "10s").await;
     let shown = valid_until(&env, "web-0").await;
@@ -863,63 +848,16 @@ async fn a_holder_sends_nothing_to_a_server_with_another_certificate() {
         k8s_openapi::jiff::Timestamp::now() >= shown,
         "handed over before the validity shown to web-0 ended ({shown})"
     );
-    assert!(door.accepted() > 0, "elect never connected");
+    assert!(impostor.connections() > 0, "elect never connected");
     assert_eq!(
-        requests.load(std::sync::atomic::Ordering::SeqCst),
+        impostor.requests(),
         0,
         "a request reached the server with another certificate"
     );
     assert_eq!(reports_taken(&running).await, 0.0, "the operator took a report");
     let _ = web0.elect.kill().await;
-    impostor_stop.cancel();
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
-}
-
-/// A door in front of the operator's report endpoint, for a test to hold reports in flight: connections are
-/// accepted (and counted) at once, and relayed once the door is opened.
-struct ReportDoor {
-    addr: std::net::SocketAddr,
-    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    to: tokio::sync::watch::Sender<Option<std::net::SocketAddr>>,
-}
-
-impl ReportDoor {
-    async fn start() -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("door");
-        let addr = listener.local_addr().expect("door address");
-        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (to, opened) = tokio::sync::watch::channel(None::<std::net::SocketAddr>);
-        let count = accepted.clone();
-        tokio::spawn(async move {
-            while let Ok((mut client, _)) = listener.accept().await {
-                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let mut opened = opened.clone();
-                tokio::spawn(async move {
-                    let Ok(Some(upstream)) = opened.wait_for(Option::is_some).await.map(|to| *to) else {
-                        return;
-                    };
-                    if let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                    }
-                });
-            }
-        });
-        Self { addr, accepted, to }
-    }
-
-    fn url(&self) -> String {
-        format!("https://{}/v1/stopped", self.addr)
-    }
-
-    fn accepted(&self) -> usize {
-        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// Relays what is held, and all that comes, to `upstream`.
-    fn open_to(&self, upstream: std::net::SocketAddr) {
-        self.to.send_replace(Some(upstream));
-    }
 }
 
 /// The other order of a deletion on a real node: status stops showing the leader (the operator saw the pod

@@ -13,4 +13,5 @@ pub mod job_controller;
 pub mod node;
 pub mod pod_token;
 pub mod redis_server;
+pub mod report_door;
 pub mod safety;
