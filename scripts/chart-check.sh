@@ -139,6 +139,8 @@ lint_and_render toggles \
   --set networkPolicy.enabled=true --set tests.enabled=false --set handOver.tlsSecretName=reports-tls
 # Three masters without a password and a maxTtl shorter than the helm test's usual TTL, written as Go writes it
 # (the CRDs' grammar: a fraction here).
+# No hand-over reports: no reports port, no pod IP.
+lint_and_render no-reports --set handOver.reports=false
 lint_and_render short-ttl --set redis.replicas=3 --set redis.auth.enabled=false --set quorum.maxTtl=2.5s
 # The alerts and the dashboard, once with the defaults and once with every setting changed.
 lint_and_render monitoring \
@@ -254,6 +256,9 @@ expect "hand-over reports: their own TLS port, with a key each replica makes (no
   "(lambda c: '--reports-addr=0.0.0.0:8443' in c['args'] and {'name': 'reports', 'containerPort': 8443, 'protocol': 'TCP'} in c['ports']
      and not any(a.startswith('--reports-tls') for a in c['args']))(
      kind('Deployment')[0]['spec']['template']['spec']['containers'][0])"
+expect "handOver.reports=false: neither a reports port nor the pod IP it would be reached at" "$out/no-reports.yaml" \
+  "(lambda c: not any(a.startswith('--reports') for a in c['args']) and all(p['name'] != 'reports' for p in c['ports'])
+     and all(e['name'] != 'POD_IP' for e in c['env']))(kind('Deployment')[0]['spec']['template']['spec']['containers'][0])"
 expect "handOver.tlsSecretName: the Secret mounted and passed as the reports port's certificate and key" "$out/toggles.yaml" \
   "(lambda p: '--reports-tls-cert=/etc/redlock-operator/reports-tls/tls.crt' in p['containers'][0]['args']
      and '--reports-tls-key=/etc/redlock-operator/reports-tls/tls.key' in p['containers'][0]['args']
