@@ -61,7 +61,7 @@ pub enum PostError {
 /// POSTs `body` (JSON) with `bearer` as its credentials to `url`, over TLS to a server whose certificate has `pin`.
 pub async fn post(url: &str, pin: &str, bearer: Option<&str>, body: Vec<u8>) -> Result<Answer, PostError> {
     let parsed = url::Url::parse(url).map_err(|_| PostError::NotHttps(url.to_owned()))?;
-    let (Some(host), Some(port)) = (parsed.host_str(), parsed.port_or_known_default()) else {
+    let (Some(host), Some(port)) = (bare_host(&parsed), parsed.port_or_known_default()) else {
         return Err(PostError::NotHttps(url.to_owned()));
     };
     if parsed.scheme() != "https" {
@@ -72,10 +72,8 @@ pub async fn post(url: &str, pin: &str, bearer: Option<&str>, body: Vec<u8>) -> 
         url: url.to_owned(),
         reason,
     };
-    // An IPv6 host comes bracketed, as URLs write it.
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let server_name = ServerName::try_from(host.to_owned()).map_err(|err| unreachable(err.to_string()))?;
-    let tcp = TcpStream::connect((host, port))
+    let server_name = ServerName::try_from(host.clone()).map_err(|err| unreachable(err.to_string()))?;
+    let tcp = TcpStream::connect((host.as_str(), port))
         .await
         .map_err(|err| unreachable(err.to_string()))?;
     let _ = tcp.set_nodelay(true);
@@ -98,7 +96,9 @@ pub async fn post(url: &str, pin: &str, bearer: Option<&str>, body: Vec<u8>) -> 
     let mut request = Request::post(parsed.path())
         .header(header::CONTENT_TYPE, "application/json")
         .header(header::CONNECTION, "close");
-    if let Ok(authority) = HeaderValue::from_str(&authority(&parsed)) {
+    // `host[:port]` as the URL writes it (an IPv6 host bracketed).
+    let authority = &parsed[url::Position::BeforeHost..url::Position::AfterPort];
+    if let Ok(authority) = HeaderValue::from_str(authority) {
         request = request.header(header::HOST, authority);
     }
     if let Some(bearer) = bearer {
@@ -130,11 +130,12 @@ pub async fn post(url: &str, pin: &str, bearer: Option<&str>, body: Vec<u8>) -> 
     }
 }
 
-fn authority(url: &url::Url) -> String {
-    match (url.host_str(), url.port()) {
-        (Some(host), Some(port)) => format!("{host}:{port}"),
-        (Some(host), None) => host.to_owned(),
-        _ => String::new(),
+/// The host of `url` as a name or an address to connect to: an IPv6 address without the brackets URLs write.
+pub fn bare_host(url: &url::Url) -> Option<String> {
+    match url.host()? {
+        url::Host::Domain(name) => Some(name.to_owned()),
+        url::Host::Ipv4(address) => Some(address.to_string()),
+        url::Host::Ipv6(address) => Some(address.to_string()),
     }
 }
 
@@ -270,6 +271,20 @@ mod tests {
             "a request reached the wrong server"
         );
         stop.cancel();
+    }
+
+    #[test]
+    fn a_urls_host_is_given_bare() {
+        let host = |url: &str| bare_host(&url::Url::parse(url).unwrap());
+        assert_eq!(host("https://[::1]:8443/v1/stopped").as_deref(), Some("::1"));
+        assert_eq!(
+            host("https://10.0.0.5:8443/v1/stopped").as_deref(),
+            Some("10.0.0.5")
+        );
+        assert_eq!(
+            host("https://operator.example:8443/").as_deref(),
+            Some("operator.example")
+        );
     }
 
     #[tokio::test]

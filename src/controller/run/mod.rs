@@ -429,10 +429,7 @@ fn receiver_stream(
 fn certificate_names(hand_over_url: Option<&str>) -> Vec<String> {
     hand_over_url
         .and_then(|url| url::Url::parse(url).ok())
-        .and_then(|url| {
-            url.host_str()
-                .map(|host| host.trim_start_matches('[').trim_end_matches(']').to_owned())
-        })
+        .and_then(|url| report_channel::client::bare_host(&url))
         .into_iter()
         .collect()
 }
