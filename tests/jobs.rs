@@ -1110,6 +1110,32 @@ async fn two_clusters_jobs_on_a_shared_key_run_in_the_order_they_asked() {
     let first = wait_for_grant_after(&east, "e1", 0).await;
     create_job(&west, "w1", None, true, 0, Work::Seconds(2)).await;
     lock_where(&west, "batch", "west next in the key's queue", queued_next).await;
+    // Issue 41: while it waits behind e1, west's lock asks the masters again and again, but lists its pods only
+    // once it has won the key (each attempt used to list them first).
+    let west_server = west.server.as_ref().expect("the test server");
+    let west_metrics = clusters[1].1.metrics_addr;
+    let attempts = || async {
+        metric(west_metrics, "redlock_acquire_duration_seconds_count")
+            .await
+            .unwrap_or(0.0)
+    };
+    let (lists_before, attempts_before) = (
+        west_server.operator_request_count("list", "pods"),
+        attempts().await,
+    );
+    eventually("west to ask the masters three more times", || async {
+        (attempts().await >= attempts_before + 3.0).then_some(())
+    })
+    .await;
+    let lists = west_server.operator_request_count("list", "pods") - lists_before;
+    println!(
+        "west's queued lock: {} attempts, {lists} pod lists",
+        attempts().await - attempts_before
+    );
+    assert_eq!(
+        lists, 0,
+        "a queued Job lock listed its pods while it could not hold"
+    );
     create_job(&east, "e2", None, true, 0, Work::Seconds(2)).await;
     create_job(&west, "w2", None, true, 0, Work::Seconds(2)).await;
     jobs(&east)

@@ -20,6 +20,8 @@ struct Fault {
 pub(super) struct Control {
     faults: Vec<Fault>,
     counts: HashMap<(&'static str, String), u64>,
+    /// The same, of the operator's own client alone.
+    operator_counts: HashMap<(&'static str, String), u64>,
     /// (API group, resource[/status], verb) the operator's client asked for.
     operator_requests: HashSet<(&'static str, String, &'static str)>,
     /// Lists of these resources (plural) answered this much later, from now on (besides the realistic mode's).
@@ -64,6 +66,15 @@ impl Control {
             .map(|(_, count)| count)
             .sum()
     }
+
+    /// [`Self::count_of`] for the operator's own client alone.
+    pub fn operator_count_of(&self, verb: &str, resource: &str) -> u64 {
+        self.operator_counts
+            .iter()
+            .filter(|((v, counted), _)| (verb == "*" || verb == *v) && resource_matches(resource, counted))
+            .map(|(_, count)| count)
+            .sum()
+    }
 }
 
 impl Shared {
@@ -75,6 +86,14 @@ impl Shared {
 
     /// Records a request of the operator's client, once per (group, resource, verb).
     pub(super) fn record_operator_request(&self, verb: &'static str, route: &Route) {
+        {
+            let mut control = self.control();
+            let count = control
+                .operator_counts
+                .entry((verb, route.resource()))
+                .or_default();
+            *count = count.saturating_add(1);
+        }
         self.record_operator_entry(route.kind.group, route.resource(), verb);
     }
 

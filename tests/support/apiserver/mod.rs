@@ -294,6 +294,11 @@ impl TestApiServer {
     pub fn request_count(&self, verb: &str, plural: &str) -> u64 {
         self.shared.control().count_of(verb, plural)
     }
+
+    /// [`Self::request_count`] of the operator's own client alone (the end-to-end tests' operator).
+    pub fn operator_request_count(&self, verb: &str, plural: &str) -> u64 {
+        self.shared.control().operator_count_of(verb, plural)
+    }
 }
 
 impl Drop for TestApiServer {

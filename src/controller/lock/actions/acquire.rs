@@ -42,6 +42,10 @@ const GRANT_ROUNDS: u32 = 3;
 /// How often a lock whose token cannot advance, or whose floor record makes no sense, is looked at again.
 const REPAIR_RETRY: Duration = Duration::from_secs(60);
 
+/// How soon a lock that gave a won key back, for pods of an earlier grant, looks again (its recount is then made
+/// before the attempt, no longer deferred).
+const GIVEN_BACK_RETRY: Duration = Duration::from_secs(1);
+
 /// Reason of `Ready=False` while the key's floor record makes no sense.
 const INVALID_FLOOR: &str = "InvalidFencingFloor";
 
@@ -108,7 +112,25 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
         keep(target, ctx, &lease, token);
         ctx.queue_tickets.forget(key);
         match record_floor(ctx, quorum, key, token).await {
-            Ok(Recorded::Written) => return hold(target, ctx, holder, &lease).await,
+            Ok(Recorded::Written) => {
+                // Nothing shows the grant yet: given back if the recount left to this moment forbids it.
+                match target.policy.grant_still_clear(ctx, target.permit, holder).await {
+                    Ok(true) => return hold(target, ctx, holder, &lease).await,
+                    Ok(false) => {
+                        tracing::info!(
+                            token,
+                            %holder,
+                            "pods of an earlier grant still run (the pod cache had not shown them yet): the key is given back until they are gone"
+                        );
+                        release_held(ctx, target.permit_ref(), Some(quorum)).await;
+                        return Ok(Action::requeue(GIVEN_BACK_RETRY));
+                    }
+                    Err(err) => {
+                        release_held(ctx, target.permit_ref(), Some(quorum)).await;
+                        return Err(err);
+                    }
+                }
+            }
             Ok(Recorded::Reacquire { floor: record }) => {
                 tracing::warn!(
                     token,

@@ -101,7 +101,11 @@ impl Policy {
                 let current = permits.into_iter().map(|(holder, _)| holder).collect();
                 Self::Leader(Box::new(Election::observe(ctx, lock, election, current)?))
             }
-            HolderKind::Jobs => Self::Jobs(Box::new(JobQueue::observe_permits(ctx, lock, permits))),
+            HolderKind::Jobs => {
+                // A plain lock's refused attempt left a ticket in its key's queue: it waits behind another holder.
+                let queued = permits.len() == 1 && ctx.queue_tickets.ticket(&settings.key) > 0;
+                Self::Jobs(Box::new(JobQueue::observe_permits(ctx, lock, permits, queued)))
+            }
         })
     }
 
@@ -127,6 +131,15 @@ impl Policy {
                 tracing::debug!(?confirmed, ?suspended, rechecked = ?started.elapsed(), "prepared");
                 result
             }
+        }
+    }
+
+    /// Once the key of `permit` is won for `holder`, before anything shows it: whether the grant still stands on
+    /// what the preparation left to this moment (a queued Job lock's recount of its pods).
+    pub async fn grant_still_clear(&self, ctx: &Context, permit: u32, holder: &str) -> Result<bool, Error> {
+        match self {
+            Self::Jobs(jobs) => jobs.grant_still_clear(ctx, permit, holder).await,
+            Self::Identity(_) | Self::Leader(_) => Ok(true),
         }
     }
 

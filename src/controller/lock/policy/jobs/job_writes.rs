@@ -38,14 +38,19 @@ pub struct JobQueue {
     pub steps: Vec<JobStep>,
     /// The Jobs granted a permit since the Jobs were read: status shows them holding, not waiting.
     granted: std::sync::Mutex<Vec<String>>,
+    /// The lock waits in its key's fair queue behind another holder: a grant's recount of the pods waits until
+    /// the key is won ([`Self::grant_still_clear`]), instead of a list at every attempt that cannot hold.
+    defer_pod_recount: bool,
 }
 
 impl JobQueue {
     /// The Jobs of a lock of `permits.len()` permits: `permits[i]` is permit i's holder and highest token known.
+    /// `queued`: the lock waits in its key's fair queue behind another holder.
     pub fn observe_permits(
         ctx: &Context,
         lock: &DistributedLock,
         permits: Vec<(Option<String>, i64)>,
+        queued: bool,
     ) -> Self {
         let namespace = lock.namespace().unwrap_or_default();
         let name = lock.name_any();
@@ -73,6 +78,7 @@ impl JobQueue {
             pods,
             steps: Vec::new(),
             granted: std::sync::Mutex::default(),
+            defer_pod_recount: queued,
         };
         observed.steps = observed.plan(&observed.pods);
         observed
@@ -116,17 +122,37 @@ impl JobQueue {
 
     /// Before a Job is let run (granted, resumed or requeued), the pods of earlier grants are counted again
     /// from the API server itself, not the watch cache, which may not show a pod created a moment ago. Grants
-    /// label their pods `redlock.io/lock`; the cache still covers pods started before grants did.
+    /// label their pods `redlock.io/lock`; the cache still covers pods started before grants did. A grant of a
+    /// lock waiting in its key's queue is counted again only once the key is won ([`Self::grant_still_clear`]).
     pub async fn recheck_pods(&mut self, ctx: &Context) -> Result<(), Error> {
-        let lets_run = |step: &JobStep| {
-            matches!(
-                step,
-                JobStep::Grant(_) | JobStep::ResumeFenced { .. } | JobStep::Requeue { .. }
-            )
+        let lets_run = |step: &JobStep| match step {
+            JobStep::Grant(_) => !self.defer_pod_recount,
+            JobStep::ResumeFenced { .. } | JobStep::Requeue { .. } => true,
+            _ => false,
         };
         if !self.steps.iter().any(lets_run) {
             return Ok(());
         }
+        let pods = self.recounted_pods(ctx).await?;
+        self.steps = self.plan(&pods);
+        self.pods = pods;
+        Ok(())
+    }
+
+    /// Whether `permit` may still be granted to `holder` once the pods are counted again from the API server: the
+    /// recount a queued lock left until its key was won. `true` when the recount was made before the attempt.
+    pub async fn grant_still_clear(&self, ctx: &Context, permit: u32, holder: &str) -> Result<bool, Error> {
+        if !self.defer_pod_recount {
+            return Ok(true);
+        }
+        let pods = self.recounted_pods(ctx).await?;
+        let steps = self.plan(&pods);
+        let step = usize::try_from(permit).ok().and_then(|index| steps.get(index));
+        Ok(matches!(step, Some(JobStep::Grant(job)) if job == holder))
+    }
+
+    /// The pods of this lock's grants: the cache's, and those a direct list shows that the cache does not yet.
+    async fn recounted_pods(&self, ctx: &Context) -> Result<Vec<GrantedPod>, Error> {
         ctx.ensure_leader()?;
         let selector = format!("{LOCK_LABEL}={}", self.lock);
         let listed = self
@@ -143,9 +169,7 @@ impl JobQueue {
                 pods.push(pod);
             }
         }
-        self.steps = self.plan(&pods);
-        self.pods = pods;
-        Ok(())
+        Ok(pods)
     }
 
     /// A step decided from the cache that gives up or stops something (release a holder that looks finished or
