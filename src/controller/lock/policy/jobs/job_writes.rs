@@ -11,7 +11,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 
 use super::permits::{PermitState, plan, stopped_grants, strays, waiting_shown};
-use super::queue::{GrantedPod, JobStep, JobView};
+use super::queue::{GrantedPod, JobStep, JobView, Recount, recount};
 use crate::api::DistributedLock;
 use crate::api::holder_contract::{
     FENCED_ANNOTATION, FENCED_AT_ANNOTATION, LOCK_LABEL, PERMIT_ANNOTATION, REQUEUED_ANNOTATION,
@@ -41,6 +41,8 @@ pub struct JobQueue {
     /// The lock waits in its key's fair queue behind another holder: a grant's recount of the pods waits until
     /// the key is won ([`Self::grant_still_clear`]), instead of a list at every attempt that cannot hold.
     defer_pod_recount: bool,
+    /// The preparation left a grant's recount to [`Self::grant_still_clear`].
+    recount_deferred: bool,
 }
 
 impl JobQueue {
@@ -79,6 +81,7 @@ impl JobQueue {
             steps: Vec::new(),
             granted: std::sync::Mutex::default(),
             defer_pod_recount: queued,
+            recount_deferred: false,
         };
         observed.steps = observed.plan(&observed.pods);
         observed
@@ -125,13 +128,13 @@ impl JobQueue {
     /// label their pods `redlock.io/lock`; the cache still covers pods started before grants did. A grant of a
     /// lock waiting in its key's queue is counted again only once the key is won ([`Self::grant_still_clear`]).
     pub async fn recheck_pods(&mut self, ctx: &Context) -> Result<(), Error> {
-        let lets_run = |step: &JobStep| match step {
-            JobStep::Grant(_) => !self.defer_pod_recount,
-            JobStep::ResumeFenced { .. } | JobStep::Requeue { .. } => true,
-            _ => false,
-        };
-        if !self.steps.iter().any(lets_run) {
-            return Ok(());
+        match recount(&self.steps, self.defer_pod_recount) {
+            Recount::NotNeeded => return Ok(()),
+            Recount::AfterTheKey => {
+                self.recount_deferred = true;
+                return Ok(());
+            }
+            Recount::Now => {}
         }
         let pods = self.recounted_pods(ctx).await?;
         self.steps = self.plan(&pods);
@@ -139,16 +142,18 @@ impl JobQueue {
         Ok(())
     }
 
-    /// Whether `permit` may still be granted to `holder` once the pods are counted again from the API server: the
-    /// recount a queued lock left until its key was won. `true` when the recount was made before the attempt.
+    /// Whether the grant of `permit` to `holder` still stands once the pods are counted again from the API server:
+    /// the recount a queued lock left until its key was won. `true` when no grant's recount was left (made before
+    /// the attempt, or the step is not a grant: a Job holding already, a fenced one resumed).
     pub async fn grant_still_clear(&self, ctx: &Context, permit: u32, holder: &str) -> Result<bool, Error> {
-        if !self.defer_pod_recount {
+        let index = usize::try_from(permit).ok();
+        let planned = index.and_then(|index| self.steps.get(index));
+        if !self.recount_deferred || !matches!(planned, Some(JobStep::Grant(job)) if job == holder) {
             return Ok(true);
         }
         let pods = self.recounted_pods(ctx).await?;
         let steps = self.plan(&pods);
-        let step = usize::try_from(permit).ok().and_then(|index| steps.get(index));
-        Ok(matches!(step, Some(JobStep::Grant(job)) if job == holder))
+        Ok(index.and_then(|index| steps.get(index)) == planned)
     }
 
     /// The pods of this lock's grants: the cache's, and those a direct list shows that the cache does not yet.

@@ -229,6 +229,32 @@ pub enum JobStep {
 
 /// `current`: the Job holding (or, per status, last holding) the lock; `pods`: the unfinished pods of its
 /// grants; `latest_token`: the token in status.
+/// When the pods of a lock's grants are counted again from the API server before its steps are taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recount {
+    /// No step lets a Job run.
+    NotNeeded,
+    /// Before the attempt.
+    Now,
+    /// Only grants let a Job run, and the lock waits behind another holder of its key: once the key is won, before
+    /// anything shows the grant.
+    AfterTheKey,
+}
+
+/// The recount `steps` need; `queued`: the lock waits in its key's queue behind another holder. Resuming or
+/// requeueing a fenced Job is never deferred. Pure.
+pub fn recount(steps: &[JobStep], queued: bool) -> Recount {
+    let resumes = |step: &JobStep| matches!(step, JobStep::ResumeFenced { .. } | JobStep::Requeue { .. });
+    let grants = |step: &JobStep| matches!(step, JobStep::Grant(_));
+    if !steps.iter().any(|step| grants(step) || resumes(step)) {
+        Recount::NotNeeded
+    } else if queued && !steps.iter().any(resumes) {
+        Recount::AfterTheKey
+    } else {
+        Recount::Now
+    }
+}
+
 pub fn next_step(jobs: &[JobView], pods: &[GrantedPod], current: Option<&str>, latest_token: i64) -> JobStep {
     if let Some(current) = current {
         return match jobs.iter().find(|job| job.name == current) {
@@ -603,5 +629,27 @@ pub(super) mod tests {
             ] } }] } }],
         }));
         assert!(receives_grant(&projected));
+    }
+
+    #[test]
+    fn a_queued_lock_recounts_its_pods_for_a_grant_only_once_it_has_the_key() {
+        let grant = JobStep::Grant("next".into());
+        let resume = JobStep::ResumeFenced {
+            job: "fenced".into(),
+            token: 3,
+        };
+        assert_eq!(recount(std::slice::from_ref(&grant), false), Recount::Now);
+        assert_eq!(recount(std::slice::from_ref(&grant), true), Recount::AfterTheKey);
+        assert_eq!(
+            recount(&[grant.clone(), resume.clone()], true),
+            Recount::Now,
+            "a resume is never deferred"
+        );
+        assert_eq!(recount(&[resume], true), Recount::Now);
+        assert_eq!(
+            recount(&[JobStep::Hold("running".into())], true),
+            Recount::NotNeeded
+        );
+        assert_eq!(recount(&[JobStep::Idle], false), Recount::NotNeeded);
     }
 }
