@@ -301,6 +301,92 @@ async fn a_waiter_granted_by_a_minority_keeps_its_place_there() {
     engine.release(&lease).await;
 }
 
+/// A waiter that leaves a check until it has won the key (the operator's queued Job lock recounts its pods then)
+/// may give the key back: granted as [`Waiter::staying_after_grant`], it stays first, so the waiter behind it is
+/// still refused, and its next attempt wins again; once it leaves the queue the one behind is let through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_stays_after_its_grant_can_give_the_key_back_without_losing_its_place() {
+    let cluster = RedisCluster::start(3).expect("masters");
+    let urls = cluster.urls();
+    let engine = engine_on(&urls).await;
+    let key = "stays-after-grant";
+    let holder = hold(&engine, key).await;
+    let value = || LockValue::random("waiter").expect("value");
+    // Kept long enough that nothing in this test expires, however slow the machine.
+    let waiter = |id, ticket| Waiter::new(id, ticket).keeping(HOLD);
+    let ticket_of = |attempt: Result<Lease, AcquireError>| match attempt {
+        Err(AcquireError::NotAcquired { report, .. }) => report.queue_place().expect("queued").ticket,
+        other => panic!("granted while the holder holds: {other:?}"),
+    };
+    let first = ticket_of(
+        engine
+            .try_acquire_waiting(key, TTL, value(), 0, Some(waiter(1, 0)))
+            .await,
+    );
+    eventually_queued(&urls, key, 1).await;
+    let behind = ticket_of(
+        engine
+            .try_acquire_waiting(key, TTL, value(), 0, Some(waiter(2, 0)))
+            .await,
+    );
+    eventually_queued(&urls, key, 2).await;
+    engine.release(&holder).await;
+    eventually_free(&urls, key).await;
+
+    let staying = waiter(1, first).staying_after_grant();
+    let won = engine
+        .try_acquire_waiting(key, TTL, value(), 0, Some(staying))
+        .await
+        .expect("the queue's head, the key free");
+    // Its check failed: the key goes back, the place does not.
+    engine.release(&won).await;
+    eventually_free(&urls, key).await;
+    let refused = engine
+        .try_acquire_waiting(key, TTL, value(), 0, Some(waiter(2, behind)))
+        .await;
+    let Err(AcquireError::NotAcquired { report, .. }) = refused else {
+        panic!("the waiter behind took the key given back: {refused:?}");
+    };
+    assert_eq!(report.queue_place().map(|place| place.place), Some(2), "{report}");
+    let again = engine
+        .try_acquire_waiting(key, TTL, value(), 0, Some(staying))
+        .await
+        .expect("still first: wins again");
+    assert!(again.fencing_token() > won.fencing_token());
+
+    // Its check passed: it leaves, and the one behind is next once the key is let go.
+    engine.leave_won(key, staying);
+    eventually_queued(&urls, key, 1).await;
+    engine.release(&again).await;
+    eventually_free(&urls, key).await;
+    let next = engine
+        .try_acquire_waiting(key, TTL, value(), 0, Some(waiter(2, behind)))
+        .await
+        .expect("the waiter behind, first now");
+    engine.release(&next).await;
+    eventually_queued(&urls, key, 0).await;
+}
+
+/// Waits until no master holds `key` (a release is decided at a majority, the rest follow in the background).
+async fn eventually_free(urls: &[String], key: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for url in urls {
+        let mut conn = redis_conn(url).await;
+        loop {
+            let held: bool = redis::cmd("EXISTS")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .expect("EXISTS");
+            if !held {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{url} still holds {key}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_waiter_leaves_the_queue_by_expiry_and_the_next_gets_the_key() {
     let cluster = RedisCluster::start(3).expect("masters");

@@ -105,6 +105,7 @@ impl Redlock {
             ticket: 0,
             // Asked at the fallback pace when nothing is announced, it must be kept that long with room.
             keep_ms: millis(keep_for(pace)),
+            stays_after_grant: false,
         });
         // Listening starts with the first refusal (an acquisition granted at once never subscribes), and ends
         // when the loop does.
@@ -216,6 +217,17 @@ impl Redlock {
         let engine = self.clone();
         let resource = resource.to_owned();
         tokio::spawn(async move { engine.leave_queue(&resource, waiter, value, wake).await });
+    }
+
+    /// Takes a waiter granted [`Waiter::staying_after_grant`] out of `resource`'s queue, in the background, once
+    /// its caller keeps the key: unannounced, as the engine's own leave after a grant is.
+    pub fn leave_won(&self, resource: &str, waiter: Waiter) {
+        match LockValue::random("leaving") {
+            Ok(value) => self.leave_queue_in_background(resource, Some(waiter), value, 0),
+            Err(err) => {
+                tracing::debug!(%err, "no value to leave the queue with; the masters drop the waiter in time")
+            }
+        }
     }
 
     /// Takes `waiter` out of `resource`'s queue for good (a `DistributedLock` deleted while it waited), announced
@@ -342,7 +354,7 @@ impl Redlock {
                         .nodes
                         .iter()
                         .any(|node| matches!(node.outcome, NodeOutcome::Queued { .. }));
-                if queued {
+                if queued && !waiter.is_some_and(|waiter| waiter.stays_after_grant) {
                     self.leave_queue_in_background(&resource, waiter, value.clone(), 0);
                 }
                 let holding = Holding {

@@ -35,6 +35,11 @@ pub struct Waiter {
     pub(super) id: u64,
     pub(super) ticket: i64,
     pub(super) keep_ms: u64,
+    /// Granted, it stays first in the queue until it leaves on its own ([`Redlock::leave_won`]): a caller that may
+    /// still give the key back (a check it leaves until the key is won) keeps its place for the attempt after.
+    ///
+    /// [`Redlock::leave_won`]: super::Redlock::leave_won
+    pub(super) stays_after_grant: bool,
 }
 
 impl Waiter {
@@ -45,6 +50,19 @@ impl Waiter {
             id,
             ticket: ticket.max(0),
             keep_ms: millis(QUEUE_KEEP),
+            stays_after_grant: false,
+        }
+    }
+
+    /// The same waiter, left first in the queue when granted, until it calls [`Redlock::leave_won`]; given back
+    /// meanwhile, the key goes to nobody behind it while the masters keep it (its next attempt within
+    /// [`QUEUE_KEEP`] wins again).
+    ///
+    /// [`Redlock::leave_won`]: super::Redlock::leave_won
+    pub fn staying_after_grant(self) -> Self {
+        Self {
+            stays_after_grant: true,
+            ..self
         }
     }
 

@@ -27,6 +27,9 @@ pub struct QueueTickets {
 struct Seen {
     ticket: i64,
     counter: i64,
+    /// A key won while the lock waited was given back, for a check left until the key was won: the lock's next
+    /// attempts make their checks first, until it keeps the key.
+    gave_back: bool,
 }
 
 impl QueueTickets {
@@ -39,6 +42,21 @@ impl QueueTickets {
     /// any): the next proposal goes above it.
     pub fn counter(&self, key: &str) -> i64 {
         self.seen(key).counter
+    }
+
+    /// Whether the lock waits in `key`'s queue (a refused attempt gave it a ticket) and may leave the checks of a
+    /// grant until the key is won: not once it gave a won key back for them (see [`Self::gave_back`]).
+    pub fn may_check_once_won(&self, key: &str) -> bool {
+        let seen = self.seen(key);
+        seen.ticket > 0 && !seen.gave_back
+    }
+
+    /// A key won for a check left until then was given back (the check forbade the grant). Its ticket stays, and
+    /// the masters keep the lock first in the queue (it was granted as a waiter that stays,
+    /// [`crate::redlock::Waiter::staying_after_grant`]), so that its next attempt, checked first, wins again.
+    pub fn gave_back(&self, key: &str) {
+        let mut tickets = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
+        tickets.entry(key.to_owned()).or_default().gave_back = true;
     }
 
     /// After a refused attempt: the ticket its masters gave, and the highest counter they reported.
@@ -67,8 +85,9 @@ impl QueueTickets {
 
 /// How soon a lock waiting in a key's fair queue asks again: at a contended lock's pace (`random_unit` in 0..1),
 /// but often enough that the masters keep its place ([`QUEUE_KEEP`], with one attempt to spare). Not at a `lock`
-/// command's 200 ms: each attempt of a Job lock re-lists its pods first, and a waiting lock would cost the API
-/// server five lists a second.
+/// command's 200 ms: an attempt of a Job lock that may not leave its pods' recount until the key is won (its
+/// first, or the one after it gave a won key back) lists them first, and a waiting lock would cost the API server
+/// five lists a second.
 pub fn queued_retry(ttl: Duration, random_unit: f64) -> Duration {
     contended_retry(ttl, random_unit).min(QUEUE_KEEP / 2)
 }
@@ -119,6 +138,29 @@ mod tests {
         assert_eq!(tickets.counter("other"), 0);
         tickets.forget("k");
         assert_eq!((tickets.ticket("k"), tickets.counter("k")), (0, 0));
+    }
+
+    #[test]
+    fn a_lock_that_gave_a_won_key_back_checks_first_until_it_keeps_the_key() {
+        let tickets = QueueTickets::default();
+        assert!(!tickets.may_check_once_won("k"), "not queued: checks first");
+        tickets.remember("k", Some(&place(1, 3)), None);
+        assert!(tickets.may_check_once_won("k"));
+        tickets.gave_back("k");
+        assert!(!tickets.may_check_once_won("k"));
+        assert_eq!(
+            tickets.ticket("k"),
+            3,
+            "the ticket stays: the lock is still first"
+        );
+        tickets.remember("k", Some(&place(1, 4)), None);
+        assert!(
+            !tickets.may_check_once_won("k"),
+            "still waiting for the same grant"
+        );
+        tickets.forget("k");
+        tickets.remember("k", Some(&place(2, 9)), None);
+        assert!(tickets.may_check_once_won("k"), "a new wait after a kept key");
     }
 
     #[test]

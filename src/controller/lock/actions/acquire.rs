@@ -30,7 +30,9 @@ use crate::controller::lock::status_write::write_permit_status;
 use crate::controller::lock::token::{EXHAUSTED_REASON, Exhausted, Places, exhausted_message};
 use crate::controller::lock::token_floor::record_name;
 use crate::negative_controls::{self, Baseline, Control};
-use crate::redlock::{AcquireError, ExtendError, FailureKind, Lease, NodeOutcome, OperationReport, Waiter};
+use crate::redlock::{
+    AcquireError, ExtendError, FailureKind, Lease, NodeOutcome, OperationReport, QUEUE_KEEP, Waiter,
+};
 use crate::telemetry::metrics::OutcomeLabels;
 
 /// Grants one reconcile asks the masters for before it hands the lock back to the reconciler. A grant is given
@@ -41,10 +43,6 @@ const GRANT_ROUNDS: u32 = 3;
 
 /// How often a lock whose token cannot advance, or whose floor record makes no sense, is looked at again.
 const REPAIR_RETRY: Duration = Duration::from_secs(60);
-
-/// How soon a lock that gave a won key back, for pods of an earlier grant, looks again (its recount is then made
-/// before the attempt, no longer deferred).
-const GIVEN_BACK_RETRY: Duration = Duration::from_secs(1);
 
 /// Reason of `Ready=False` while the key's floor record makes no sense.
 const INVALID_FLOOR: &str = "InvalidFencingFloor";
@@ -61,6 +59,9 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
     let mut floor = floor.max(ctx.queue_tickets.counter(key));
     let mut floor_is_record = false;
     let mut cleared_earlier = false;
+    // A grant whose check is left until the key is won keeps the lock first in the key's queue until the check
+    // passed: given back, the key goes to nobody behind it.
+    let stays_queued = target.policy.checks_once_won();
     for _ in 0..GRANT_ROUNDS {
         let Some(token) = floor.checked_add(1) else {
             let exhausted = if floor_is_record {
@@ -70,7 +71,7 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
             };
             return token_exhausted(target, ctx, &exhausted).await;
         };
-        let lease = match grant(target, ctx, holder, token, floor).await {
+        let lease = match grant(target, ctx, holder, token, floor, stays_queued).await {
             Ok(lease) => lease,
             Err(AcquireError::NotAcquired { kind, report, .. }) => {
                 // Held by this lock's own earlier value, put back by a late write after its holder stopped: deleted,
@@ -110,20 +111,31 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
         }
         // Kept from this moment: the floor and status writes below take API round trips of the validity.
         keep(target, ctx, &lease, token);
-        ctx.queue_tickets.forget(key);
+        if !stays_queued {
+            ctx.queue_tickets.forget(key);
+        }
         match record_floor(ctx, quorum, key, token).await {
             Ok(Recorded::Written) => {
                 // Nothing shows the grant yet: given back if the recount left to this moment forbids it.
                 match target.policy.grant_still_clear(ctx, target.permit, holder).await {
-                    Ok(true) => return hold(target, ctx, holder, &lease).await,
+                    Ok(true) => {
+                        if stays_queued {
+                            target.engine.engine.leave_won(key, waiter_of(target, ctx));
+                            ctx.queue_tickets.forget(key);
+                        }
+                        return hold(target, ctx, holder, &lease).await;
+                    }
                     Ok(false) => {
                         tracing::info!(
                             token,
                             %holder,
-                            "pods of an earlier grant still run (the pod cache had not shown them yet): the key is given back until they are gone"
+                            "pods of an earlier grant still run (the pod cache had not shown them yet): the key is given back until they are gone, and the lock stays first in its queue"
                         );
                         release_held(ctx, target.permit_ref(), Some(quorum)).await;
-                        return Ok(Action::requeue(GIVEN_BACK_RETRY));
+                        ctx.queue_tickets.gave_back(key);
+                        // Its recount is made before the next attempt, well within the time the masters keep it
+                        // first in the queue.
+                        return Ok(Action::requeue(QUEUE_KEEP / 2));
                     }
                     Err(err) => {
                         release_held(ctx, target.permit_ref(), Some(quorum)).await;
@@ -279,23 +291,38 @@ async fn invalid_floor(target: &Target<'_>, ctx: &Context, message: String) -> R
     .await
 }
 
-/// One acquisition on the masters with the value for `token`, proposing `token` (= `floor + 1`) first.
+/// The lock's waiter in its key's fair queue, on behalf of whoever its policy lets hold it (the Job queue's head,
+/// the elected candidate): one waiter per lock and permit, whoever that is.
+fn waiter_of(target: &Target<'_>, ctx: &Context) -> Waiter {
+    let key = &target.settings.key;
+    let uid = target.lock.uid().unwrap_or_default();
+    Waiter::new(
+        ctx.secret.waiter_id(key, &uid, target.permit),
+        ctx.queue_tickets.ticket(key),
+    )
+}
+
+/// One acquisition on the masters with the value for `token`, proposing `token` (= `floor + 1`) first;
+/// `stays_queued`: granted, the lock stays first in the key's queue until it leaves ([`Redlock::leave_won`]).
+///
+/// [`Redlock::leave_won`]: crate::redlock::Redlock::leave_won
 async fn grant(
     target: &Target<'_>,
     ctx: &Context,
     holder: &str,
     token: i64,
     floor: i64,
+    stays_queued: bool,
 ) -> Result<Lease, AcquireError> {
     let uid = target.lock.uid().unwrap_or_default();
     let key = &target.settings.key;
     let value = ctx.secret.lock_value(key, &uid, token, holder)?;
-    // The lock waits in the key's fair queue on behalf of whoever its policy lets hold it (the Job queue's head,
-    // the elected candidate): one waiter per lock and permit, whoever that is.
-    let waiter = Waiter::new(
-        ctx.secret.waiter_id(key, &uid, target.permit),
-        ctx.queue_tickets.ticket(key),
-    );
+    let waiter = waiter_of(target, ctx);
+    let waiter = if stays_queued {
+        waiter.staying_after_grant()
+    } else {
+        waiter
+    };
     let engine = &target.engine.engine;
     let permit = target.permit_ref();
     let heard = ctx.release_wakes.attempting(&permit, engine, key);

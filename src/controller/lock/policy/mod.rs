@@ -103,7 +103,7 @@ impl Policy {
             }
             HolderKind::Jobs => {
                 // A plain lock's refused attempt left a ticket in its key's queue: it waits behind another holder.
-                let queued = permits.len() == 1 && ctx.queue_tickets.ticket(&settings.key) > 0;
+                let queued = permits.len() == 1 && ctx.queue_tickets.may_check_once_won(&settings.key);
                 Self::Jobs(Box::new(JobQueue::observe_permits(ctx, lock, permits, queued)))
             }
         })
@@ -140,6 +140,15 @@ impl Policy {
         match self {
             Self::Jobs(jobs) => jobs.grant_still_clear(ctx, permit, holder).await,
             Self::Identity(_) | Self::Leader(_) => Ok(true),
+        }
+    }
+
+    /// Whether the preparation left a check of the grant until the key is won ([`Self::grant_still_clear`]): the
+    /// attempt then keeps the lock's place in the key's queue until the check has passed.
+    pub fn checks_once_won(&self) -> bool {
+        match self {
+            Self::Jobs(jobs) => jobs.recount_deferred(),
+            Self::Identity(_) | Self::Leader(_) => false,
         }
     }
 

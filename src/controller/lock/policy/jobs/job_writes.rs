@@ -142,6 +142,11 @@ impl JobQueue {
         Ok(())
     }
 
+    /// The preparation left a grant's recount of the pods until the key is won.
+    pub fn recount_deferred(&self) -> bool {
+        self.recount_deferred
+    }
+
     /// Whether the grant of `permit` to `holder` still stands once the pods are counted again from the API server:
     /// the recount a queued lock left until its key was won. `true` when no grant's recount was left (made before
     /// the attempt, or the step is not a grant: a Job holding already, a fenced one resumed).
