@@ -11,7 +11,7 @@
 //! The operator runs as a child process, so its CPU time (from /proc) is its own, not the API server's or the
 //! masters'. The baseline, measured in the same run, is the same binary idle with no lock. The single-lock
 //! run ends with `SUMMARY locks=N pods=N cpu_cores_avg=X lost=N extend_lag_p99_ms=X create_to_held_p50_ms=X
-//! rss_mib_idle=X rss_mib_pods=X rss_mib_held=X events_per_s_idle=X events_per_s_after=X
+//! idle_create_to_held_p50_ms=X rss_mib_idle=X rss_mib_pods=X rss_mib_held=X events_per_s_idle=X events_per_s_after=X
 //! event_cpu_s_per_1000_idle=X event_cpu_s_per_1000_after=X recorder_{kube,ours}_per_s_{idle,after}=X
 //! recorder_{kube,ours}_cpu_s_per_1000_{idle,after}=X`.
 //!
@@ -234,6 +234,24 @@ fn single_lock(index: usize) -> (String, serde_json::Value) {
     (format!("lock-{index:05}"), spec)
 }
 
+/// Creates `count` single locks one after another, each once the one before is seen held (the operator has
+/// nothing else to do); returns the median create → held, in ms, seen through a watch as a client would.
+async fn one_at_a_time(api: &Api<DistributedLock>, count: usize) -> Result<f64, BoxError> {
+    let watch = HeldWatch::start(api.clone(), 1);
+    let created: Mutex<HashMap<String, Instant>> = Mutex::default();
+    for index in 0..count {
+        create_locks(api, 1, Some(&created), |_| {
+            let (_, spec) = single_lock(index);
+            (format!("idle-{index:03}"), spec)
+        })
+        .await?;
+        if watch.wait_for(index + 1, Duration::from_secs(30)).await <= index {
+            return Err(format!("idle-{index:03} not held within 30s").into());
+        }
+    }
+    Ok(watch.create_to_held_p50_ms(&created))
+}
+
 /// Creates `count` locks in the API's namespace, 32 at a time, noting when each was sent; `lock(index)` gives
 /// each its name and spec.
 async fn create_locks(
@@ -386,12 +404,18 @@ impl Operator {
         let reports_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let binary = std::env::var_os("OPERATOR_BENCH_BINARY")
             .unwrap_or_else(|| env!("CARGO_BIN_EXE_redlock-operator").into());
+        // An older build (`OPERATOR_BENCH_BINARY`) may predate the reports port: it serves reports beside metrics.
+        let help = std::process::Command::new(&binary)
+            .args(["run", "--help"])
+            .output()?;
+        let reports_addr = String::from_utf8_lossy(&help.stdout)
+            .contains("--reports-addr")
+            .then(|| ["--reports-addr".to_owned(), format!("127.0.0.1:{reports_port}")]);
         let child = tokio::process::Command::new(binary)
             .args(["run", "--no-leader-election"])
             .arg("--metrics-addr")
             .arg(format!("127.0.0.1:{port}"))
-            .arg("--reports-addr")
-            .arg(format!("127.0.0.1:{reports_port}"))
+            .args(reports_addr.into_iter().flatten())
             .arg("--installation-secret-file")
             .arg(&cluster.secret)
             .env("KUBECONFIG", &cluster.kubeconfig)
@@ -703,8 +727,14 @@ async fn single_locks(locks: usize, window: Duration, pods: usize) -> Result<Com
     let rss_pods = rss_mib(pid)?;
     println!("with {pods} pods in the cluster: {rss_pods:.1} MiB");
 
-    let created: Mutex<HashMap<String, Instant>> = Mutex::default();
     let lock_api: Api<DistributedLock> = Api::namespaced(client.clone(), "bench");
+    let idle_locks = env_number("OPERATOR_BENCH_IDLE_LOCKS", 20) as usize;
+    let idle_p50 = one_at_a_time(&lock_api, idle_locks).await?;
+    println!(
+        "create→held of a single lock on the idle operator, one at a time: p50 {idle_p50:.1} ms ({idle_locks} locks, still held below)"
+    );
+
+    let created: Mutex<HashMap<String, Instant>> = Mutex::default();
     let watch = HeldWatch::start(lock_api.clone(), 1);
 
     println!("creating {locks} locks (ttl 10s) …");
@@ -714,7 +744,10 @@ async fn single_locks(locks: usize, window: Duration, pods: usize) -> Result<Com
         "created in {:.1}s; waiting for every lock to be held …",
         creating.elapsed().as_secs_f64()
     );
-    let held = watch.wait_for(locks, patience()).await;
+    let held = watch
+        .wait_for(locks + idle_locks, patience())
+        .await
+        .saturating_sub(idle_locks);
     if held < locks {
         return Err(format!(
             "only {held} of {locks} locks held after {}s",
@@ -757,7 +790,7 @@ async fn single_locks(locks: usize, window: Duration, pods: usize) -> Result<Com
     );
     let lost = steady.lost + dropped as u64;
     println!(
-        "SUMMARY locks={locks} pods={pods} cpu_cores_avg={cores:.3} lost={lost} extend_lag_p99_ms={:.1} create_to_held_p50_ms={p50:.0} rss_mib_idle={rss_idle:.1} rss_mib_pods={rss_pods:.1} rss_mib_held={rss_held:.1} events_per_s_idle={:.0} events_per_s_after={:.0} event_cpu_s_per_1000_idle={event_cpu_idle:.3} event_cpu_s_per_1000_after={event_cpu_after:.3} recorder_kube_per_s_idle={:.0} recorder_kube_per_s_after={:.0} recorder_kube_cpu_s_per_1000_idle={:.3} recorder_kube_cpu_s_per_1000_after={:.3} recorder_ours_per_s_idle={:.0} recorder_ours_per_s_after={:.0} recorder_ours_cpu_s_per_1000_idle={:.3} recorder_ours_cpu_s_per_1000_after={:.3}",
+        "SUMMARY locks={locks} pods={pods} cpu_cores_avg={cores:.3} lost={lost} extend_lag_p99_ms={:.1} create_to_held_p50_ms={p50:.0} idle_create_to_held_p50_ms={idle_p50:.1} rss_mib_idle={rss_idle:.1} rss_mib_pods={rss_pods:.1} rss_mib_held={rss_held:.1} events_per_s_idle={:.0} events_per_s_after={:.0} event_cpu_s_per_1000_idle={event_cpu_idle:.3} event_cpu_s_per_1000_after={event_cpu_after:.3} recorder_kube_per_s_idle={:.0} recorder_kube_per_s_after={:.0} recorder_kube_cpu_s_per_1000_idle={:.3} recorder_kube_cpu_s_per_1000_after={:.3} recorder_ours_per_s_idle={:.0} recorder_ours_per_s_after={:.0} recorder_ours_cpu_s_per_1000_idle={:.3} recorder_ours_cpu_s_per_1000_after={:.3}",
         steady.lag_p99_ms,
         events_idle.per_second(),
         events_after.per_second(),
