@@ -341,6 +341,11 @@ async fn a_waiter_that_stays_after_its_grant_can_give_the_key_back_without_losin
     // Its check failed: the key goes back, the place does not.
     engine.release(&won).await;
     eventually_free(&urls, key).await;
+    assert_eq!(
+        queued(&urls, key).await,
+        [2, 2, 2],
+        "both still queued everywhere"
+    );
     let refused = engine
         .try_acquire_waiting(key, TTL, value(), 0, Some(waiter(2, behind)))
         .await;

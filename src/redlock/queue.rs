@@ -55,8 +55,9 @@ impl Waiter {
     }
 
     /// The same waiter, left first in the queue when granted, until it calls [`Redlock::leave_won`]; given back
-    /// meanwhile, the key goes to nobody behind it while the masters keep it (its next attempt within
-    /// [`QUEUE_KEEP`] wins again).
+    /// meanwhile, the key goes to nobody behind it while the masters keep it (its next attempt within its keep,
+    /// [`QUEUE_KEEP`] unless [`Self::keeping`] says otherwise, wins again). For a single key's waiter that brings
+    /// a ticket: one granted at its first attempt (ticket 0) leaves with the grant, as a semaphore's waiter does.
     ///
     /// [`Redlock::leave_won`]: super::Redlock::leave_won
     pub fn staying_after_grant(self) -> Self {

@@ -68,6 +68,11 @@ impl QueueTickets {
         }
         let mut tickets = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
         let seen = tickets.entry(key.to_owned()).or_default();
+        // No longer first (the masters dropped it, or others were let through): a grant is far again, and the
+        // check can wait for it again.
+        if place.is_some_and(|place| place.place > 1) {
+            seen.gave_back = false;
+        }
         seen.ticket = seen.ticket.max(ticket);
         seen.counter = seen.counter.max(counter);
     }
@@ -156,7 +161,12 @@ mod tests {
         tickets.remember("k", Some(&place(1, 4)), None);
         assert!(
             !tickets.may_check_once_won("k"),
-            "still waiting for the same grant"
+            "still first, waiting for the same grant"
+        );
+        tickets.remember("k", Some(&place(2, 4)), None);
+        assert!(
+            tickets.may_check_once_won("k"),
+            "behind another again: the grant is far"
         );
         tickets.forget("k");
         tickets.remember("k", Some(&place(2, 9)), None);

@@ -20,8 +20,8 @@ struct Fault {
 pub(super) struct Control {
     faults: Vec<Fault>,
     counts: HashMap<(&'static str, String), u64>,
-    /// The same, of the operator's own client alone.
-    operator_counts: HashMap<(&'static str, String), u64>,
+    /// The operator's own lists, by (plural, label selector): its direct reads, apart from its caches' relists.
+    operator_lists: HashMap<(String, String), u64>,
     /// (API group, resource[/status], verb) the operator's client asked for.
     operator_requests: HashSet<(&'static str, String, &'static str)>,
     /// Lists of these resources (plural) answered this much later, from now on (besides the realistic mode's).
@@ -67,11 +67,11 @@ impl Control {
             .sum()
     }
 
-    /// [`Self::count_of`] for the operator's own client alone.
-    pub fn operator_count_of(&self, verb: &str, resource: &str) -> u64 {
-        self.operator_counts
+    /// The operator's own lists of `plural` whose label selector starts with `selector`.
+    pub fn operator_lists_selecting(&self, plural: &str, selector: &str) -> u64 {
+        self.operator_lists
             .iter()
-            .filter(|((v, counted), _)| (verb == "*" || verb == *v) && resource_matches(resource, counted))
+            .filter(|((counted, asked), _)| counted == plural && asked.starts_with(selector))
             .map(|(_, count)| count)
             .sum()
     }
@@ -84,14 +84,16 @@ impl Shared {
         *count = count.saturating_add(1);
     }
 
-    /// Records a request of the operator's client, once per (group, resource, verb).
-    pub(super) fn record_operator_request(&self, verb: &'static str, route: &Route) {
-        {
+    /// Records a request of the operator's client, once per (group, resource, verb); a list is counted with its
+    /// label selector (`None`: none).
+    pub(super) fn record_operator_request(&self, verb: &'static str, route: &Route, selector: Option<&str>) {
+        if verb == "list" {
             let mut control = self.control();
-            let count = control
-                .operator_counts
-                .entry((verb, route.resource()))
-                .or_default();
+            let key = (
+                route.kind.plural.to_owned(),
+                selector.unwrap_or_default().to_owned(),
+            );
+            let count = control.operator_lists.entry(key).or_default();
             *count = count.saturating_add(1);
         }
         self.record_operator_entry(route.kind.group, route.resource(), verb);

@@ -295,9 +295,10 @@ impl TestApiServer {
         self.shared.control().count_of(verb, plural)
     }
 
-    /// [`Self::request_count`] of the operator's own client alone (the end-to-end tests' operator).
-    pub fn operator_request_count(&self, verb: &str, plural: &str) -> u64 {
-        self.shared.control().operator_count_of(verb, plural)
+    /// Lists of `plural` by the operator's own client (the end-to-end tests' operator) whose label selector
+    /// starts with `selector`: its direct reads, apart from its caches' relists.
+    pub fn operator_lists_selecting(&self, plural: &str, selector: &str) -> u64 {
+        self.shared.control().operator_lists_selecting(plural, selector)
     }
 }
 

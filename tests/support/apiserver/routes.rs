@@ -167,7 +167,7 @@ pub(super) async fn handle(AxumState(shared): AxumState<Arc<Shared>>, request: R
     if let (Some(route), Some(Ok(verb))) = (&route, &verb) {
         shared.count(verb, route);
         if parts.headers.contains_key(super::controls::OPERATOR_HEADER) {
-            shared.record_operator_request(verb, route);
+            shared.record_operator_request(verb, route, query.get("labelSelector"));
         }
     }
     if shared.is_down() {

@@ -30,9 +30,7 @@ use crate::controller::lock::status_write::write_permit_status;
 use crate::controller::lock::token::{EXHAUSTED_REASON, Exhausted, Places, exhausted_message};
 use crate::controller::lock::token_floor::record_name;
 use crate::negative_controls::{self, Baseline, Control};
-use crate::redlock::{
-    AcquireError, ExtendError, FailureKind, Lease, NodeOutcome, OperationReport, QUEUE_KEEP, Waiter,
-};
+use crate::redlock::{AcquireError, ExtendError, FailureKind, Lease, NodeOutcome, OperationReport, Waiter};
 use crate::telemetry::metrics::OutcomeLabels;
 
 /// Grants one reconcile asks the masters for before it hands the lock back to the reconciler. A grant is given
@@ -43,6 +41,10 @@ const GRANT_ROUNDS: u32 = 3;
 
 /// How often a lock whose token cannot advance, or whose floor record makes no sense, is looked at again.
 const REPAIR_RETRY: Duration = Duration::from_secs(60);
+
+/// How long the masters keep a lock that leaves a check until its key is won first in the key's queue without
+/// hearing from it: three times [`QUEUE_KEEP`].
+const STAYING_KEEP: Duration = Duration::from_secs(6);
 
 /// Reason of `Ready=False` while the key's floor record makes no sense.
 const INVALID_FLOOR: &str = "InvalidFencingFloor";
@@ -131,13 +133,15 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
                             %holder,
                             "pods of an earlier grant still run (the pod cache had not shown them yet): the key is given back until they are gone, and the lock stays first in its queue"
                         );
-                        release_held(ctx, target.permit_ref(), Some(quorum)).await;
                         ctx.queue_tickets.gave_back(key);
-                        // Its recount is made before the next attempt, well within the time the masters keep it
-                        // first in the queue.
-                        return Ok(Action::requeue(QUEUE_KEEP / 2));
+                        release_held(ctx, target.permit_ref(), Some(quorum)).await;
+                        // Its recount is made before the next attempt, within the time the masters keep it first.
+                        return Ok(Action::requeue(Duration::from_millis(10)));
                     }
                     Err(err) => {
+                        // A replica that lost its leadership meanwhile keeps the key (the keeper decides), and
+                        // nothing counted the pods for it: whatever comes next counts them first.
+                        ctx.queue_tickets.gave_back(key);
                         release_held(ctx, target.permit_ref(), Some(quorum)).await;
                         return Err(err);
                     }
@@ -157,6 +161,9 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
             Err(err) => {
                 // Nothing shows the token: giving the grant back is safe even if a write landed (the next
                 // token is then above it).
+                if stays_queued {
+                    ctx.queue_tickets.gave_back(key);
+                }
                 release_held(ctx, target.permit_ref(), Some(quorum)).await;
                 return Err(err);
             }
@@ -318,8 +325,11 @@ async fn grant(
     let key = &target.settings.key;
     let value = ctx.secret.lock_value(key, &uid, token, holder)?;
     let waiter = waiter_of(target, ctx);
+    // Given back, its next attempt comes after a pod list, the release and a pod list again: API round trips that
+    // take a second each on a slow server. Kept that much longer (a replica that dies while it waits holds up the
+    // waiters behind it as long).
     let waiter = if stays_queued {
-        waiter.staying_after_grant()
+        waiter.staying_after_grant().keeping(STAYING_KEEP)
     } else {
         waiter
     };
