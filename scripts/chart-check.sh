@@ -154,6 +154,64 @@ lint_and_render monitoring-tuned \
   --set metrics.prometheusRule.thresholds.quorumUnavailableFor=30s --set metrics.prometheusRule.thresholds.locksLost=2 \
   --set dashboard.enabled=true --set dashboard.namespace=grafana --set-json 'dashboard.labels={"dashboards":"redlock"}'
 
+# Holder injection (templates/holder-injection.yaml): MutatingAdmissionPolicies where the cluster serves them
+# (Kubernetes 1.36+, auto), v1beta1 by a value (1.34-1.35), none below; validated against the schemas of a
+# Kubernetes that has that version.
+render_at() { # render_at KUBE-VERSION FILE HELM-TEMPLATE-ARGS...
+  local version=$1 file=$2
+  shift 2
+  "$helm" template redlock "$chart" --namespace redlock-system --include-crds --kube-version "$version" "$@" >"$file"
+}
+digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef
+check "helm template (injection-v1: Kubernetes 1.36, capability served)" render_at 1.36.0 "$out/injection-v1.yaml" \
+  --api-versions admissionregistration.k8s.io/v1/MutatingAdmissionPolicy --set-json 'operator.lockNamespaces=["shop","data"]' \
+  --set-json 'holders.imagePullSecrets=["regcred"]' --set image.digest=$digest
+check "helm template (injection-v1beta1: Kubernetes 1.34 with the feature gate)" render_at 1.34.0 \
+  "$out/injection-v1beta1.yaml" --set holders.injection=v1beta1 --set-json 'holders.namespaces=[]'
+for pair in injection-v1:1.36.0 injection-v1beta1:1.34.0; do
+  check "Kubernetes ${pair#*:} schemas, our CRDs, cross-references: ${pair%%:*}.yaml" \
+    "$python" scripts/validate_manifests.py --render --crds crds --kube-version "${pair#*:}" "$out/${pair%%:*}.yaml"
+done
+expect "holders: v1 MutatingAdmissionPolicies for elect (pods) and guard (Jobs) where the cluster serves them" \
+  "$out/injection-v1.yaml" \
+  "sorted((p['apiVersion'], p['metadata']['name'], p['spec']['matchConstraints']['resourceRules'][0]['resources'][0])
+          for p in kind('MutatingAdmissionPolicy'))
+     == [('admissionregistration.k8s.io/v1', 'redlock-redlock-operator-elect', 'pods'),
+         ('admissionregistration.k8s.io/v1', 'redlock-redlock-operator-guard', 'jobs')]
+   and sorted(b['spec']['policyName'] for b in kind('MutatingAdmissionPolicyBinding'))
+     == ['redlock-redlock-operator-elect', 'redlock-redlock-operator-guard']"
+expect "holders: the init container runs exactly the Deployment's image (digest included), with the pull secret" \
+  "$out/injection-v1.yaml" \
+  "(lambda image: image.endswith('@$digest') and all(
+      (\"image: '\" + image + \"'\") in text and \"name: 'regcred'\" in text
+      and \"['/usr/local/bin/redlock-operator', 'copy-binary', '/redlock/redlock-operator']\" in text
+      for text in [' '.join(m['jsonPatch']['expression'] for m in p['spec']['mutations'])
+                   for p in kind('MutatingAdmissionPolicy')]))(kind('Deployment')[0]['spec']['template']['spec']['containers'][0]['image'])"
+expect "holders: a RoleBinding of the holder ClusterRole per namespace of operator.lockNamespaces, for its ServiceAccounts" \
+  "$out/injection-v1.yaml" \
+  "sorted((b['metadata']['namespace'], b['subjects'][0]['name']) for b in kind('RoleBinding')
+          if b['roleRef']['name'] == 'redlock-redlock-operator-holder')
+     == [('data', 'system:serviceaccounts:data'), ('shop', 'system:serviceaccounts:shop')]
+   and [r['rules'] for r in kind('ClusterRole') if r['metadata']['name'] == 'redlock-redlock-operator-holder']
+     == [[{'apiGroups': ['redlock.io'], 'resources': ['distributedlocks'], 'verbs': ['get', 'list', 'watch']}]]"
+expect "holders: v1beta1 by a value; holders.namespaces [] binds no namespace" "$out/injection-v1beta1.yaml" \
+  "[p['apiVersion'] for p in kind('MutatingAdmissionPolicy')] == ['admissionregistration.k8s.io/v1beta1'] * 2
+   and [b['apiVersion'] for b in kind('MutatingAdmissionPolicyBinding')] == ['admissionregistration.k8s.io/v1beta1'] * 2
+   and not [b for b in kind('RoleBinding') if b['roleRef']['name'] == 'redlock-redlock-operator-holder']"
+expect "holders: no MutatingAdmissionPolicy where the cluster serves none; labelled holders refused, saying injection is off" \
+  "$out/default.yaml" \
+  "not kind('MutatingAdmissionPolicy') and not kind('MutatingAdmissionPolicyBinding')
+   and sorted(p['metadata']['name'] for p in kind('ValidatingAdmissionPolicy') if p['metadata']['name'].endswith('-wrapped'))
+     == ['redlock-redlock-operator-elect-wrapped', 'redlock-redlock-operator-guard-wrapped']
+   and all('holder injection is off' in str(p['spec']['validations']) for p in kind('ValidatingAdmissionPolicy')
+           if p['metadata']['name'].endswith('-wrapped'))"
+expect "holders: with injection on, the refusals name the policy that should have wrapped the command" \
+  "$out/injection-v1.yaml" \
+  "all('holder injection is off' not in str(p['spec']['validations']) and 'sets no command' in str(p['spec']['validations'])
+       for p in kind('ValidatingAdmissionPolicy') if p['metadata']['name'].endswith('-wrapped'))"
+check_rejects "values schema rejects an unknown holders.injection" "holders/injection" \
+  render "$out/rejected.yaml" --set holders.injection=v2
+
 promql=$out/promql
 for file in "${renders[@]}"; do
   check "Kubernetes $kube_version schemas, our CRDs, cross-references: $(basename "$file")" \
