@@ -25,9 +25,15 @@ use crate::api::holder_contract::REPORT_TOKEN_PATH;
 #[command(after_help = concat!(durations_help!(), "
 
 The command gets REDLOCK_LOCK (namespace/name), REDLOCK_LEADER (this pod), REDLOCK_FENCING_TOKEN and
-REDLOCK_VALID_UNTIL in its environment, and REDLOCK_PERMIT (this pod's permit) with spec.permits above 1. It needs get, list and watch on distributedlocks.redlock.io in the
-lock's namespace (a Role bound to the pod's service account). Exit status: the command's own when it ends by
-itself; 64 bad usage; 69 no Kubernetes configuration; 0 after SIGTERM/SIGINT while not leading.
+REDLOCK_VALID_UNTIL in its environment, and REDLOCK_PERMIT (this pod's permit) with spec.permits above 1. It
+needs get, list and watch on distributedlocks.redlock.io in the lock's namespace (a Role bound to the pod's
+service account). Exit status: the command's own when it ends by itself; 64 bad usage; 69 no Kubernetes
+configuration; 0 after SIGTERM/SIGINT while not leading.
+
+With REDLOCK_FENCING_TOKEN_FILE set to a path, elect also keeps the current grant's token in that file (digits,
+no newline): written before each command it starts under a new grant, removed once that command has ended. The
+command inherits the variable, so processes that outlive one grant can re-read the current token before each
+write.
 
 When the command has stopped for a move, a loss or a SIGTERM, elect reports it to the operator (status.handOverUrl)
 with the pod's projected service-account token for the audience redlock-operator, so the next leader gets the lock

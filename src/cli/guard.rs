@@ -44,6 +44,11 @@ when the grant ended and the command was stopped, or the pod was stopped before 
 podFailurePolicy can ignore it); 64 bad usage; 69 no Kubernetes configuration; 126/127 the command cannot be
 run.
 
+With REDLOCK_FENCING_TOKEN_FILE set to a path, the guard also keeps the current grant's token in that file
+(digits, no newline): written before each command it starts under a new grant, removed once that command has
+ended. The command inherits the variable, so processes that outlive one grant can re-read the current token
+before each write.
+
 When the command was stopped (the grant ended, or the pod got SIGTERM), the guard reports it to the operator
 (status.handOverUrl) with the pod's projected service-account token for the audience redlock-operator, so the key
 goes to the next holder at once instead of when the validity shown ends."))]

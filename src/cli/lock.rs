@@ -28,7 +28,11 @@ Exit status: the command's own, or 64 bad usage, 69 too few masters reachable, 7
 The command gets REDLOCK_RESOURCE, REDLOCK_HOLDER, REDLOCK_VALIDITY_MS, REDLOCK_FENCING_TOKEN (from the masters'
 counter for the key) and REDLOCK_PERMIT (0 to N-1 with --permits N; 0 without) in its environment, not REDLOCK_REDIS
 (the masters' passwords), and runs in its own process group, so that on loss of the lock every process of the group
-is stopped."))]
+is stopped.
+
+With REDLOCK_FENCING_TOKEN_FILE set to a path, lock also keeps the grant's token in that file (digits, no
+newline): written before the command starts, removed once it has ended. The command inherits the variable, so
+it and processes it leaves behind can re-read the current token before each write."))]
 pub struct LockArgs {
     /// A Redis master, as redis://[user:password@]host:port or rediss://… for TLS; repeat for each master.
     #[arg(
@@ -43,8 +47,8 @@ pub struct LockArgs {
     #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = crate::duration::parse)]
     pub ttl: Duration,
     /// How long to keep trying to acquire; 0 = a single attempt. A waiting command joins the key's fair queue:
-    /// the key goes to the waiters in the order they asked (see the README); a single attempt is refused while
-    /// anyone waits.
+    /// the key goes to the waiters in the order they asked (docs/reference/lock-command.md, "The fair queue"); a
+    /// single attempt is refused while anyone waits.
     #[arg(long, default_value = "0s", value_name = "DURATION", value_parser = crate::duration::parse)]
     pub wait: Duration,
     /// The longest TTL any client of these masters uses; a master restarted less than this ago does not vote.
