@@ -1,16 +1,14 @@
 #!/usr/bin/env bash
 # build-images.sh OUTDIR [--binary PATH] [--dockerfile PATH] [--only NAME]... [--load DIR]
 #
-# Builds the images of the end-to-end tests as docker-archive tars without a container daemon, with the k8s-node
-# kit's mk-image.sh (${K8S_NODE_KIT:-<repo>/../shared/k8s-node}):
+# Builds the images of the end-to-end tests as image tars without a container daemon:
 #
-#   OUTDIR/redlock-operator.tar  localhost/redlock-operator:e2e  the operator binary (--binary PATH, default
-#       target/release/redlock-operator) in the image the Dockerfile's runtime stage (its last FROM) defines. The
-#       settings are read from that stage, not restated here: the binary at the path of its COPY --from, USER,
-#       ENTRYPOINT, CMD, EXPOSE, LABEL, ENV; the base image's own settings come from the table in base_image()
-#       (distroless/cc-debian12:nonroot: CA certificates, users root/nobody/nonroot (65532, home /home/nonroot),
-#       working directory /home/nonroot, SSL_CERT_FILE; glibc and libgcc are the libraries the binary links, which
-#       mk-image.sh's --bin copies). An instruction of that stage it cannot map is an error.
+#   OUTDIR/redlock-operator.tar  localhost/redlock-operator:e2e  the operator's static binary (--binary PATH, default
+#       target/release/redlock-operator) in the image the Dockerfile's last stage defines, by scripts/image-archive.py
+#       (the same builder as scripts/release.sh's image archive, which reads that stage and refuses an instruction
+#       it cannot map; an OCI layout and a docker-archive in one tar). Needs neither the kit nor root. The binary
+#       must be static (the image has no libraries):
+#         cargo rustc --locked --release --bin redlock-operator -- -C target-feature=+crt-static
 #   OUTDIR/redis.tar             localhost/redlock-redis:e2e    the machine's redis-server (Debian's package,
 #       installed when missing) as /usr/local/bin/redis-server, what the chart's StatefulSet runs (`redis-server`
 #       on PATH, as user 999, with /data and /tmp mounted and a read-only root filesystem).
@@ -20,15 +18,17 @@
 #       build one for pods that run `elect`, the Job guard or `lock`: busybox-static with its applet symlinks (a
 #       shell, sleep) plus the operator binary (--binary) at /usr/local/bin/redlock-operator, as user 65532. The
 #       in-cluster suite (tests/in_cluster.rs) runs the tutorials' pods on it.
+# The last three are docker-archive tars by the k8s-node kit's mk-image.sh (${K8S_NODE_KIT:-<repo>/../shared/k8s-node}).
 #
 # --dockerfile PATH  the Dockerfile to read (default: the repository's)
 # --only NAME        build only operator, redis, busybox or app (repeatable)
 # --load DIR         then load the tars into the k8s-node cluster whose state is in DIR (load-image.sh DIR TAR...)
 #
-# A tar newer than all its inputs (binary, linked libraries, Dockerfile, this script, mk-image.sh) and built from
+# A tar newer than all its inputs (binary, linked libraries, Dockerfile, this script, the builder) and built from
 # the same recipe is kept. Progress goes to stderr; stdout is only the helm flags the chart needs for the images
 # built, one per line (`--set image.repository=...`), so `helm install ... $(scripts/build-images.sh DIR)` works.
-# Needs bash, python3, tar and root (mk-image.sh sets file owners; packages are installed with apt-get).
+# Needs bash, python3, tar, and for the kit's images root (mk-image.sh sets file owners; packages are installed
+# with apt-get).
 set -euo pipefail
 
 OPERATOR_TAG=localhost/redlock-operator:e2e
@@ -41,7 +41,7 @@ KIT=${K8S_NODE_KIT:-$REPO/../shared/k8s-node}
 
 die() { echo "build-images.sh: $*" >&2; exit 1; }
 say() { echo "build-images.sh: $*" >&2; }
-usage() { sed -n '2,32p' "$SCRIPT" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,31p' "$SCRIPT" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 [ $# -ge 1 ] || usage
 case $1 in -h | --help) usage ;; -*) die "the first argument is OUTDIR, got $1" ;; esac
@@ -68,150 +68,15 @@ done
 wanted() { [[ " ${ONLY[*]} " == *" $1 "* ]]; }
 
 MK_IMAGE=$KIT/mk-image.sh
-[ -x "$MK_IMAGE" ] || die "no $MK_IMAGE: set K8S_NODE_KIT to the k8s-node kit's folder"
+IMAGE_ARCHIVE=$REPO/scripts/image-archive.py
+if wanted redis || wanted busybox || wanted app; then
+  [ -x "$MK_IMAGE" ] || die "no $MK_IMAGE: set K8S_NODE_KIT to the k8s-node kit's folder (only the operator image needs none)"
+fi
 command -v python3 >/dev/null || die "python3 is needed (to read the Dockerfile and to edit the image config)"
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 
 # ---------------------------------------------------------------------------------------------------- helpers
-# The Dockerfile's runtime stage as shell assignments: BASE, BIN_DEST, IMAGE_USER, ENTRYPOINT_JSON, CMD_JSON,
-# EXPOSED_JSON, LABELS_JSON and ENVS (array). Fails on any instruction it has no mapping for.
-parse_runtime_stage() {
-  python3 - "$1" <<'PY'
-import json, shlex, sys
-
-path = sys.argv[1]
-MAPPED = "FROM, LABEL, COPY --from, USER, EXPOSE, ENV, ENTRYPOINT, CMD"
-
-def fail(line, msg):
-    sys.exit(f"build-images.sh: {path}:{line}: {msg}")
-
-try:
-    lines = open(path, encoding="utf-8").read().split("\n")
-except OSError as e:
-    sys.exit(f"build-images.sh: cannot read the Dockerfile: {e}")
-
-# Parser directives (`# key=value` at the very top): only `syntax` is harmless here.
-for number, line in enumerate(lines, 1):
-    text = line.strip()
-    if not text.startswith("#") or "=" not in text:
-        break
-    key = text[1:].split("=", 1)[0].strip().lower()
-    if key == "escape":
-        fail(number, "the escape directive is not supported (only the default backslash)")
-
-# Instructions with their first line, continuation lines joined, comments dropped.
-instructions, current, start = [], None, 0
-for number, line in enumerate(lines, 1):
-    text = line.strip()
-    if text.startswith("#") or (not text and current is None):
-        continue
-    if current is None:
-        current, start = "", number
-    if line.rstrip().endswith("\\"):
-        current += line.rstrip()[:-1]
-        continue
-    current += line
-    instructions.append((start, current.strip()))
-    current = None
-if current is not None:
-    instructions.append((start, current.strip()))
-
-froms = [i for i, (_, text) in enumerate(instructions) if text.split(None, 1)[0].upper() == "FROM"]
-if not froms:
-    sys.exit(f"build-images.sh: {path}: no FROM instruction")
-stage = instructions[froms[-1]:]
-
-def exec_form(line, keyword, rest):
-    try:
-        value = json.loads(rest)
-    except ValueError:
-        value = None
-    if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-        fail(line, f"{keyword} must be in exec form (a JSON array): the image has no shell for the shell form")
-    return value
-
-def words(line, keyword, rest):
-    if "$" in rest:
-        fail(line, f"{keyword} uses a variable ($): build-images.sh does not substitute them")
-    try:
-        return shlex.split(rest)
-    except ValueError as e:
-        fail(line, f"{keyword}: {e}")
-
-out = {"BASE": None, "BIN_SRC": None, "BIN_DEST": None, "IMAGE_USER": "", "ENTRYPOINT_JSON": "null",
-       "CMD_JSON": "null"}
-exposed, labels, envs = {}, {}, []
-for line, text in stage:
-    parts = text.split(None, 1)
-    keyword, rest = parts[0].upper(), (parts[1] if len(parts) > 1 else "").strip()
-    if keyword == "FROM":
-        args = words(line, keyword, rest)
-        if not args or args[0].startswith("--"):
-            fail(line, f"FROM {rest}: options are not supported")
-        if len(args) not in (1, 3) or (len(args) == 3 and args[1].upper() != "AS"):
-            fail(line, f"FROM {rest}: expected IMAGE [AS NAME]")
-        out["BASE"] = args[0]
-    elif keyword == "LABEL":
-        args = words(line, keyword, rest)
-        if len(args) >= 2 and "=" not in args[0]:
-            labels[args[0]] = " ".join(args[1:])
-        else:
-            for arg in args:
-                if "=" not in arg:
-                    fail(line, f"LABEL: expected KEY=VALUE, got '{arg}'")
-                key, value = arg.split("=", 1)
-                labels[key] = value
-    elif keyword == "COPY":
-        args = words(line, keyword, rest) if not rest.startswith("[") else exec_form(line, keyword, rest)
-        flags = [a for a in args if a.startswith("--")]
-        paths = [a for a in args if not a.startswith("--")]
-        if [f for f in flags if not f.startswith("--from=")] or not flags:
-            fail(line, "only `COPY --from=STAGE SRC DEST` (the binary) has a mapping: "
-                 "no other flags, nothing from the build context")
-        if len(paths) != 2 or out["BIN_DEST"] is not None:
-            fail(line, "only one COPY of one file (the binary) has a mapping")
-        src, dest = paths
-        if dest.endswith("/"):
-            dest += src.rstrip("/").rsplit("/", 1)[-1]
-        if not dest.startswith("/"):
-            fail(line, f"COPY destination {dest} is relative (no WORKDIR mapping)")
-        out["BIN_SRC"], out["BIN_DEST"] = src, dest
-    elif keyword == "USER":
-        args = words(line, keyword, rest)
-        if len(args) != 1:
-            fail(line, "USER takes one USER[:GROUP]")
-        out["IMAGE_USER"] = args[0]
-    elif keyword == "EXPOSE":
-        for port in words(line, keyword, rest):
-            number_, _, proto = port.partition("/")
-            proto = proto.lower() or "tcp"
-            if not number_.isdigit() or proto not in ("tcp", "udp", "sctp"):
-                fail(line, f"EXPOSE {port}: expected PORT[/tcp|udp|sctp]")
-            exposed[f"{int(number_)}/{proto}"] = {}
-    elif keyword == "ENV":
-        args = words(line, keyword, rest)
-        if len(args) >= 2 and "=" not in args[0]:
-            args = [args[0] + "=" + " ".join(args[1:])]
-        for arg in args:
-            if "=" not in arg or "\n" in arg:
-                fail(line, f"ENV: expected KEY=VALUE, got '{arg}'")
-            envs.append(arg)
-    elif keyword in ("ENTRYPOINT", "CMD"):
-        out[keyword + "_JSON"] = json.dumps(exec_form(line, keyword, rest))
-    else:
-        fail(line, f"{keyword} in the runtime stage has no mapping in build-images.sh "
-             f"(it maps {MAPPED}); build that image with docker, or teach the script")
-if out["BIN_DEST"] is None:
-    sys.exit(f"build-images.sh: {path}: the runtime stage copies no binary (COPY --from=STAGE SRC DEST)")
-out["EXPOSED_JSON"] = json.dumps(exposed, separators=(",", ":")) if exposed else ""
-out["LABELS_JSON"] = json.dumps(labels, separators=(",", ":")) if labels else ""
-for key, value in out.items():
-    print(f"{key}={shlex.quote(value)}")
-print("ENVS=(" + " ".join(shlex.quote(e) for e in envs) + ")")
-PY
-}
-
 # Adds ExposedPorts and Labels (JSON objects, empty: none) to the config of the docker-archive TAR, which mk-image.sh
 # has no options for; the config's file is renamed after its new digest, the archive stays reproducible.
 add_to_config() {
@@ -260,15 +125,23 @@ os.replace(path + ".tmp", path)
 PY
 }
 
+# operator_archive OUT TAG ARGS...: the operator image, by scripts/image-archive.py (in mk-image.sh's argument order).
+operator_archive() {
+  local out=$1 tag=$2
+  shift 2
+  python3 "$IMAGE_ARCHIVE" build --out "$out" --name "$tag" "$@"
+}
+
 # The libraries `ldd` lists for a binary (what mk-image.sh's --bin copies), for the freshness check.
 libraries() { { ldd "$1" 2>/dev/null || true; } | awk '/=> \// {print $3} $1 ~ /^\// {print $1}' | sort -u; }
 
-# build NAME TAG INPUTS-NEWLINE-SEPARATED EXPOSED LABELS MK-IMAGE-ARGS...: OUTDIR/NAME.tar unless it is up to date.
+# build BUILDER NAME TAG INPUTS-NEWLINE-SEPARATED EXPOSED LABELS BUILDER-ARGS...: OUTDIR/NAME.tar unless it is up to
+# date (BUILDER OUT TAG BUILDER-ARGS...: mk-image.sh, or operator_archive).
 build() {
-  local name=$1 tag=$2 inputs=$3 exposed=$4 labels=$5
-  shift 5
+  local builder=$1 name=$2 tag=$3 inputs=$4 exposed=$5 labels=$6
+  shift 6
   local out=$OUTDIR/$name.tar recipe_file=$OUTDIR/.$name.tar.recipe recipe input
-  recipe=$(printf '%s\n' "$tag" "$@" "exposed=$exposed" "labels=$labels" "epoch=${SOURCE_DATE_EPOCH:-0}")
+  recipe=$(printf '%s\n' "$builder" "$tag" "$@" "exposed=$exposed" "labels=$labels" "epoch=${SOURCE_DATE_EPOCH:-0}")
   if [ -f "$out" ] && [ -f "$recipe_file" ] && [ "$(cat "$recipe_file")" = "$recipe" ]; then
     local fresh=1
     while IFS= read -r input; do
@@ -281,7 +154,7 @@ build() {
   fi
   say "building $name.tar ($tag)"
   rm -f "$recipe_file"
-  "$MK_IMAGE" "$out" "$tag" "$@" >&2
+  "$builder" "$out" "$tag" "$@" >&2
   if [ -n "$exposed$labels" ]; then add_to_config "$out" "$exposed" "$labels"; fi
   printf '%s\n' "$recipe" >"$recipe_file"
 }
@@ -326,31 +199,10 @@ helm_flags=()
 
 if wanted operator; then
   [ -f "$DOCKERFILE" ] || die "no Dockerfile at $DOCKERFILE"
-  parsed=$(parse_runtime_stage "$DOCKERFILE")
-  BASE= BIN_SRC= BIN_DEST= IMAGE_USER= ENTRYPOINT_JSON= CMD_JSON= EXPOSED_JSON= LABELS_JSON= ENVS=()
-  eval "$parsed"
-  # What the base image brings: its files (mk-image.sh options), its users, and its default user.
-  case ${BASE%@sha256:*} in
-    gcr.io/distroless/cc-debian12:nonroot)
-      base_args=(--ca-certs --passwd nonroot:65532 --workdir /home/nonroot
-        --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt)
-      base_users=(root 0 nobody 65534 nonroot 65532) base_user=65532 ;;
-    *) die "$DOCKERFILE: the runtime stage's base image $BASE has no mapping (build-images.sh knows gcr.io/distroless/cc-debian12:nonroot)" ;;
-  esac
-  image_user=${IMAGE_USER:-$base_user}
-  for part in "${image_user%%:*}" "${image_user#*:}"; do
-    [[ "$part" =~ ^[0-9]+$ || " ${base_users[*]} " == *" $part "* ]] ||
-      die "$DOCKERFILE: USER $image_user: $part is not a user or group of $BASE"
-  done
-  [ -f "$BINARY" ] || die "no binary at $BINARY: cargo build --release --locked --bin redlock-operator, or pass --binary PATH"
-  config_args=()
-  for e in "${ENVS[@]+"${ENVS[@]}"}"; do config_args+=(--env "$e"); done
-  [ "$ENTRYPOINT_JSON" = null ] || config_args+=(--entrypoint "$ENTRYPOINT_JSON")
-  [ "$CMD_JSON" = null ] || config_args+=(--cmd "$CMD_JSON")
-  say "runtime stage: FROM $BASE, $BIN_SRC -> $BIN_DEST, USER $image_user"
-  build redlock-operator "$OPERATOR_TAG" "$(printf '%s\n' "$BINARY" "$DOCKERFILE" "$SCRIPT" "$MK_IMAGE"; libraries "$BINARY")" \
-    "$EXPOSED_JSON" "$LABELS_JSON" \
-    "${base_args[@]}" --bin "$BINARY:$BIN_DEST" --user "$image_user" "${config_args[@]+"${config_args[@]}"}"
+  [ -f "$BINARY" ] || die "no binary at $BINARY: see --help for the static build, or pass --binary PATH"
+  build operator_archive redlock-operator "$OPERATOR_TAG" \
+    "$(printf '%s\n' "$BINARY" "$DOCKERFILE" "$SCRIPT" "$IMAGE_ARCHIVE")" "" "" \
+    --binary "$BINARY" --dockerfile "$DOCKERFILE"
   tars+=("$OUTDIR/redlock-operator.tar")
   helm_flags+=("--set image.repository=${OPERATOR_TAG%:*}" "--set image.tag=${OPERATOR_TAG##*:}")
 fi
@@ -360,7 +212,7 @@ if wanted redis; then
   redis=$(command -v redis-server)
   # The chart's StatefulSet: `redis-server` from PATH as 999:999 (the official image's `redis` user), working
   # directory /data (an emptyDir there; a read-only root filesystem elsewhere).
-  build redis "$REDIS_TAG" "$(printf '%s\n' "$redis" "$SCRIPT" "$MK_IMAGE"; libraries "$redis")" '{"6379/tcp":{}}' "" \
+  build "$MK_IMAGE" redis "$REDIS_TAG" "$(printf '%s\n' "$redis" "$SCRIPT" "$MK_IMAGE"; libraries "$redis")" '{"6379/tcp":{}}' "" \
     --bin "$redis:/usr/local/bin/redis-server" --passwd redis:999 --user 999:999 --workdir /data \
     --cmd '["redis-server"]'
   tars+=("$OUTDIR/redis.tar")
@@ -371,7 +223,7 @@ if wanted busybox; then
   stage=$OUTDIR/.busybox.root
   trap 'rm -rf "$OUTDIR/.busybox.root" "$OUTDIR/.app.root"' EXIT
   stage_busybox "$stage"
-  build busybox "$BUSYBOX_TAG" "$(printf '%s\n' "$busybox" "$SCRIPT" "$MK_IMAGE")" "" "" \
+  build "$MK_IMAGE" busybox "$BUSYBOX_TAG" "$(printf '%s\n' "$busybox" "$SCRIPT" "$MK_IMAGE")" "" "" \
     --add "$stage/bin:/bin" --cmd '["sh"]'
   tars+=("$OUTDIR/busybox.tar")
 fi
@@ -386,7 +238,7 @@ if wanted app; then
   app_stage=$OUTDIR/.app.root
   trap 'rm -rf "$OUTDIR/.busybox.root" "$OUTDIR/.app.root"' EXIT
   stage_busybox "$app_stage"
-  build app "$APP_TAG" "$(printf '%s\n' "$BINARY" "$busybox" "$SCRIPT" "$MK_IMAGE"; libraries "$BINARY")" "" "" \
+  build "$MK_IMAGE" app "$APP_TAG" "$(printf '%s\n' "$BINARY" "$busybox" "$SCRIPT" "$MK_IMAGE"; libraries "$BINARY")" "" "" \
     --add "$app_stage/bin:/bin" --bin "$BINARY:/usr/local/bin/redlock-operator" --ca-certs \
     --user 65532:65532 --cmd '["sh"]'
   tars+=("$OUTDIR/app.tar")
