@@ -7,8 +7,13 @@ use redlock_operator::telemetry;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The commit this binary was built from, when the build said (scripts/release.sh, the Dockerfile).
+const COMMIT: Option<&str> = option_env!("REDLOCK_COMMIT");
+
 fn main() -> ExitCode {
-    let cli = match cli::parse() {
+    // Leaked once: clap keeps the version for the life of the command, which is the process's.
+    let version: &'static str = Box::leak(cli::version(COMMIT).into_boxed_str());
+    let cli = match cli::parse(version) {
         Ok(cli) => cli,
         Err(code) => return exit(code),
     };
@@ -30,6 +35,7 @@ fn main() -> ExitCode {
                 cli::lock::run(args).await
             }
             Command::Crd(args) => cli::crd::run(&args),
+            Command::CopyBinary(args) => cli::copy_binary::run(&args),
             Command::Elect(args) => {
                 telemetry::init(cli.log_format, "warn");
                 cli::elect::run(args).await

@@ -9,6 +9,7 @@ macro_rules! durations_help {
     };
 }
 
+pub mod copy_binary;
 pub mod crd;
 pub mod elect;
 pub mod exit_code;
@@ -50,11 +51,31 @@ pub enum Command {
     Guard(guard::GuardArgs),
     /// Print the CustomResourceDefinitions (or write them with --write DIR).
     Crd(crd::CrdArgs),
+    /// Copy this binary to a path (what the chart's init container does to inject `elect` and the guard).
+    CopyBinary(copy_binary::CopyBinaryArgs),
 }
 
-/// Parses the arguments; usage errors become one line on stderr and exit status 64.
-pub fn parse() -> Result<Cli, i32> {
-    match Cli::try_parse() {
+/// What `--version` prints after the name: the crate's version and the commit it was built from.
+///
+/// The commit comes from the binary crate (`REDLOCK_COMMIT` at build time, which scripts/release.sh and the
+/// Dockerfile set) so that a new commit relinks the binary only, not the library.
+pub fn version(commit: Option<&str>) -> String {
+    let version = env!("CARGO_PKG_VERSION");
+    match commit.map(str::trim).filter(|commit| !commit.is_empty()) {
+        Some(commit) => format!("{version} (commit {commit})"),
+        None => format!("{version} (commit unknown: built without REDLOCK_COMMIT)"),
+    }
+}
+
+/// Parses the arguments; usage errors become one line on stderr and exit status 64. `version` is what
+/// `--version` prints after the name ([`version`]).
+pub fn parse(version: &'static str) -> Result<Cli, i32> {
+    use clap::{CommandFactory, FromArgMatches};
+    let parsed = Cli::command()
+        .version(version)
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches));
+    match parsed {
         Ok(cli) => Ok(cli),
         Err(err) => {
             use clap::error::ErrorKind;
