@@ -54,7 +54,8 @@ pub struct LockArgs {
     /// The longest TTL any client of these masters uses; a master restarted less than this ago does not vote.
     #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = crate::duration::parse)]
     pub max_ttl: Duration,
-    /// How long one master may take to answer.
+    /// How long one master may take to answer. A master whose connection is still being opened is waited for
+    /// longer by an attempt: up to the connect timeout (1s), but at most a tenth of --ttl.
     #[arg(long, default_value = "50ms", value_name = "DURATION", value_parser = crate::duration::parse)]
     pub node_timeout: Duration,
     /// Tell the command the lock is lost this long before its validity ends (default: ttl/5, at most 5s).

@@ -69,7 +69,7 @@ impl Redlock {
         let mut pending = FuturesUnordered::new();
         let mut answered = vec![true; nodes.len()];
         for (index, node) in nodes.iter().enumerate() {
-            match node.reach(started, Purpose::Vote) {
+            match node.reach(started, Purpose::Vote, None) {
                 Ok(reach) => {
                     answered[index] = false;
                     pending.push(self.pipeline_on_node(index, reach, leases, &live, repair));

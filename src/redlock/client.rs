@@ -58,8 +58,9 @@ impl Redlock {
     /// restart check); the others keep connecting in the background and join when verified. For
     /// short-lived users such as the `lock` command, which would otherwise wait out the connect timeout of
     /// every hung master. A master counts once verified, even if quarantined (operations report that); the
-    /// operations wait, up to the node timeout, for masters still connecting, so that the first one does not
-    /// count voting masters out because quarantined ones were verified first. Without a majority it waits for
+    /// operations wait for masters still connecting (an acquisition up to the connect timeout, within a tenth of
+    /// its TTL: `node::connecting_wait`), so that the first one does not count voting masters out because
+    /// quarantined ones were verified first. Without a majority it waits for
     /// every first attempt, so that failures are explained.
     pub async fn connect_majority(config: RedlockConfig) -> Result<Self, ConfigError> {
         Self::start(config, ConnectWait::Majority).await

@@ -1,5 +1,5 @@
 //! One operation on every master at once: sent concurrently (a master still connecting gets up to the node
-//! timeout to be verified), decided as soon as a majority voted or can no longer vote, and the masters that had
+//! timeout to be verified, an acquisition's up to the connect timeout within a tenth of its TTL), decided as soon as a majority voted or can no longer vote, and the masters that had
 //! not answered by then finished in the background (within the per-node timeout, and one more for a master still
 //! connecting) instead of dropped, so that a decided acquisition does not sit on a bare majority and a release
 //! reaches every master. A failed acquisition is undone here too, each unlock ordered behind its master's SET.
@@ -119,7 +119,7 @@ impl Redlock {
     }
 
     /// Sends `op` to the masters selected by `only` (all when `None`) concurrently. A master whose connection
-    /// is still being set up (a fresh client, a reconnection) is waited for up to the node timeout, so that it
+    /// is still being set up (a fresh client, a reconnection) is waited for (`node::connecting_wait`), so that it
     /// is not counted out while it might still vote. With `decide_early`, returns as soon as a majority voted
     /// yes or can no longer do so; the masters still answering are handed back in `pending` (their outcome
     /// shows as `Pending`, or as unavailable while still connecting). An extension passes its lease as
@@ -154,7 +154,11 @@ impl Redlock {
                 Op::Release | Op::LeaveQueue { .. } => Purpose::Cleanup,
                 Op::Acquire { .. } | Op::Extend { .. } => Purpose::Vote,
             };
-            match node.reach(started, purpose) {
+            let ttl = match op {
+                Op::Acquire { ttl_ms, .. } => Some(Duration::from_millis(ttl_ms)),
+                Op::Extend { .. } | Op::Release | Op::LeaveQueue { .. } => None,
+            };
+            match node.reach(started, purpose, ttl) {
                 Ok(reach) => pending.push(self.run_on_node(index, reach, op, keys.clone(), value.clone())),
                 Err(outcome) => {
                     tally.record(false);

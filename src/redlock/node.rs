@@ -61,7 +61,34 @@ pub(crate) enum Purpose {
 /// and restart check) once it is verified, if that is by `deadline` (the operation's start plus the node timeout).
 pub(crate) enum Reach {
     Now(Ready),
-    By { deadline: Instant, purpose: Purpose },
+    By {
+        deadline: Instant,
+        purpose: Purpose,
+        /// How long the operation waits for the connection in all (said when it gives up).
+        wait: Duration,
+    },
+}
+
+/// An acquisition waits for a master still connecting up to the connect timeout, but for no more than this
+/// fraction of the lock's TTL: the wait comes out of the validity the grant is left with.
+pub(crate) const CONNECTING_WAIT_TTL_FRACTION: u32 = 10;
+
+/// How long an operation waits for a master whose connection is still being set up. Opening a connection (a
+/// slow DNS answer, a TLS handshake across regions) is not answering: an acquisition of `ttl` waits up to the
+/// connect timeout, capped at a tenth of the TTL; every other operation (extensions, which must end within the
+/// validity they extend; releases, finished in the background anyway) waits the node timeout, as for an answer.
+/// Never less than the node timeout (a TTL is at least ten node timeouts, so the cap keeps that).
+pub(crate) fn connecting_wait(
+    node_timeout: Duration,
+    connect_timeout: Duration,
+    ttl: Option<Duration>,
+) -> Duration {
+    match ttl {
+        None => node_timeout,
+        Some(ttl) => connect_timeout
+            .min(ttl / CONNECTING_WAIT_TTL_FRACTION)
+            .max(node_timeout),
+    }
 }
 
 /// What a master without a verified connection is reported as while its connection is being set up.
@@ -172,24 +199,38 @@ impl Node {
     }
 
     /// How an operation that starts at `now` gets to this master for `purpose`: its verified connection, or the
-    /// one being set up, which the operation waits for up to the node timeout; `Err` when the master is out at
-    /// once (quarantined for a vote, or not connected and no connection being set up: down, between retries).
-    pub(crate) fn reach(&self, now: Instant, purpose: Purpose) -> Result<Reach, NodeOutcome> {
+    /// one being set up, which the operation waits for ([`connecting_wait`]: an acquisition passes its `ttl`);
+    /// `Err` when the master is out at once (quarantined for a vote, or not connected and no connection being
+    /// set up: down, between retries).
+    pub(crate) fn reach(
+        &self,
+        now: Instant,
+        purpose: Purpose,
+        ttl: Option<Duration>,
+    ) -> Result<Reach, NodeOutcome> {
         Ok(match self.usable(now, purpose)? {
             Some(ready) => Reach::Now(ready),
-            None => Reach::By {
-                deadline: now.checked_add(self.settings.node_timeout).unwrap_or(now),
-                purpose,
-            },
+            None => {
+                let wait = connecting_wait(self.settings.node_timeout, self.settings.connect_timeout, ttl);
+                Reach::By {
+                    deadline: now.checked_add(wait).unwrap_or(now),
+                    purpose,
+                    wait,
+                }
+            }
         })
     }
 
     /// The verified connection `reach` leads to. A connection being set up is waited for until its deadline,
     /// and is then checked for its purpose (the quarantine for a vote) as one found at once would be.
     pub(crate) async fn connection(&self, reach: Reach) -> Result<Ready, NodeOutcome> {
-        let (deadline, purpose) = match reach {
+        let (deadline, purpose, wait) = match reach {
             Reach::Now(ready) => return Ok(ready),
-            Reach::By { deadline, purpose } => (deadline, purpose),
+            Reach::By {
+                deadline,
+                purpose,
+                wait,
+            } => (deadline, purpose, wait),
         };
         // Subscribed before looking, so that an attempt ending in between is not missed.
         let mut attempts = self.attempts.subscribe();
@@ -202,8 +243,8 @@ impl Node {
                 Ok(Ok(()))
             ) {
                 return Err(NodeOutcome::Unavailable(format!(
-                    "{CONNECTING}, not verified within the node timeout ({})",
-                    crate::duration::format(self.settings.node_timeout)
+                    "{CONNECTING}, not verified within {}",
+                    crate::duration::format(wait)
                 )));
             }
         }
@@ -448,5 +489,27 @@ fn describe(err: &RedisError) -> String {
         format!("connection refused ({text})")
     } else {
         text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[test]
+    fn an_acquisition_waits_for_a_connection_up_to_the_connect_timeout_within_a_tenth_of_its_ttl() {
+        // The defaults (node timeout 50 ms, connect timeout 1 s): a 5 s lock waits 500 ms, a 30 s lock 1 s.
+        assert_eq!(connecting_wait(MS(50), MS(1000), Some(MS(5000))), MS(500));
+        assert_eq!(connecting_wait(MS(50), MS(1000), Some(MS(30_000))), MS(1000));
+        // Never less than the node timeout, even with a connect timeout below it.
+        assert_eq!(connecting_wait(MS(50), MS(20), Some(MS(30_000))), MS(50));
+        assert_eq!(connecting_wait(MS(50), MS(1000), Some(MS(100))), MS(50));
+    }
+
+    #[test]
+    fn other_operations_wait_the_node_timeout() {
+        assert_eq!(connecting_wait(MS(50), MS(1000), None), MS(50));
     }
 }

@@ -330,7 +330,7 @@ impl Redlock {
         let mut answers: Vec<Option<Answer>> = vec![None; nodes.len()];
         let mut pending = FuturesUnordered::new();
         for (index, node) in nodes.iter().enumerate() {
-            match node.reach(now, Purpose::Vote) {
+            match node.reach(now, Purpose::Vote, Some(ttl)) {
                 Ok(reach) => {
                     pending.push(self.acquire_any_on_node(index, reach, candidates, value, ttl, waiter))
                 }

@@ -41,6 +41,8 @@ struct Faults {
     refuse: bool,
     /// Client→server bytes are read and kept, not forwarded (see [`FaultProxy::strand`]).
     strand: bool,
+    /// How long a new connection waits before anything passes (see [`FaultProxy::set_accept_delay`]).
+    accept_delay: Duration,
 }
 
 /// One relayed connection's switches.
@@ -252,6 +254,12 @@ impl FaultProxy {
     }
 
     /// Accepts and immediately closes new connections while `on`.
+    /// Makes every new connection take `delay` to open: nothing passes either way until then (a master behind a
+    /// slow DNS answer or a TLS handshake across regions). Open connections are not affected.
+    pub fn set_accept_delay(&self, delay: Duration) {
+        self.faults.send_modify(|faults| faults.accept_delay = delay);
+    }
+
     pub fn refuse(&self, on: bool) {
         self.faults.send_modify(|faults| faults.refuse = on);
     }
@@ -323,6 +331,13 @@ async fn relay(
     switches: Switches,
     member: Member,
 ) {
+    let accept_delay = faults.borrow().accept_delay;
+    if !accept_delay.is_zero() {
+        tokio::select! {
+            () = tokio::time::sleep(accept_delay) => {}
+            () = switches.cut.cancelled() => return,
+        }
+    }
     let server = tokio::select! {
         connected = TcpStream::connect(upstream) => match connected {
             Ok(server) => server,

@@ -23,7 +23,8 @@ pub struct Options {
     pub tls: Option<TlsFiles>,
 }
 
-/// A throw-away CA and a server certificate for 127.0.0.1, made with the `openssl` command.
+/// A throw-away CA and a server certificate for 127.0.0.1 (and any name under redlock.test), made with the
+/// `openssl` command.
 #[derive(Clone, Debug)]
 pub struct TlsFiles {
     pub ca_cert: PathBuf,
@@ -35,7 +36,11 @@ impl TlsFiles {
     pub fn generate(dir: &std::path::Path) -> io::Result<Self> {
         let path = |name: &str| dir.join(name);
         let ext = path("san.ext");
-        std::fs::write(&ext, "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n")?;
+        // The names under redlock.test are what a test's own /etc/hosts may give 127.0.0.1 (the static binary's chroot).
+        std::fs::write(
+            &ext,
+            "subjectAltName=IP:127.0.0.1,DNS:*.redlock.test\nbasicConstraints=CA:FALSE\n",
+        )?;
         let steps: [&[&str]; 3] = [
             &[
                 "req",
