@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::fences::Fences;
+use super::fences::{Fence, Fences};
 use super::permits::{Bounds, excess_holders, most_at_once, per_key};
 use super::protected::{StaleWrite, stale_writes_accepted};
 use super::recorder::Recorder;
@@ -49,6 +49,9 @@ pub struct Report {
     pub longest_unavailable: Duration,
     /// The operator's fences of lost locks, from its replicas' logs (filled in once the run is over).
     pub fences: Fences,
+    /// Fences written after the validity they were meant to precede, in a run whose scenario promises none
+    /// (`Scenario::fences_before_validity`).
+    pub late_fences: Vec<Fence>,
 }
 
 impl Report {
@@ -57,6 +60,7 @@ impl Report {
             && self.excess_holders.is_empty()
             && self.token_regressions.is_empty()
             && self.stale_writes_accepted.is_empty()
+            && self.late_fences.is_empty()
     }
 
     pub fn transitions_total(&self) -> usize {
@@ -149,6 +153,7 @@ pub fn check(
             &recorder.excused(),
         ),
         fences: Fences::default(),
+        late_fences: Vec::new(),
     }
 }
 
@@ -170,6 +175,13 @@ impl fmt::Display for Report {
             self.forgotten_token_regressions.len(),
         )?;
         write!(f, "\n  {}", self.fences)?;
+        for fence in &self.late_fences {
+            write!(
+                f,
+                "\n  LATE FENCE: written {} ms after the validity it was meant to precede",
+                fence.validity_left_ms.saturating_neg()
+            )?;
+        }
         for (key, count) in &self.transitions {
             write!(f, "\n  {key}: {count} transitions")?;
         }

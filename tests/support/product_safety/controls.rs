@@ -244,6 +244,9 @@ async fn cut_while_jobs_run(seed: u64, switched: Option<Control>, permits: usize
         outside_clients: permits,
         churn_keys: 1,
         permits,
+        // Only the masters are cut: the operator runs and reaches its API server throughout, so it must fence
+        // before the validity it showed, whether or not a `lock` process takes the key in time to overlap.
+        fences_before_validity: true,
         ..base(seed, switched)
     })
     .await;

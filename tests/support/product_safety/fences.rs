@@ -38,6 +38,15 @@ pub fn parse(log: &str) -> Vec<Fence> {
 }
 
 impl Fences {
+    /// The fences written once the validity they were meant to precede had ended.
+    pub fn late(&self) -> Vec<Fence> {
+        self.0
+            .iter()
+            .copied()
+            .filter(|fence| fence.validity_left_ms < 0)
+            .collect()
+    }
+
     /// The fence that left the least validity, if any.
     pub fn closest(&self) -> Option<Fence> {
         self.0.iter().copied().min_by_key(|fence| fence.validity_left_ms)

@@ -152,6 +152,11 @@ pub struct Scenario {
     /// that the `lock` processes' children write themselves, behind the chart's policy or (the negative
     /// control) without it.
     pub fenced: Option<fenced::Policy>,
+    /// Whether every fence the operator logs must be written before the validity it showed ended: its promise for
+    /// holders without the guard, wherever it keeps running and reaches the API server (only the masters are cut).
+    /// A fence written after it is then a violation of its own, so a control that delays the fence is caught
+    /// whether or not an outside process happened to take the key in that gap.
+    pub fences_before_validity: bool,
 }
 
 /// One cluster, one replica, no workload, no nemesis: plain locks (one permit) of the default TTL, the Job locks'
@@ -189,6 +194,7 @@ impl Default for Scenario {
             controls: String::new(),
             progress: None,
             fenced: None,
+            fences_before_validity: false,
         }
     }
 }
@@ -638,6 +644,9 @@ impl World {
                 .flat_map(|replica| fences::parse(&replica.log()))
                 .collect(),
         );
+        if self.scenario.fences_before_validity {
+            report.late_fences = report.fences.late();
+        }
         let verbose = std::env::var_os("REDLOCK_SAFETY_LOG").is_some();
         if !report.is_safe() || verbose {
             for event in self.recorder.nemesis_events() {
