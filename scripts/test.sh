@@ -4,6 +4,24 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each `==>` phase and when it started (seconds since the script did): the table at the end says where the time went.
+phase_names=()
+phase_starts=()
+phase() {
+  phase_names+=("$1")
+  phase_starts+=("$SECONDS")
+  echo "==> $1"
+}
+phase_table() {
+  local i seconds
+  echo "==> phases (minutes)"
+  for i in "${!phase_names[@]}"; do
+    seconds=$((${phase_starts[$((i + 1))]:-$SECONDS} - phase_starts[i]))
+    printf '%4d.%d  %s\n' $((seconds / 60)) $((seconds % 60 * 10 / 60)) "${phase_names[$i]}"
+  done
+  printf '%4d.%d  in all\n' $((SECONDS / 60)) $((SECONDS % 60 * 10 / 60))
+}
+
 need_packages=()
 command -v redis-server >/dev/null 2>&1 || need_packages+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_packages+=(redis-tools)
@@ -12,7 +30,7 @@ command -v cc >/dev/null 2>&1 || need_packages+=(gcc)
 command -v openssl >/dev/null 2>&1 || need_packages+=(openssl)
 if [ ${#need_packages[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "==> installing ${need_packages[*]}"
+    phase "installing ${need_packages[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need_packages[@]}" >/dev/null
@@ -24,11 +42,11 @@ fi
 # Tests start their own masters; a packaged service must not be mistaken for one of them.
 if command -v service >/dev/null 2>&1; then service redis-server stop >/dev/null 2>&1 || true; fi
 
-echo "==> cargo fmt --check"
+phase "cargo fmt --check"
 cargo fmt --all -- --check
-echo "==> cargo clippy"
+phase "cargo clippy"
 cargo clippy --all-targets --locked -- -D warnings
-echo "==> cargo test"
+phase "cargo test"
 mkdir -p target
 # What the operator's client asks the API server for, recorded by the test API server in every run below, for
 # the chart check's RBAC comparison (scripts/rbac_check.py).
@@ -41,7 +59,7 @@ cargo test --locked 2>&1 | tee "$log"
 # The end-to-end tests once more against the test API server in its realistic mode: jittered latency on every
 # request and watch event, late initial lists of Jobs and pods, watches that end or expire (410) and relist.
 # A failing test prints its seed; REDLOCK_E2E_SEED repeats the random choices.
-echo "==> end-to-end tests against the realistic test API server"
+phase "end-to-end tests against the realistic test API server"
 REDLOCK_E2E_REALISTIC=1 cargo test --locked --no-fail-fast "${e2e_tests[@]}" 2>&1 | tee -a "$log"
 # The end-to-end tests once more in their real-cluster mode (REDLOCK_E2E_KUBECONFIG), then the in-cluster suite
 # (the chart installed with the operator's image, `helm test`, the tutorials with real pods, failure drills), on
@@ -52,41 +70,52 @@ node_kit=${REDLOCK_K8S_NODE_KIT:-$PWD/../shared/k8s-node}
 # Issue 40's proof on a real API server: the product checker's fenced mode, a holder paused past its validity
 # refused by the chart's fenced-objects policy, and its negative control without the policy.
 fenced_proof() { # KUBECONFIG
-  echo "==> the paused holder against a real API server's fenced-objects policy"
+  phase "the paused holder against a real API server's fenced-objects policy"
   REDLOCK_E2E_KUBECONFIG="$1" cargo test --locked --test operator_safety paused 2>&1 | tee -a "$log"
 }
 in_cluster_suite() { # KUBECONFIG
-  echo "==> the in-cluster suite"
-  REDLOCK_E2E_KUBECONFIG="$1" cargo test --locked --test in_cluster -- --ignored --test-threads=1 2>&1 | tee -a "$log"
+  phase "the in-cluster suite"
+  REDLOCK_E2E_KUBECONFIG="$1" REDLOCK_E2E_CHART="${in_cluster_chart:-${REDLOCK_E2E_CHART:-}}" \
+    cargo test --locked --test in_cluster -- --ignored --test-threads=1 2>&1 | tee -a "$log"
 }
 if [ -n "${REDLOCK_E2E_KUBECONFIG:-}" ]; then
-  echo "==> end-to-end tests against the cluster of REDLOCK_E2E_KUBECONFIG"
+  phase "end-to-end tests against the cluster of REDLOCK_E2E_KUBECONFIG"
   cargo test --locked "${e2e_tests[@]}" 2>&1 | tee -a "$log"
   fenced_proof "$REDLOCK_E2E_KUBECONFIG"
   [ "${REDLOCK_E2E_IN_CLUSTER:-1}" = 0 ] || in_cluster_suite "$REDLOCK_E2E_KUBECONFIG"
 elif [ -x "$node_kit/start.sh" ] && [ "$(id -u)" -eq 0 ]; then
-  phase_start=$SECONDS
   node_dir=${REDLOCK_K8S_NODE_DIR:-$PWD/target/k8s-node}
-  echo "==> a real single-node Kubernetes in $node_dir (from $node_kit)"
+  phase "a real single-node Kubernetes in $node_dir (from $node_kit)"
   # Stopped however this script ends: stop.sh undoes every change start.sh made to the host.
   trap '"$node_kit/stop.sh" "$node_dir" >target/k8s-node-stop.log 2>&1 || true' EXIT
   kubeconfig=$("$node_kit/start.sh" "$node_dir" 2>target/k8s-node-start.log | tail -n1)
-  # The operator's image as the Dockerfile's runtime stage defines it, around the binary the tests above built
-  # (a release build costs 7-17 minutes on two cores; REDLOCK_E2E_OPERATOR_BINARY=target/release/redlock-operator
-  # after `cargo build --release` runs the suites on that one).
-  echo "==> the images (scripts/build-images.sh), loaded into the node"
-  operator_binary=${REDLOCK_E2E_OPERATOR_BINARY:-${CARGO_TARGET_DIR:-target}/debug/redlock-operator}
-  cargo build --locked --bin redlock-operator
-  K8S_NODE_KIT=$node_kit scripts/build-images.sh target/images --binary "$operator_binary" --load "$node_dir" >/dev/null
-  echo "==> end-to-end tests against the real node"
+  # What a user installs, as scripts/release.sh makes it (the binary's tarball, the image archive, the chart's
+  # .tgz), around the binary the tests above built, linked static: only the final link is redone (with the
+  # negative-controls feature the tests' build has, so that nothing else is rebuilt), and the binary copied at once
+  # (the next `cargo test` links it dynamically again). A release build would cost 7-17 minutes on two cores;
+  # REDLOCK_E2E_OPERATOR_BINARY names another static binary (scripts/release.sh's own build, say).
+  phase "the release artifacts (scripts/release.sh) of the test build linked static, loaded into the node"
+  operator_binary=${REDLOCK_E2E_OPERATOR_BINARY:-}
+  if [ -z "$operator_binary" ]; then
+    cargo rustc --locked --bin redlock-operator --features negative-controls -- -C target-feature=+crt-static
+    operator_binary=target/redlock-operator-static
+    cp "${CARGO_TARGET_DIR:-target}/debug/redlock-operator" "$operator_binary"
+  fi
+  dist=$(scripts/release.sh --binary "$operator_binary" --out target/dist)
+  "$node_kit/load-image.sh" "$node_dir" "$(grep '\.image\.tar$' <<<"$dist")"
+  # The in-cluster suite installs that .tgz with its defaults: the image loaded from the archive.
+  in_cluster_chart=$(grep '\.tgz$' <<<"$dist")
+  # The masters', the Job tests' and the tutorials' images (not shipped: the kit's mk-image.sh builds them).
+  K8S_NODE_KIT=$node_kit scripts/build-images.sh target/images --only redis --only busybox --only app \
+    --binary "$operator_binary" --load "$node_dir" >/dev/null
+  phase "end-to-end tests against the real node"
   REDLOCK_E2E_KUBECONFIG="$kubeconfig" cargo test --locked "${e2e_tests[@]}" 2>&1 | tee -a "$log"
   fenced_proof "$kubeconfig"
   in_cluster_suite "$kubeconfig"
   "$node_kit/stop.sh" "$node_dir" >target/k8s-node-stop.log 2>&1
   trap - EXIT
-  echo "==> the real-node phase took $((SECONDS - phase_start)) s"
 else
-  echo "==> end-to-end tests in real-cluster mode, against a stand-in cluster (no ../shared/k8s-node here, or not root)"
+  phase "end-to-end tests in real-cluster mode, against a stand-in cluster (no ../shared/k8s-node here, or not root)"
   cargo build --locked --example stand-in-cluster
   kubeconfig="$PWD/target/stand-in-cluster.kubeconfig"
   rm -f "$kubeconfig"
@@ -104,8 +133,9 @@ else
   trap - EXIT
 fi
 # The Helm chart: lint, render and validate (installs helm and a Python venv under target/tools when missing).
-echo "==> chart check"
+phase "chart check"
 ./scripts/chart-check.sh
+phase_table
 # One closing line over every test binary.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^failed/) f += $(i-1) } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"

@@ -23,6 +23,8 @@ pub struct Image {
     repository: String,
     tag: Option<String>,
     digest: Option<String>,
+    /// The chart's own default: installed without `--set` for it, as a user installs a release.
+    chart_default: bool,
 }
 
 impl Image {
@@ -42,11 +44,43 @@ impl Image {
             repository,
             tag,
             digest,
+            chart_default: false,
+        }
+    }
+
+    /// The operator image `chart` (a folder or a packaged .tgz) runs when no value names one: its
+    /// `image.repository` tagged with its appVersion (or `image.tag`), read with `helm show`.
+    fn chart_default(helm: &Path, chart: &str) -> Self {
+        let show = |what: &str| -> serde_json::Value {
+            let output = std::process::Command::new(helm)
+                .args(["show", what, chart])
+                .output()
+                .expect("helm runs");
+            assert!(
+                output.status.success(),
+                "helm show {what} {chart}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            serde_yaml_ng::from_slice(&output.stdout)
+                .unwrap_or_else(|err| panic!("helm show {what} {chart}: {err}"))
+        };
+        let (values, metadata) = (show("values"), show("chart"));
+        let repository = values["image"]["repository"].as_str().unwrap_or_default();
+        let tag = match values["image"]["tag"].as_str() {
+            Some(tag) if !tag.is_empty() => tag.to_owned(),
+            _ => metadata["appVersion"].as_str().unwrap_or_default().to_owned(),
+        };
+        Self {
+            chart_default: true,
+            ..Self::parse(&format!("{repository}:{tag}"))
         }
     }
 
     /// `--set` flags for the chart's image value `key` (`image`, `redis.image`).
     fn set_flags(&self, key: &str) -> Vec<String> {
+        if self.chart_default {
+            return Vec::new();
+        }
         let mut flags = vec![format!("{key}.repository={}", self.repository)];
         if let Some(tag) = &self.tag {
             flags.push(format!("{key}.tag={tag}"));
@@ -98,6 +132,12 @@ pub struct Cluster {
     pub app_ns: String,
 }
 
+fn chart_from_env() -> Option<String> {
+    std::env::var("REDLOCK_E2E_CHART")
+        .ok()
+        .filter(|chart| !chart.is_empty())
+}
+
 fn image_from_env(var: &str, default: &str) -> String {
     std::env::var(var)
         .ok()
@@ -127,10 +167,15 @@ impl Cluster {
         Self {
             kubeconfig,
             client,
-            operator_image: Image::parse(&image_from_env(
-                "REDLOCK_E2E_OPERATOR_IMAGE",
-                "localhost/redlock-operator:e2e",
-            )),
+            // A chart named by REDLOCK_E2E_CHART (the test command's: the .tgz of scripts/release.sh) runs the
+            // image its defaults name (loaded from the release's image archive), unless one is named here.
+            operator_image: match std::env::var("REDLOCK_E2E_OPERATOR_IMAGE") {
+                Ok(image) if !image.is_empty() => Image::parse(&image),
+                _ if chart_from_env().is_some() => {
+                    Image::chart_default(&helm, &chart_from_env().unwrap_or_default())
+                }
+                _ => Image::parse("localhost/redlock-operator:e2e"),
+            },
             redis_image: Image::parse(&image_from_env(
                 "REDLOCK_E2E_REDIS_IMAGE",
                 "localhost/redlock-redis:e2e",
@@ -144,8 +189,9 @@ impl Cluster {
         }
     }
 
+    /// The chart installed: `REDLOCK_E2E_CHART` (a packaged .tgz, or a folder), else the repository's folder.
     pub fn chart(&self) -> String {
-        self.root.join("charts/redlock-operator").display().to_string()
+        chart_from_env().unwrap_or_else(|| self.root.join("charts/redlock-operator").display().to_string())
     }
 
     /// The values this suite sets: the images (the only override the docs need here), a 30 s `maxTtl` (the

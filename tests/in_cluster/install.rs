@@ -16,6 +16,11 @@ use super::report::{Report, wait_for};
 /// to go on with.
 pub async fn install(cluster: &Cluster, report: &Report) -> bool {
     report.step("1. helm install, as the docs say");
+    report.note(&format!(
+        "chart {} (REDLOCK_E2E_CHART: the test command's is scripts/release.sh's .tgz), operator image {}",
+        cluster.chart(),
+        cluster.operator_image.reference
+    ));
     let created = cluster.kubectl(&["create", "namespace", &cluster.app_ns]).await;
     if !report.check("the tutorials' namespace is created", created.ok, created.text()) {
         return false;
