@@ -53,6 +53,22 @@ mkdir -p target
 export REDLOCK_RBAC_RECORD_DIR="$PWD/target/rbac-requests"
 rm -rf "$REDLOCK_RBAC_RECORD_DIR"
 log=target/test-output.log
+# The binary as a release ships it, linked static (crt-static) from the tests' own build: only the final link is
+# redone (with the negative-controls feature the tests' build has, so that nothing else is rebuilt), naming this
+# commit, and copied at once (the `cargo test` below links it dynamically again). The chroot test
+# (tests/lock_cli/static_binary.rs) runs it in a root holding nothing else, and the real-node phase ships it. A
+# release build would cost 7-17 minutes on two cores; REDLOCK_E2E_OPERATOR_BINARY names another static binary
+# (scripts/release.sh's own build, say).
+phase "the test build's binary, linked static"
+static_binary=${REDLOCK_E2E_OPERATOR_BINARY:-}
+if [ -z "$static_binary" ]; then
+  REDLOCK_COMMIT=$(git rev-parse HEAD 2>/dev/null || true) \
+    cargo rustc --locked --bin redlock-operator --features negative-controls -- -C target-feature=+crt-static
+  static_binary=target/redlock-operator-static
+  cp "${CARGO_TARGET_DIR:-target}/debug/redlock-operator" "$static_binary"
+fi
+REDLOCK_STATIC_BINARY=$(realpath "$static_binary")
+export REDLOCK_STATIC_BINARY
 # The end-to-end suites, run again below against other kinds of API.
 e2e_tests=(--test operator --test operator_faults --test leader --test jobs --test tenancy --test fencing_tokens --test cel_cases --test readme_local_path --test fenced_objects)
 cargo test --locked 2>&1 | tee "$log"
@@ -90,17 +106,9 @@ elif [ -x "$node_kit/start.sh" ] && [ "$(id -u)" -eq 0 ]; then
   trap '"$node_kit/stop.sh" "$node_dir" >target/k8s-node-stop.log 2>&1 || true' EXIT
   kubeconfig=$("$node_kit/start.sh" "$node_dir" 2>target/k8s-node-start.log | tail -n1)
   # What a user installs, as scripts/release.sh makes it (the binary's tarball, the image archive, the chart's
-  # .tgz), around the binary the tests above built, linked static: only the final link is redone (with the
-  # negative-controls feature the tests' build has, so that nothing else is rebuilt), and the binary copied at once
-  # (the next `cargo test` links it dynamically again). A release build would cost 7-17 minutes on two cores;
-  # REDLOCK_E2E_OPERATOR_BINARY names another static binary (scripts/release.sh's own build, say).
+  # .tgz), around the static binary linked above.
   phase "the release artifacts (scripts/release.sh) of the test build linked static, loaded into the node"
-  operator_binary=${REDLOCK_E2E_OPERATOR_BINARY:-}
-  if [ -z "$operator_binary" ]; then
-    cargo rustc --locked --bin redlock-operator --features negative-controls -- -C target-feature=+crt-static
-    operator_binary=target/redlock-operator-static
-    cp "${CARGO_TARGET_DIR:-target}/debug/redlock-operator" "$operator_binary"
-  fi
+  operator_binary=$static_binary
   dist=$(scripts/release.sh --binary "$operator_binary" --out target/dist)
   "$node_kit/load-image.sh" "$node_dir" "$(grep '\.image\.tar$' <<<"$dist")"
   # The in-cluster suite installs that .tgz with its defaults: the image loaded from the archive.
