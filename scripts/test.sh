@@ -46,7 +46,6 @@ phase "cargo fmt --check"
 cargo fmt --all -- --check
 phase "cargo clippy"
 cargo clippy --all-targets --locked -- -D warnings
-phase "cargo test"
 mkdir -p target
 # What the operator's client asks the API server for, recorded by the test API server in every run below, for
 # the chart check's RBAC comparison (scripts/rbac_check.py).
@@ -71,6 +70,7 @@ REDLOCK_STATIC_BINARY=$(realpath "$static_binary")
 export REDLOCK_STATIC_BINARY
 # The end-to-end suites, run again below against other kinds of API.
 e2e_tests=(--test operator --test operator_faults --test leader --test jobs --test tenancy --test fencing_tokens --test cel_cases --test readme_local_path --test fenced_objects)
+phase "cargo test"
 cargo test --locked 2>&1 | tee "$log"
 # The end-to-end tests once more against the test API server in its realistic mode: jittered latency on every
 # request and watch event, late initial lists of Jobs and pods, watches that end or expire (410) and relist.
