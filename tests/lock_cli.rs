@@ -1,5 +1,7 @@
 //! `redlock-operator lock` end to end: the real binary against real masters.
 
+#[path = "lock_cli/acl_user.rs"]
+mod acl_user;
 #[path = "lock_cli/fenced_store.rs"]
 mod fenced_store;
 #[path = "lock_cli/fresh_attempts.rs"]

@@ -21,6 +21,9 @@ pub struct Options {
     pub password: Option<String>,
     /// Serve TLS (on a port of its own) with these files; `url()` then names the TLS port.
     pub tls: Option<TlsFiles>,
+    /// More `redis-server` arguments after the harness's own: configuration a test needs at start, such as
+    /// `--user` rules.
+    pub extra_args: Vec<String>,
 }
 
 /// A throw-away CA and a server certificate for 127.0.0.1 (and any name under redlock.test), made with the
@@ -249,6 +252,7 @@ impl RedisServer {
         if let Some(password) = &self.options.password {
             args.extend(["--requirepass".to_owned(), password.clone()]);
         }
+        args.extend(self.options.extra_args.iter().cloned());
         if let (Some(tls), Some(port)) = (&self.options.tls, self.tls_port) {
             let path = |path: &PathBuf| path.to_string_lossy().into_owned();
             args.extend([
