@@ -376,6 +376,7 @@ mutate_workflow() {
 }
 check_rejects "actionlint rejects a job that needs one that does not exist" 'needs job "tests" which does not exist' \
   mutate_workflow "needs: test" "needs: tests"
+# shellcheck disable=SC2016 # the workflow's text, not this script's variables
 check_rejects "actionlint runs shellcheck on the run: steps (an unquoted variable)" "SC2086" \
   mutate_workflow '--image-repository "$IMAGE_REPOSITORY"' '--image-repository $IMAGE_REPOSITORY'
 

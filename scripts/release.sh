@@ -39,7 +39,7 @@ die() { echo "release.sh: $*" >&2; exit 1; }
 say() { echo "release.sh: $*" >&2; }
 usage() { sed -n '2,31p' "$SCRIPT" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
-BINARY= OUT=dist IMAGE_REPOSITORY=
+BINARY='' OUT=dist IMAGE_REPOSITORY=''
 while [ $# -gt 0 ]; do
   case $1 in
     --binary | --out | --image-repository) [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value" ;;&
