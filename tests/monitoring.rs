@@ -1,9 +1,9 @@
 //! The chart's alerts (`charts/redlock-operator/files/prometheus-rules.yaml`) and Grafana dashboard
 //! (`files/dashboard.json`) against what the operator serves on `/metrics`: every metric an alert expression
 //! or a dashboard query names is a series the operator exposes (a counter's `_total`, a histogram's
-//! `_bucket`/`_sum`/`_count`), every expression parses as PromQL, every alert has a runbook entry in the
-//! README, and every metric is in the README's table and on the dashboard. The negative controls at the end
-//! show that the check catches a wrong name.
+//! `_bucket`/`_sum`/`_count`), every expression parses as PromQL, every alert has an entry in the runbook
+//! (docs/how-to/runbook.md), and every metric is in the runbook's table and on the dashboard. The negative
+//! controls at the end show that the check catches a wrong name.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -74,7 +74,7 @@ fn exposed_series() -> BTreeSet<String> {
     names
 }
 
-/// A family's name as the README's table writes it: counters with `_total`, histograms without a suffix.
+/// A family's name as the runbook's table writes it: counters with `_total`, histograms without a suffix.
 fn families(series: &BTreeSet<String>) -> BTreeSet<String> {
     series
         .iter()
@@ -246,14 +246,14 @@ fn substitute_grafana_variables(expr: &str) -> String {
     text
 }
 
-fn readme() -> String {
+fn runbook() -> String {
     read("docs/how-to/runbook.md")
 }
 
 #[test]
 fn alerts_use_only_served_metrics_and_each_has_a_runbook_entry() {
     let exposed = exposed_series();
-    let readme = readme();
+    let runbook = runbook();
     let rules = rules_with_default_thresholds();
     let mut problems = Vec::new();
     let mut used = BTreeSet::new();
@@ -282,7 +282,7 @@ fn alerts_use_only_served_metrics_and_each_has_a_runbook_entry() {
                 problems.push(format!("{origin}: no {annotation}"));
             }
         }
-        if !readme
+        if !runbook
             .lines()
             .any(|line| line.trim() == format!("#### {}", rule.alert))
         {
@@ -351,13 +351,16 @@ fn dashboard_queries_use_only_served_metrics_and_show_every_metric() {
 }
 
 #[test]
-fn readme_metrics_table_lists_every_metric() {
-    let readme = readme();
+fn runbook_metrics_table_lists_every_metric() {
+    let runbook = runbook();
     let missing: Vec<String> = families(&exposed_series())
         .into_iter()
-        .filter(|family| !readme.contains(&format!("| `{family}")))
+        .filter(|family| !runbook.contains(&format!("| `{family}")))
         .collect();
-    assert!(missing.is_empty(), "README's metrics table lacks {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "the runbook's metrics table lacks {missing:?}"
+    );
 }
 
 // Negative controls: the check reports what it must.
