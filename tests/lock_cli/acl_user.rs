@@ -126,6 +126,19 @@ fn texts(value: &redis::Value) -> Vec<String> {
     }
 }
 
+/// The entries of an `ACL LOG` reply, each as its strings, but for the `CLIENT SETINFO` the client sends on
+/// Redis 7.2 and later and ignores when refused (the page says so; Redis 7.0 refuses the rule that allows it).
+fn refusals(log: &redis::Value) -> Vec<Vec<String>> {
+    let redis::Value::Array(entries) = log else {
+        return vec![texts(log)];
+    };
+    entries
+        .iter()
+        .map(texts)
+        .filter(|entry| !entry.iter().any(|text| text == "client|setinfo"))
+        .collect()
+}
+
 /// One command as the tenant, straight to a master: its error text, if refused.
 async fn refused_as_tenant(port: u16, args: &[&str]) -> Option<String> {
     let client = redis::Client::open(format!("redis://{USER}:{PASSWORD}@127.0.0.1:{port}")).expect("url");
@@ -221,7 +234,7 @@ fn a_tenant_user_locks_the_keys_of_its_prefix_and_nothing_else() {
 
     // Nothing `lock` sent was refused: no command, key or channel.
     for url in &urls {
-        let log = texts(&rt.block_on(raw_command(url, &["ACL", "LOG"])));
+        let log = refusals(&rt.block_on(raw_command(url, &["ACL", "LOG"])));
         assert!(log.is_empty(), "{url} refused: {log:?}");
     }
 
