@@ -198,7 +198,9 @@ pub struct DistributedLockStatus {
     pub phase: Option<LockPhase>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<String>,
-    /// Strictly increasing for this lock; hand it to what the holder writes to, so stale holders are rejected.
+    /// Rises with each grant of this lock's key, within the limits the guarantees page states (a majority of
+    /// masters that forgot it, with no floor record that saw it); hand it to what the holder writes to, so stale
+    /// holders are rejected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing_token: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -280,7 +282,8 @@ pub struct PermitHolder {
     /// otherwise.
     pub permit: i32,
     pub holder: String,
-    /// Strictly increasing per permit: permits are separate token sequences.
+    /// Rises with each grant of this permit, within the same limits as `fencingToken`: permits are separate
+    /// token sequences.
     pub fencing_token: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acquired_at: Option<Time>,
