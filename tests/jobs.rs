@@ -40,6 +40,8 @@ fn job_runtime(env: &Env) -> Option<FakeJobRuntime> {
 
 #[path = "jobs/masters.rs"]
 mod masters;
+#[path = "jobs/quarantine.rs"]
+mod quarantine;
 #[path = "jobs/reports.rs"]
 mod reports;
 use masters::{keep_key, let_in, lock_out, redis_connection};

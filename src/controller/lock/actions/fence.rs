@@ -15,7 +15,7 @@ use super::{Target, stamp_now};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::lock::RESYNC;
-use crate::controller::lock::decide::contended_retry;
+use crate::controller::lock::decide::{contended_retry, take_back_still_possible};
 use crate::controller::lock::policy::{KeysAfterLoss, Policy};
 use crate::controller::lock::status::{self, Showing};
 use crate::controller::lock::status_write::write_permit_status;
@@ -127,8 +127,11 @@ pub async fn resume_fenced(
             Ok(Action::requeue(RESYNC))
         }
         // Too few masters answered to tell: the masters that hold the value or did not answer (unreachable, or
-        // not waited for once the take-back was decided) could still make a majority. Nobody else can take the lock meanwhile either, so try again rather than give the token up.
-        Err(ExtendError::NoQuorum { report }) if report.could_still_be_held() => {
+        // not waited for once the take-back was decided) could still make a majority. Nobody else can take the
+        // lock meanwhile either, so try again rather than give the token up. Masters in their restart quarantine
+        // never vote for the value (see `take_back_still_possible`): waiting for them only delays the Job's new
+        // grant once a majority votes again.
+        Err(ExtendError::NoQuorum { report }) if take_back_still_possible(&report) => {
             tracing::info!(job, token, %report, "the fenced Job's lock cannot be taken back yet");
             Ok(Action::requeue(Duration::from_secs(1)))
         }
