@@ -2,7 +2,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::config::ConfigError;
-use super::outcome::{OperationReport, QuarantineOutlook};
+use super::outcome::{NodeOutcome, OperationReport, QuarantineOutlook};
 use super::value::ValueError;
 
 /// Why an acquisition failed, in the terms a caller acts on.
@@ -68,9 +68,24 @@ fn blocker(kind: FailureKind, report: &OperationReport) -> String {
     match report.blocking_holder() {
         Some(holder) => format!(" (held by {holder}{queue})"),
         None if ahead > 0 => format!(" (free, but {}; a single attempt does not jump it)", &queue[2..]),
-        None if !unreachable.is_empty() => format!(" ({unreachable} of {})", report.nodes.len()),
+        None if !unreachable.is_empty() => format!(
+            " ({unreachable} of {}{})",
+            report.nodes.len(),
+            first_error(report)
+                .map(|error| format!("; {error}"))
+                .unwrap_or_default()
+        ),
         None => String::new(),
     }
+}
+
+/// The first master's error, which says what the masters refused (an ACL user's "NoPerm", a wrong password)
+/// without `-v`'s line per master. Its text never holds a password: connection URLs are not in it.
+fn first_error(report: &OperationReport) -> Option<&str> {
+    report.nodes.iter().find_map(|node| match &node.outcome {
+        NodeOutcome::Error(error) => Some(error.as_str()),
+        _ => None,
+    })
 }
 
 /// ": 3 of 5 masters are still in their restart quarantine …; 3 of 5 can vote in about 42 s": what a fresh
@@ -138,7 +153,7 @@ pub enum ExtendError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::redlock::outcome::{NodeOutcome, NodeReport};
+    use crate::redlock::outcome::NodeReport;
 
     fn report(outcomes: Vec<NodeOutcome>) -> OperationReport {
         let quorum = outcomes.len() / 2 + 1;
@@ -231,6 +246,20 @@ mod tests {
         ]));
         assert!(
             message.ends_with("too few masters reachable for a majority (1 timed out, 1 not connected of 3)"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_refusal_says_what_the_first_master_refused() {
+        let message = not_acquired(report(vec![
+            NodeOutcome::Error("NoPerm: this user has no permissions to access one of the keys".into()),
+            NodeOutcome::Error("NoPerm: this user has no permissions to access one of the keys".into()),
+            NodeOutcome::Granted,
+        ]));
+        assert!(
+            message
+                .ends_with("(2 failed of 3; NoPerm: this user has no permissions to access one of the keys)"),
             "{message}"
         );
     }
