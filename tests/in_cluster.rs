@@ -14,6 +14,10 @@
 //!    guard) and a Job semaphore of three permits; a cooperating leader's hand-over measured.
 //! 3. Failure drills: the active operator pod force-deleted; one, two, then three masters deleted (an empty master
 //!    sits out its quarantine); `helm upgrade` while locks are held.
+//!    Then holders injected by the chart's admission policies (`injected`): examples/leader-election.yaml and
+//!    examples/job-fencing.yaml as written, on busybox (no redlock binary), in a namespace of their own; a
+//!    labelled pod without `command` refused; a Job's lock lost (the operator stopped, three masters deleted)
+//!    and its guard's exit 76 ignored. `REDLOCK_E2E_ONLY=injected` runs the installation and this phase alone.
 //! 4. Uninstalling as docs/how-to/install.md#uninstall says: the locks deleted while the operator runs (each holder
 //!    fenced), `helm uninstall` (it leaves what the page lists, nothing more), the rest removed, the namespaces gone.
 //!
@@ -27,6 +31,7 @@
 mod in_cluster {
     pub mod cluster;
     pub mod drills;
+    pub mod injected;
     pub mod install;
     pub mod manifests;
     pub mod observe;
@@ -55,12 +60,26 @@ async fn helm_install_tutorials_failure_drills_and_uninstall() {
     ));
     cluster.remove_leftovers().await;
     let mut cleanup = cluster.cleanup_guard();
+    // `REDLOCK_E2E_ONLY=injected`: install, the injected holders' phase, and the cleanup (no uninstall phase).
+    let only_injected = std::env::var("REDLOCK_E2E_ONLY").is_ok_and(|only| only == "injected");
 
+    // The chart binds the holder ClusterRole in this namespace at install.
+    let created = cluster
+        .kubectl(&["create", "namespace", &cluster.holders_ns])
+        .await;
+    report.check(
+        "the injected holders' namespace is created",
+        created.ok,
+        created.text(),
+    );
     let installed = in_cluster::install::install(&cluster, &report).await;
-    if installed {
+    if installed && only_injected {
+        in_cluster::injected::run(&cluster, &report).await;
+    } else if installed {
         let observer = Observer::start(&cluster.client, &cluster.app_ns);
         let held = in_cluster::tutorials::run(&cluster, &report, &observer).await;
         in_cluster::drills::run(&cluster, &report, &observer, &held).await;
+        in_cluster::injected::run(&cluster, &report).await;
         in_cluster::observe::summarize(&report, &observer);
         in_cluster::uninstall::run(&cluster, &report, &observer).await;
         cleanup.done = true;

@@ -130,6 +130,9 @@ pub struct Cluster {
     /// The namespace of the tutorials' objects (the docs' `shop`, `data`, `reports`): the one the installation's
     /// `operator.lockNamespaces` names.
     pub app_ns: String,
+    /// The namespace of the injected holders' phase (`injected`), also in `operator.lockNamespaces`: its pods'
+    /// leader labels are watched apart from the tutorials'.
+    pub holders_ns: String,
 }
 
 fn chart_from_env() -> Option<String> {
@@ -186,6 +189,7 @@ impl Cluster {
             kubectl,
             release_ns: format!("{NAMESPACE_PREFIX}{suffix}"),
             app_ns: format!("{NAMESPACE_PREFIX}{suffix}-apps"),
+            holders_ns: format!("{NAMESPACE_PREFIX}{suffix}-holders"),
         }
     }
 
@@ -201,7 +205,10 @@ impl Cluster {
         let mut sets = self.operator_image.set_flags("image");
         sets.extend(self.redis_image.set_flags("redis.image"));
         sets.push("quorum.maxTtl=30s".into());
-        sets.push(format!("operator.lockNamespaces={{{}}}", self.app_ns));
+        sets.push(format!(
+            "operator.lockNamespaces={{{},{}}}",
+            self.app_ns, self.holders_ns
+        ));
         sets.into_iter()
             .flat_map(|set| ["--set".to_owned(), set])
             .collect()
@@ -420,7 +427,11 @@ pub struct Cleanup {
 impl Cluster {
     pub fn cleanup_guard(&self) -> Cleanup {
         Cleanup {
-            namespaces: vec![self.release_ns.clone(), self.app_ns.clone()],
+            namespaces: vec![
+                self.release_ns.clone(),
+                self.app_ns.clone(),
+                self.holders_ns.clone(),
+            ],
             kubeconfig: self.kubeconfig.clone(),
             kubectl: self.kubectl.clone(),
             helm: self.helm.clone(),

@@ -106,11 +106,12 @@ async fn first_lock(cluster: &Cluster, report: &Report) -> bool {
     report.check_result("the first lock is Held", held)
 }
 
-/// docs/tutorials/leader-for-a-deployment.md with examples/leader-election.yaml.
+/// docs/tutorials/leader-for-a-deployment.md, the long form (examples/leader-election-long-form.yaml: the binary in
+/// the app image, no admission policy involved; the injected form is `injected`'s).
 async fn leader_election(cluster: &Cluster, report: &Report, observer: &Observer) -> bool {
-    report.step("2b. a leader for a Deployment (examples/leader-election.yaml)");
-    let manifest =
-        Manifest::example(&cluster.root, "leader-election.yaml").with_app(&cluster.app_image, LEADER_WORK);
+    report.step("2b. a leader for a Deployment, long form (examples/leader-election-long-form.yaml)");
+    let manifest = Manifest::example(&cluster.root, "leader-election-long-form.yaml")
+        .with_app(&cluster.app_image, LEADER_WORK);
     if let Err(err) = apply(cluster, manifest).await {
         return report.check("the leader-election example is applied", false, err);
     }
@@ -359,13 +360,14 @@ async fn hand_over(cluster: &Cluster, report: &Report, observer: &Observer) {
     report.check("the Deployment is back to three pods", rolled.ok, rolled.text());
 }
 
-/// docs/tutorials/job-queue.md (examples/job-fencing.yaml, three Jobs) and docs/tutorials/semaphore.md
-/// (examples/job-semaphore-queue.yaml, five Jobs through three permits), at once.
+/// docs/tutorials/job-queue.md, the long form (examples/job-fencing-long-form.yaml, three Jobs) and
+/// docs/tutorials/semaphore.md (examples/job-semaphore-queue.yaml, five Jobs through three permits), at once.
 async fn job_queue_and_semaphore(cluster: &Cluster, report: &Report, observer: &Observer) {
     report.step(
-        "2c. a Job queue (examples/job-fencing.yaml) and a Job semaphore (examples/job-semaphore-queue.yaml)",
+        "2c. a Job queue, long form (examples/job-fencing-long-form.yaml) and a Job semaphore \
+         (examples/job-semaphore-queue.yaml)",
     );
-    let queue = Manifest::example(&cluster.root, "job-fencing.yaml")
+    let queue = Manifest::example(&cluster.root, "job-fencing-long-form.yaml")
         .with_app(&cluster.app_image, &job_work(4))
         .with_job_copies(&["migrate-orders-2", "migrate-orders-3"]);
     let semaphore = Manifest::example(&cluster.root, "job-semaphore-queue.yaml")
@@ -500,7 +502,7 @@ async fn job_queue_and_semaphore(cluster: &Cluster, report: &Report, observer: &
 
 /// One more Job of the queue, whose work runs for an hour: it holds the queue's lock through the drills.
 async fn drill_job(cluster: &Cluster, report: &Report, observer: &Observer) -> bool {
-    let manifest = Manifest::example(&cluster.root, "job-fencing.yaml")
+    let manifest = Manifest::example(&cluster.root, "job-fencing-long-form.yaml")
         .with_app(&cluster.app_image, &job_work(3600))
         .only_job_named(DRILL_JOB);
     let applied_at = Instant::now();
