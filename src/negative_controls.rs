@@ -96,3 +96,34 @@ pub fn baseline(baseline: Baseline) -> bool {
 pub fn baseline(_baseline: Baseline) -> bool {
     false
 }
+
+/// The environment variable that shifts the wall clock of `elect` and the Job guard by this many milliseconds
+/// (negative: behind), for the tests that prove their stop time does not rest on it (in builds with the feature
+/// only).
+pub const WALL_CLOCK_OFFSET_ENV: &str = "REDLOCK_TEST_WALL_CLOCK_OFFSET_MS";
+
+/// How far the holders' wall clock is shifted in this process (`WALL_CLOCK_OFFSET_ENV`).
+#[cfg(feature = "negative-controls")]
+pub fn wall_clock_offset() -> k8s_openapi::jiff::SignedDuration {
+    static OFFSET: std::sync::LazyLock<i64> = std::sync::LazyLock::new(|| {
+        let offset = std::env::var(WALL_CLOCK_OFFSET_ENV)
+            .ok()
+            .and_then(|millis| millis.trim().parse().ok())
+            .unwrap_or(0);
+        if offset != 0 {
+            tracing::warn!(
+                offset_ms = offset,
+                "TEST WALL CLOCK OFFSET: this holder's wall clock is shifted on purpose"
+            );
+        }
+        offset
+    });
+    k8s_openapi::jiff::SignedDuration::from_millis(*OFFSET)
+}
+
+/// How far the holders' wall clock is shifted: never, in a build without the `negative-controls` feature.
+#[cfg(not(feature = "negative-controls"))]
+#[inline]
+pub fn wall_clock_offset() -> k8s_openapi::jiff::SignedDuration {
+    k8s_openapi::jiff::SignedDuration::ZERO
+}

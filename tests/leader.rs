@@ -426,10 +426,11 @@ fn spawn_elect(
     script: &str,
     out: &std::path::Path,
 ) -> tokio::process::Child {
-    spawn_elect_logging(env, pod, token_file, script, out, std::process::Stdio::null())
+    spawn_elect_logging(env, pod, token_file, script, out, std::process::Stdio::null(), 0)
 }
 
-/// [`spawn_elect`] with elect's own log going to `stderr`.
+/// [`spawn_elect`] with elect's own log going to `stderr`, and its wall clock shifted by `clock_offset_ms` (the
+/// test builds' `REDLOCK_TEST_WALL_CLOCK_OFFSET_MS`).
 fn spawn_elect_logging(
     env: &Env,
     pod: &str,
@@ -437,7 +438,9 @@ fn spawn_elect_logging(
     script: &str,
     out: &std::path::Path,
     stderr: std::process::Stdio,
+    clock_offset_ms: i64,
 ) -> tokio::process::Child {
+    let offset = clock_offset_ms.to_string();
     spawn_helper_logging(
         env,
         &["elect", "--lock", "web", "--pod", pod],
@@ -446,6 +449,7 @@ fn spawn_elect_logging(
             ("REDLOCK_REPORT_TOKEN_FILE", token_file.as_os_str()),
             ("OUT", out.as_os_str()),
             ("POD", pod.as_ref()),
+            ("REDLOCK_TEST_WALL_CLOCK_OFFSET_MS", offset.as_ref()),
         ],
         stderr,
     )
@@ -662,6 +666,11 @@ impl ReportingLeader {
     /// Pods web-0 and web-1, the lock `web` of `ttl` led by web-0, and web-0's elect; returns once its command
     /// has started.
     async fn start(env: &Env, quorum: &str, ttl: &str) -> Self {
+        Self::spawn(env, quorum, ttl, 0).await.started().await
+    }
+
+    /// [`Self::start`] without waiting for the command, elect's wall clock shifted by `clock_offset_ms`.
+    async fn spawn(env: &Env, quorum: &str, ttl: &str, clock_offset_ms: i64) -> Self {
         ready_pods(env, &["web-0", "web-1"]).await;
         web_lock(env, quorum, ttl, None).await;
         wait_for_leader(env, "web-0").await;
@@ -672,20 +681,43 @@ impl ReportingLeader {
         let (out, log) = (dir.path().join("out"), dir.path().join("elect.log"));
         let script = "echo \"start $REDLOCK_FENCING_TOKEN $REDLOCK_VALID_UNTIL\" >> \"$OUT\"; trap 'echo stop >> \"$OUT\"; exit 0' TERM; while true; do sleep 0.05; done";
         let stderr = std::fs::File::create(&log).expect("elect's log");
-        let elect = spawn_elect_logging(env, "web-0", &token_file, script, &out, stderr.into());
-        let started = eventually("web-0's command to start", || async {
-            let said = std::fs::read_to_string(&out).unwrap_or_default();
-            said.lines().next().map(str::to_owned)
-        })
-        .await;
-        assert!(started.starts_with("start 1 "), "the first grant: {started}");
+        let elect = spawn_elect_logging(
+            env,
+            "web-0",
+            &token_file,
+            script,
+            &out,
+            stderr.into(),
+            clock_offset_ms,
+        );
         Self {
             elect,
             out,
             log,
-            started,
+            started: String::new(),
             _dir: dir,
         }
+    }
+
+    /// Once the command has started under the first grant.
+    async fn started(mut self) -> Self {
+        let out = self.out.clone();
+        self.started = eventually("web-0's command to start", || async {
+            let said = std::fs::read_to_string(&out).unwrap_or_default();
+            said.lines().next().map(str::to_owned)
+        })
+        .await;
+        assert!(
+            self.started.starts_with("start 1 "),
+            "the first grant: {}",
+            self.started
+        );
+        self
+    }
+
+    /// The command's lines so far.
+    fn said(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
     }
 
     /// The validity shown to the command when it started: its grant's.
@@ -820,10 +852,67 @@ async fn a_leader_deleted_after_its_grants_first_validity_still_reports_on_sigte
     env.cleanup(&[&quorum]).await;
 }
 
+/// Issue 48 (item 1): a leader whose wall clock is 30 s behind the operator's, thirty times its fence margin, still
+/// stops its work before the validity ends: it counts the validity the active replica tells it from the moment it
+/// asked, on its own monotonic clock, and never compares its wall clock with status's `validUntil`. The operator
+/// goes (no status write, no answer, no fence), and the command stops on the stop time of the last answer, before
+/// the validity status showed. A new replica resumes the lock, the command starts again on its answers, and a move
+/// hands the lock over on elect's report before the validity shown ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_wall_clock_is_behind_stops_before_the_validity_ends_and_hands_over() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let (quorum, running, shutdown) = setup_long_ttl(&masters, &env, 35).await;
+    let mut web0 = ReportingLeader::spawn(&env, &quorum, "8s", -30_000)
+        .await
+        .started()
+        .await;
+
+    stop(running, shutdown).await;
+    let shown = lock_where(&env, "web", "held", |lock| phase(lock) == Some(LockPhase::Held))
+        .await
+        .status
+        .and_then(|status| status.valid_until)
+        .expect("status shows the validity")
+        .0;
+    web0.command_stopped("web-0's command to stop on its own clock")
+        .await;
+    let stopped_by = k8s_openapi::jiff::Timestamp::now();
+    assert!(
+        stopped_by < shown,
+        "the command ran until {stopped_by}, past the validity status showed ({shown})"
+    );
+
+    let (running, shutdown) = operator(&env, &installation_secret(35), None).await;
+    eventually("web-0's command to start again under the new replica", || async {
+        (web0.said().matches("start ").count() == 2).then_some(())
+    })
+    .await;
+    wait_for_leader(&env, "web-0").await;
+    let shown = valid_until(&env, "web-0").await;
+    set_ready(&env, "web-0", false).await;
+    web0.wait_for_log("reported the work under fencing token", "after the move")
+        .await;
+    wait_for_leader(&env, "web-1").await;
+    assert!(
+        k8s_openapi::jiff::Timestamp::now() < shown,
+        "the hand-over waited for the validity shown"
+    );
+    // The report of the stop when the operator went may be taken too, once the new replica records the key.
+    assert!(
+        reports_taken(&running).await >= 1.0,
+        "the operator took no report"
+    );
+    let _ = web0.elect.kill().await;
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
+
 /// Issue 39: a holder sends its report, and its token, only to the server whose certificate status pins. Here
 /// status names another server (a TLS server with a key of its own, behind a door that counts connections) beside
-/// the operator's pin: web-0's `elect` connects, completes no handshake with it, says why, sends nothing, and the
-/// key waits for the validity shown.
+/// the operator's pin: web-0's `elect` connects to ask how long its grant stays valid, completes no handshake,
+/// says why, sends nothing, and never starts its command (#48: no answer, no start; never the wall clock instead);
+/// the key waits for the validity shown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_sends_nothing_to_a_server_with_another_certificate() {
     let masters = RedisCluster::start(3).expect("masters");
@@ -833,21 +922,21 @@ async fn a_holder_sends_nothing_to_a_server_with_another_certificate() {
     create_long_ttl_quorum(&masters, &env, &quorum).await;
     let (running, shutdown) = operator_reporting_to(&env, &installation_secret(34), &impostor.url()).await;
     quorum_available(&env, &quorum).await;
-    let mut web0 = ReportingLeader::start(&env, &quorum, "10s").await;
+    let mut web0 = ReportingLeader::spawn(&env, &quorum, "10s", 0).await;
     let shown = valid_until(&env, "web-0").await;
-
-    set_ready(&env, "web-0", false).await;
-    web0.command_stopped("web-0's command to stop on the move").await;
     web0.wait_for_log(
         "shows another certificate than the one status pins: nothing was sent to it",
         "without having tried the server status names",
     )
     .await;
+
+    set_ready(&env, "web-0", false).await;
     wait_for_leader(&env, "web-1").await;
     assert!(
         k8s_openapi::jiff::Timestamp::now() >= shown,
         "handed over before the validity shown to web-0 ended ({shown})"
     );
+    assert_eq!(web0.said(), "", "the command started without an answer");
     assert!(impostor.connections() > 0, "elect never connected");
     assert_eq!(
         impostor.requests(),
@@ -873,7 +962,11 @@ async fn a_leader_whose_move_came_before_sigterm_finishes_its_report() {
     create_long_ttl_quorum(&masters, &env, &quorum).await;
     let (running, shutdown) = operator_reporting_to(&env, &installation_secret(33), &door.url()).await;
     quorum_available(&env, &quorum).await;
+    // Open while web-0's elect asks how long its grant stays valid; held from then on.
+    door.open_to(running.reports_addr);
     let mut web0 = ReportingLeader::start(&env, &quorum, "20s").await;
+    door.hold();
+    let asked = door.accepted();
     let shown = valid_until(&env, "web-0").await;
 
     // The deletion: status stops showing web-0, whose elect stops the command and sends its report (held).
@@ -883,7 +976,7 @@ async fn a_leader_whose_move_came_before_sigterm_finishes_its_report() {
         .expect("delete web-0");
     web0.command_stopped("web-0's command to stop on the move").await;
     eventually("web-0's report to reach the door", || async {
-        (door.accepted() > 0).then_some(())
+        (door.accepted() > asked).then_some(())
     })
     .await;
     // Then the kubelet's SIGTERM, while the report is in flight.

@@ -57,3 +57,34 @@ pub struct StoppedReport {
     pub permit: u32,
     pub fencing_token: i64,
 }
+
+/// The path, on the origin of `status.handOverUrl`, where a holder asks the active replica how long its grant
+/// stays valid, counted on the replica's monotonic clock: the holder counts the answer from the moment it sent the
+/// question, on its own clock, so that no holder compares its wall clock with the operator's.
+pub const VALIDITY_PATH: &str = "/v1/validity";
+
+/// A holder's question: how long the grant of `permit` of the lock `namespace/lock` with `fencingToken` stays
+/// valid. Answered only to a caller that names the lock's uid and the token of the grant the replica keeps now:
+/// what the answer says, status shows already (no credentials are needed, and none are sent).
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ValidityQuestion {
+    pub namespace: String,
+    pub lock: String,
+    pub uid: String,
+    #[serde(default)]
+    pub permit: u32,
+    pub fencing_token: i64,
+}
+
+/// The answer: `remainingMillis`, the grant's validity left when the replica answered (on its monotonic clock,
+/// never more than status shows), or `unknown` with the reason (the holder keeps the stop time it has, and never
+/// a later one).
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ValidityAnswer {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remaining_millis: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unknown: Option<String>,
+}

@@ -2,7 +2,8 @@
 //!
 //! This pod leads while the lock's status says `Held` by this pod's name and the validity shown has not ended
 //! (`term`). The command is stopped (SIGTERM, then SIGKILL) when that stops being true — at the latest
-//! `--fence-margin` before the validity shown, whether or not a watch event came.
+//! `--fence-margin` before the validity ends, counted on this pod's clock (`stop_time`), whether or not a watch
+//! event came.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -16,6 +17,7 @@ use tokio::task::JoinSet;
 
 use super::exit_code;
 use super::report::{Reporter, report_stopped, unless_signalled};
+use super::stop_time::{DEFAULT_MAX_CLOCK_SKEW, Stopping, over_the_channel};
 use super::supervise::Ended;
 use super::term::{Term, current_term, follow_lock, leader_term_of, run_in_term};
 use crate::api::DistributedLock;
@@ -29,6 +31,13 @@ REDLOCK_VALID_UNTIL in its environment, and REDLOCK_PERMIT (this pod's permit) w
 needs get, list and watch on distributedlocks.redlock.io in the lock's namespace (a Role bound to the pod's
 service account). Exit status: the command's own when it ends by itself; 64 bad usage; 69 no Kubernetes
 configuration; 0 after SIGTERM/SIGINT while not leading.
+
+The command is stopped at the latest --fence-margin before the grant's validity ends, counted on this pod's own
+clock from the moment elect asked the operator how long the grant stays valid (POST /v1/validity on the origin
+of status.handOverUrl, to the certificate status pins), never by comparing this node's wall clock with the
+operator's: a grant the operator does not tell is not started, and an ask without an answer never gives a later
+stop. Only where status offers no channel (no handOverUrl or no certificate pin: an older operator) is the stop
+validUntil less the margin and --max-clock-skew, on this node's wall clock.
 
 With REDLOCK_FENCING_TOKEN_FILE set to a path, elect also keeps the current grant's token in that file (digits,
 no newline): written before each command it starts under a new grant, removed once that command has ended. The
@@ -48,9 +57,15 @@ pub struct ElectArgs {
     /// This pod's name, as the operator writes it into status.holder.
     #[arg(long, env = "POD_NAME")]
     pub pod: String,
-    /// Stop the command this long before the validity shown in status ends.
+    /// Stop the command this long before the grant's validity ends (as the active replica tells it, counted on
+    /// this pod's clock; or as status shows it, where status offers no channel).
     #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = crate::duration::parse)]
     pub fence_margin: Duration,
+    /// Where the lock's status offers no channel to ask the operator how long the grant stays valid (no
+    /// handOverUrl or no certificate pin: an operator older than this helper), the stop time is the validity shown
+    /// less the margin and this bound on how far this node's wall clock may be behind the operator's.
+    #[arg(long, default_value = DEFAULT_MAX_CLOCK_SKEW, value_name = "DURATION", value_parser = crate::duration::parse)]
+    pub max_clock_skew: Duration,
     /// The projected service-account token (audience redlock-operator) that proves this pod's reports that its
     /// command stopped; without it, a hand-over waits for the validity shown.
     #[arg(long, env = "REDLOCK_REPORT_TOKEN_FILE", value_name = "PATH", default_value = REPORT_TOKEN_PATH)]
@@ -81,6 +96,14 @@ pub async fn run(args: ElectArgs) -> i32 {
         Err((code, message)) => return fail(code, message),
     };
     let namespace = followed.namespace.clone();
+    let stopping = Stopping {
+        margin: args.fence_margin,
+        max_clock_skew: args.max_clock_skew,
+        namespace: namespace.clone(),
+        lock: args.lock.clone(),
+        ask: over_the_channel(),
+        tool: "elect",
+    };
     let (Ok(mut sigterm), Ok(mut sigint)) =
         (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
     else {
@@ -90,12 +113,12 @@ pub async fn run(args: ElectArgs) -> i32 {
     // operator's status write often reaches us before the kubelet's signal) waits for them before exiting.
     let mut reports = JoinSet::new();
     loop {
-        let current = tokio::select! {
+        let (current, stop_at) = tokio::select! {
             // A signal that came while the command was being stopped goes first: no new term after it.
             biased;
             _ = sigterm.recv() => return finish_reports(&mut reports).await,
             _ = sigint.recv() => return finish_reports(&mut reports).await,
-            current = current_term(&mut followed.terms, args.fence_margin) => match current {
+            current = current_term(&mut followed.terms, &followed.latest, &stopping) => match current {
                 Some(current) => current,
                 None => return fail(exit_code::SOFTWARE, "the watch ended".into()),
             },
@@ -110,9 +133,9 @@ pub async fn run(args: ElectArgs) -> i32 {
             &args.command,
             lock,
             leader,
-            &current,
-            &followed.terms,
-            args.fence_margin,
+            (&current, stop_at),
+            (&followed.terms, &followed.latest),
+            &stopping,
         )
         .await
         {

@@ -7,10 +7,11 @@
 //! own annotations (the token the operator wrote into the Job's pod template, read through the downward API), so
 //! a pod created under an old grant never starts its work under a new one.
 //!
-//! The validity is read from the lock's status only, not from the masters: the pods would need the masters'
-//! addresses and credentials, and the key's remaining time on a majority does not say whose value it is (the
-//! value is derived from the installation secret, which pods must not have). An API-server outage longer than
-//! the fence margin therefore stops the work even while the operator still extends the lock in Redis: the pod
+//! The validity is learnt from the active replica (`stop_time`: counted on the pod's own clock), never from the
+//! masters: the pods would need the masters' addresses and credentials, and the key's remaining time on a
+//! majority does not say whose value it is (the value is derived from the installation secret, which pods must
+//! not have). The replica tells no more than status shows, so an API-server outage longer than the validity
+//! shown stops the work even while the operator still extends the lock in Redis: the pod
 //! ends with exit status 76, which a `podFailurePolicy` rule ignores, and the Job controller starts a new pod
 //! that waits for the grant to show current again.
 
@@ -23,6 +24,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use super::exit_code;
 use super::report::{Reporter, report_stopped_unless_signalled};
+use super::stop_time::{DEFAULT_MAX_CLOCK_SKEW, Stopping, over_the_channel};
 use super::supervise::Ended;
 use super::term::{Term, current_term, follow_lock, run_in_term, term_of};
 use crate::api::DistributedLock;
@@ -43,6 +45,13 @@ distributedlocks.redlock.io in the lock's namespace. Exit status: the command's 
 when the grant ended and the command was stopped, or the pod was stopped before its grant was current (a Job's
 podFailurePolicy can ignore it); 64 bad usage; 69 no Kubernetes configuration; 126/127 the command cannot be
 run.
+
+The command is stopped at the latest --fence-margin before the grant's validity ends, counted on this pod's own
+clock from the moment the guard asked the operator how long the grant stays valid (POST /v1/validity on the origin
+of status.handOverUrl, to the certificate status pins), never by comparing this node's wall clock with the
+operator's: a grant the operator does not tell is not started, and an ask without an answer never gives a later
+stop. Only where status offers no channel (no handOverUrl or no certificate pin: an older operator) is the stop
+validUntil less the margin and --max-clock-skew, on this node's wall clock.
 
 With REDLOCK_FENCING_TOKEN_FILE set to a path, the guard also keeps the current grant's token in that file
 (digits, no newline): written before each command it starts under a new grant, removed once that command has
@@ -75,9 +84,15 @@ pub struct GuardArgs {
         default_value = ""
     )]
     pub permit: String,
-    /// Stop the command this long before the validity shown in status ends.
+    /// Stop the command this long before the grant's validity ends (as the active replica tells it, counted on
+    /// this pod's clock; or as status shows it, where status offers no channel).
     #[arg(long, default_value = DEFAULT_FENCE_MARGIN, value_name = "DURATION", value_parser = crate::duration::parse)]
     pub fence_margin: Duration,
+    /// Where the lock's status offers no channel to ask the operator how long the grant stays valid (no
+    /// handOverUrl or no certificate pin: an operator older than this helper), the stop time is the validity shown
+    /// less the margin and this bound on how far this node's wall clock may be behind the operator's.
+    #[arg(long, default_value = DEFAULT_MAX_CLOCK_SKEW, value_name = "DURATION", value_parser = crate::duration::parse)]
+    pub max_clock_skew: Duration,
     /// The projected service-account token (audience redlock-operator) that proves this pod's reports that its
     /// command stopped; without it, a hand-over waits for the validity shown.
     #[arg(long, env = "REDLOCK_REPORT_TOKEN_FILE", value_name = "PATH", default_value = REPORT_TOKEN_PATH)]
@@ -169,8 +184,16 @@ pub async fn run(args: GuardArgs) -> i32 {
         Err((code, message)) => return fail(code, message),
     };
     let namespace = followed.namespace.clone();
-    let current = tokio::select! {
-        current = current_term(&mut followed.terms, args.fence_margin) => match current {
+    let stopping = Stopping {
+        margin: args.fence_margin,
+        max_clock_skew: args.max_clock_skew,
+        namespace: namespace.clone(),
+        lock: args.lock.clone(),
+        ask: over_the_channel(),
+        tool: "guard",
+    };
+    let (current, stop_at) = tokio::select! {
+        current = current_term(&mut followed.terms, &followed.latest, &stopping) => match current {
             Some(current) => current,
             None => return fail(exit_code::SOFTWARE, "the watch ended".into()),
         },
@@ -189,9 +212,9 @@ pub async fn run(args: GuardArgs) -> i32 {
         &args.command,
         lock,
         job,
-        &current,
-        &followed.terms,
-        args.fence_margin,
+        (&current, stop_at),
+        (&followed.terms, &followed.latest),
+        &stopping,
     )
     .await
     {

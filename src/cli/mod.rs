@@ -17,6 +17,7 @@ pub mod guard;
 pub mod lock;
 pub mod report;
 pub mod run;
+pub mod stop_time;
 mod supervise;
 pub mod term;
 mod wait_progress;

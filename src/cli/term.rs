@@ -2,9 +2,10 @@
 //! holder must stop acting on it: shared by `elect` (leaders) and `guard` (a Job's pods).
 //!
 //! Labels and annotations reach a downward-API volume only after a kubelet sync (up to minutes), so the helpers
-//! watch the lock through the API instead. A term is stopped at the latest its margin before the validity
-//! status showed, on this process's monotonic clock, whether or not a watch event comes: a holder's safety does
-//! not rest on the operator or the API server answering.
+//! watch the lock through the API instead. A term is stopped at its stop time on this process's monotonic clock
+//! (`stop_time`: counted from the holder's questions to the active replica, or, where status offers no channel,
+//! from the validity status shows less the margin and a skew bound), whether or not a watch event comes: a
+//! holder's safety does not rest on the operator or the API server answering.
 
 use std::ffi::OsString;
 use std::sync::Arc;
@@ -18,6 +19,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use futures::future::BoxFuture;
+
+use super::stop_time::{Asked, Basis, Stopping, after_ask, basis_of, stop_by_wall_clock, wall_now};
 use super::supervise::{Child, Ended};
 use crate::api::{DistributedLock, LockPhase};
 
@@ -73,20 +77,77 @@ pub fn fence_instant(term: &Term, margin: Duration, now: Instant, wall_now: Time
     (now + left).checked_sub(margin).map_or(now, |at| at.max(now))
 }
 
-/// Waits for a term with time left before its fence instant; `None` once the watch has ended.
-pub async fn current_term(terms: &mut watch::Receiver<Option<Term>>, margin: Duration) -> Option<Term> {
+/// Waits for a term with time left before its stop time, and returns it with that stop time (on this process's
+/// monotonic clock, `stop_time`); `None` once the watch has ended. Where status offers a channel, a term whose
+/// validity the active replica does not tell (unknown, or no answer) is not started: it is asked again.
+pub async fn current_term(
+    terms: &mut watch::Receiver<Option<Term>>,
+    latest: &watch::Receiver<Option<Arc<DistributedLock>>>,
+    stopping: &Stopping,
+) -> Option<(Term, Instant)> {
+    let mut told = None;
     loop {
         let candidate = terms.borrow_and_update().clone();
-        if let Some(current) = candidate
-            && fence_instant(&current, margin, Instant::now(), Timestamp::now()) > Instant::now()
-        {
-            return Some(current);
+        // A term that is only short of time now may have been refreshed by then.
+        let mut pause = Duration::from_millis(200);
+        if let Some(current) = candidate {
+            let lock = latest.borrow().clone();
+            match first_stop(&current, lock.as_deref(), stopping).await {
+                Ok(stop_at) if stop_at > Instant::now() => return Some((current, stop_at)),
+                Ok(_) => {}
+                Err((why, retry)) => {
+                    if told != Some(current.token) {
+                        eprintln!(
+                            "redlock-operator {}: the operator does not tell how long the grant of fencing token {} stays valid ({why}): not started yet; asking again",
+                            stopping.tool, current.token
+                        );
+                        told = Some(current.token);
+                    }
+                    pause = retry;
+                }
+            }
         }
         tokio::select! {
             changed = terms.changed() => if changed.is_err() { return None },
-            // A term that is only short of time now may have been refreshed by then.
-            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+            () = tokio::time::sleep(pause) => {}
         }
+    }
+}
+
+/// A new term's stop time: asked (`Err`: why not, and when to ask again), or from the wall clock where status
+/// offers no channel.
+async fn first_stop(
+    term: &Term,
+    lock: Option<&DistributedLock>,
+    stopping: &Stopping,
+) -> Result<Instant, (String, Duration)> {
+    let Some(lock) = lock else {
+        return Err(("the lock is not seen".into(), Duration::from_millis(200)));
+    };
+    match basis_of(Some(lock)) {
+        Basis::Ask(channel) => {
+            let asked = (stopping.ask)(channel, stopping.question(lock, term)).await;
+            let now = Instant::now();
+            match after_ask(None, &asked, stopping.margin, now) {
+                (Some(stop_at), _) => Ok(stop_at),
+                (None, next) => Err((describe(&asked), next.saturating_duration_since(now))),
+            }
+        }
+        Basis::WallClock => Ok(stop_by_wall_clock(
+            term,
+            stopping.margin,
+            stopping.max_clock_skew,
+            Instant::now(),
+            wall_now(),
+        )),
+    }
+}
+
+fn describe(asked: &Asked) -> String {
+    match asked {
+        Asked::Valid { .. } => "valid".into(),
+        Asked::Unknown(reason) => format!("unknown: {reason}"),
+        Asked::Failed { message, .. } => message.clone(),
     }
 }
 
@@ -126,15 +187,19 @@ pub(crate) async fn follow_lock(
 
 /// Runs `command` in `current`: with the term in its environment (`REDLOCK_LOCK` = `lock`,
 /// `REDLOCK_FENCING_TOKEN`, `REDLOCK_VALID_UNTIL`, a semaphore's `REDLOCK_PERMIT`) and the holder's own variable,
-/// stopped (SIGTERM, then SIGKILL half a margin later) when `terms` stops showing the term or at its fence time.
+/// stopped (SIGTERM, then SIGKILL half a margin later) when `terms` stops showing the term or at its stop time
+/// (`stop_at` from [`current_term`], moved only by the replica's later answers, `stop_time`).
 /// `Err`: it could not be started (an exit status and a message).
 pub(crate) async fn run_in_term(
     command: &[OsString],
     lock: String,
     holder: (&'static str, String),
-    current: &Term,
-    terms: &watch::Receiver<Option<Term>>,
-    margin: Duration,
+    (current, stop_at): (&Term, Instant),
+    followed: (
+        &watch::Receiver<Option<Term>>,
+        &watch::Receiver<Option<Arc<DistributedLock>>>,
+    ),
+    stopping: &Stopping,
 ) -> Result<Ended, (i32, String)> {
     let mut env = vec![
         ("REDLOCK_LOCK", lock),
@@ -147,33 +212,87 @@ pub(crate) async fn run_in_term(
     }
     let mut child = Child::spawn(command, &env)?;
     let lost = CancellationToken::new();
-    let watching = tokio::spawn(watch_term(terms.clone(), current.clone(), margin, lost.clone()));
-    let ended = child.supervise(lost, margin / 2).await;
+    let (terms, latest) = followed;
+    let watching = tokio::spawn(watch_term(
+        (terms.clone(), latest.clone()),
+        current.clone(),
+        stop_at,
+        stopping.clone(),
+        lost.clone(),
+    ));
+    let ended = child.supervise(lost, stopping.margin / 2).await;
     watching.abort();
     Ok(ended)
 }
 
-/// Fires `lost` when status stops naming this term, or at its fence time if no refresh extends it.
+/// Fires `lost` when status stops naming this term, or at its stop time. Where status offers a channel, the
+/// replica is asked again at each status change of the term (an extension) and at the latest when half of the
+/// time left has passed; only its answers move the stop time, and an ask that gets none leaves it where it is.
+/// Where it offers none, each refresh of status gives the stop time on the wall clock, as before.
 pub async fn watch_term(
-    mut terms: watch::Receiver<Option<Term>>,
+    (mut terms, latest): (
+        watch::Receiver<Option<Term>>,
+        watch::Receiver<Option<Arc<DistributedLock>>>,
+    ),
     mut current: Term,
-    margin: Duration,
+    mut stop_at: Instant,
+    stopping: Stopping,
     lost: CancellationToken,
 ) {
+    let asks = |lock: Option<&DistributedLock>| matches!(basis_of(lock), Basis::Ask(_));
+    let mut next_ask = asks(latest.borrow().as_deref())
+        .then(|| Instant::now() + stop_at.saturating_duration_since(Instant::now()) / 2);
+    let mut asking: Option<BoxFuture<'static, Asked>> = None;
+    let mut ask_again = false;
     loop {
-        let fence_at = fence_instant(&current, margin, Instant::now(), Timestamp::now());
         tokio::select! {
-            () = tokio::time::sleep_until(fence_at) => break,
+            () = tokio::time::sleep_until(stop_at) => break,
             changed = terms.changed() => {
                 if changed.is_err() {
                     break;
                 }
                 match terms.borrow_and_update().clone() {
-                    // The same term, refreshed: a later fence time.
-                    Some(next) if next.token == current.token && next.permit == current.permit => current = next,
+                    // The same term, refreshed (an extension): asked again, or its new validity on the wall clock.
+                    Some(next) if next.token == current.token && next.permit == current.permit => {
+                        current = next;
+                        if asks(latest.borrow().as_deref()) {
+                            if asking.is_some() {
+                                ask_again = true;
+                            } else {
+                                next_ask = Some(Instant::now());
+                            }
+                        } else {
+                            stop_at = stop_by_wall_clock(&current, stopping.margin, stopping.max_clock_skew, Instant::now(), wall_now());
+                            next_ask = None;
+                        }
+                    }
                     // Another term (a new token) or none: what the command was started with is stale.
                     _ => break,
                 }
+            }
+            () = tokio::time::sleep_until(next_ask.unwrap_or(stop_at)), if asking.is_none() && next_ask.is_some() => {
+                let lock = latest.borrow().clone();
+                match (lock.as_deref(), basis_of(lock.as_deref())) {
+                    (Some(lock), Basis::Ask(channel)) => {
+                        asking = Some((stopping.ask)(channel, stopping.question(lock, &current)));
+                    }
+                    _ => next_ask = None,
+                }
+            }
+            asked = async {
+                match asking.as_mut() {
+                    Some(asking) => asking.await,
+                    None => std::future::pending().await,
+                }
+            }, if asking.is_some() => {
+                asking = None;
+                let now = Instant::now();
+                if !matches!(asked, Asked::Valid { .. }) {
+                    tracing::debug!(answer = %describe(&asked), "no validity told: the stop time stands");
+                }
+                let (stop, next) = after_ask(Some(stop_at), &asked, stopping.margin, now);
+                stop_at = stop.unwrap_or(stop_at);
+                next_ask = Some(if std::mem::take(&mut ask_again) { now } else { next });
             }
         }
     }
@@ -309,6 +428,144 @@ mod tests {
             term_of(&semaphore, "web-1"),
             None,
             "a pod holding no permit does not lead"
+        );
+    }
+
+    fn stopping(ask: crate::cli::stop_time::Ask) -> Stopping {
+        Stopping {
+            margin: Duration::from_secs(1),
+            max_clock_skew: Duration::from_secs(1),
+            namespace: "shop".into(),
+            lock: "l".into(),
+            ask,
+            tool: "elect",
+        }
+    }
+
+    /// Status with a channel: a term of token 1 (valid until `valid_until`, never read on this path).
+    fn offered(valid_until: Timestamp) -> Arc<DistributedLock> {
+        let mut lock = lock(LockPhase::Held, "web-0", 1, valid_until);
+        if let Some(status) = lock.status.as_mut() {
+            status.hand_over_url = Some("https://127.0.0.1:1/v1/stopped".into());
+            status.hand_over_certificate_sha256 = Some("ab".repeat(32));
+        }
+        Arc::new(lock)
+    }
+
+    fn term_1(valid_until: Timestamp) -> Term {
+        Term {
+            permit: None,
+            token: 1,
+            valid_until,
+        }
+    }
+
+    /// Answers `Valid(10 s)` counted from the moment of each question to the first `valid` asks, then fails.
+    fn answering(valid: usize) -> (crate::cli::stop_time::Ask, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let asked = Arc::new(AtomicUsize::new(0));
+        let count = asked.clone();
+        let ask: crate::cli::stop_time::Ask = Arc::new(move |channel, question| {
+            assert_eq!(channel.url, "https://127.0.0.1:1/v1/validity");
+            assert_eq!((question.lock.as_str(), question.fencing_token), ("l", 1));
+            let n = count.fetch_add(1, Ordering::SeqCst);
+            let sent_at = Instant::now();
+            Box::pin(async move {
+                if n < valid {
+                    Asked::Valid {
+                        sent_at,
+                        remaining: Duration::from_secs(10),
+                    }
+                } else {
+                    Asked::Failed {
+                        message: "refused".into(),
+                        retry_after: None,
+                    }
+                }
+            })
+        });
+        (ask, asked)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refreshed_status_never_moves_the_stop_time_without_an_answer() {
+        let at = Timestamp::now();
+        let (ask, asked) = answering(0);
+        let (shown, terms) = watch::channel(Some(term_1(at)));
+        let (_seen, latest) = watch::channel(Some(offered(at)));
+        let start = Instant::now();
+        let lost = CancellationToken::new();
+        tokio::spawn(watch_term(
+            (terms, latest),
+            term_1(at),
+            start + Duration::from_secs(4),
+            stopping(ask),
+            lost.clone(),
+        ));
+        for _ in 0..2 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            // Extended, by status: far later, on any wall clock.
+            shown.send_replace(Some(term_1(
+                at + k8s_openapi::jiff::SignedDuration::from_secs(100),
+            )));
+        }
+        lost.cancelled().await;
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(4),
+            "the first stop time stood"
+        );
+        assert!(
+            asked.load(std::sync::atomic::Ordering::SeqCst) >= 2,
+            "asked at each change"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_answer_counts_from_its_question_and_the_last_good_one_stands() {
+        let at = Timestamp::now();
+        let (ask, _) = answering(2);
+        let (_shown, terms) = watch::channel(Some(term_1(at)));
+        let (_seen, latest) = watch::channel(Some(offered(at)));
+        let start = Instant::now();
+        let lost = CancellationToken::new();
+        tokio::spawn(watch_term(
+            (terms, latest),
+            term_1(at),
+            start + Duration::from_secs(4),
+            stopping(ask),
+            lost.clone(),
+        ));
+        lost.cancelled().await;
+        // Asked at 2 s (half of 4 s): stop at 2 + 9.9 − 1 = 10.9 s; again at 6.45 s: stop at 15.35 s; every ask
+        // after that fails, and the work stops then.
+        assert_eq!(start.elapsed(), Duration::from_millis(15_350));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_term_the_replica_does_not_tell_is_not_started() {
+        let at = Timestamp::now();
+        let (ask, asked) = answering(0);
+        let (_shown, mut terms) = watch::channel(Some(term_1(at)));
+        let (_seen, latest) = watch::channel(Some(offered(at)));
+        let waited = tokio::time::timeout(
+            Duration::from_secs(30),
+            current_term(&mut terms, &latest, &stopping(ask)),
+        )
+        .await;
+        assert!(waited.is_err(), "started without an answer");
+        assert!(
+            asked.load(std::sync::atomic::Ordering::SeqCst) > 10,
+            "asked again and again"
+        );
+
+        let (ask, _) = answering(1);
+        let start = Instant::now();
+        let started = current_term(&mut terms, &latest, &stopping(ask)).await;
+        assert_eq!(
+            started,
+            Some((term_1(at), start + Duration::from_millis(8_900))),
+            "10 s × 0.99 − 1 s from the question"
         );
     }
 

@@ -97,6 +97,10 @@ impl Identity {
             .with_single_cert(chain, key)
             .map_err(|err| IdentityError::Config(err.to_string()))?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        // Stateless resumption tickets: a holder that asks again (about once per extension) resumes its session
+        // instead of a full handshake, and the server keeps nothing per holder (its session cache holds 256).
+        config.ticketer =
+            rustls::crypto::ring::Ticketer::new().map_err(|err| IdentityError::Config(err.to_string()))?;
         Ok(Self {
             server_config: Arc::new(config),
             pin,

@@ -52,6 +52,11 @@ impl ReportDoor {
     pub fn open_to(&self, upstream: std::net::SocketAddr) {
         self.to.send_replace(Some(upstream));
     }
+
+    /// Holds what comes from now on (until opened again); what was relayed already goes on.
+    pub fn hold(&self) {
+        self.to.send_replace(None);
+    }
 }
 
 /// A reports server with a certificate of its own that answers every request, behind a door that counts the

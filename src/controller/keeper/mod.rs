@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::retiring::Retiring;
 use self::table::{Applied, DueBatch, Removal, Table};
-pub use self::table::{HeldView, Holding, LockRef, PermitRef};
+pub use self::table::{HeldValidity, HeldView, Holding, LockRef, PermitRef};
 use super::engines::{Engines, QuorumLookup};
 use super::replica_lease::Leadership;
 use crate::redlock::{ExtendError, Lease, OperationReport};
@@ -119,6 +119,11 @@ impl Keeper {
 
     pub fn view(&self, lock: impl Into<PermitRef>) -> Option<HeldView> {
         self.table().view(&lock.into(), Instant::now())
+    }
+
+    /// What a holder may be told of the grant kept for `lock`: a lookup, nothing copied but four numbers.
+    pub fn validity(&self, lock: &PermitRef) -> Option<HeldValidity> {
+        self.table().validity(lock)
     }
 
     /// Whether the lock is held here and found lost (taken over, or not extended in time).

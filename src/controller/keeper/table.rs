@@ -78,6 +78,17 @@ pub struct HeldView {
     pub last_failure: Option<OperationReport>,
 }
 
+/// What a holder asking how long its grant stays valid may be told (`lock::reports::validity`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldValidity {
+    pub token: i64,
+    /// The lease's own validity, on this process's monotonic clock.
+    pub valid_until: Instant,
+    /// The validity last written to status (`None`: not written by this replica yet).
+    pub status_valid_until: Option<Instant>,
+    pub lost: bool,
+}
+
 /// Leases due for extension on one quorum, in the order of `locks`.
 pub struct DueBatch {
     pub quorum: String,
@@ -177,6 +188,16 @@ impl Table {
             lost: held.lost.clone(),
             status_due: status_due(held, now),
             last_failure: held.last_failure.clone(),
+        })
+    }
+
+    /// What a holder may be told of the grant kept for `lock`, without copying anything.
+    pub fn validity(&self, lock: &PermitRef) -> Option<HeldValidity> {
+        self.held.get(lock).map(|held| HeldValidity {
+            token: held.token,
+            valid_until: held.lease.valid_until(),
+            status_valid_until: held.status_valid_until,
+            lost: held.lost.is_some(),
         })
     }
 

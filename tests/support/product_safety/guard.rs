@@ -26,6 +26,7 @@ use redlock_operator::api::holder_contract::REPORT_TOKEN_AUDIENCE;
 use redlock_operator::cli::exit_code;
 use redlock_operator::cli::guard::{Grant, granted_term};
 use redlock_operator::cli::report::{Reporter, report_stopped};
+use redlock_operator::cli::stop_time::{Stopping, over_the_channel};
 use redlock_operator::cli::term::{Sinks, Term, current_term, follow, watch_term};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -111,9 +112,18 @@ pub async fn run(
     ));
     let token_file = write_report_token(&pods, &pod, &guarding).await;
 
-    // The command starts once the grant shows current, if the pod still runs then.
-    let current = {
-        let waiting = current_term(&mut terms, guarding.margin);
+    // The command starts once the grant shows current and the active replica tells how long it stays valid, if
+    // the pod still runs then.
+    let stopping = Stopping {
+        margin: guarding.margin,
+        max_clock_skew: Duration::from_secs(1),
+        namespace: pod.namespace.clone(),
+        lock: pod.lock.clone(),
+        ask: over_the_channel(),
+        tool: "guard (product checker)",
+    };
+    let (current, stop_at) = {
+        let waiting = current_term(&mut terms, &latest, &stopping);
         let mut waiting = std::pin::pin!(waiting);
         loop {
             tokio::select! {
@@ -132,9 +142,10 @@ pub async fn run(
     };
     let lost = CancellationToken::new();
     let fence = tokio::spawn(watch_term(
-        terms.clone(),
+        (terms.clone(), latest.clone()),
         current.clone(),
-        guarding.margin,
+        stop_at,
+        stopping.clone(),
         lost.clone(),
     ));
     let belief = Belief {

@@ -1,4 +1,4 @@
-//! `POST /v1/stopped` on the active replica: a holder's `elect` or Job guard reports that its work under a
+//! `POST /v1/stopped` on the active replica (and, beside it, `validity`'s `POST /v1/validity`): a holder's `elect` or Job guard reports that its work under a
 //! given-up grant has stopped, with the projected service-account token of its pod as the bearer. The API
 //! server says which pod sent it (`TokenReview`); the lock and the pod are read directly, not from the caches (a
 //! report taken releases a key early, so it is decided on what the API server has now); `rule::judge` decides.
@@ -51,12 +51,15 @@ struct Shared {
 
 /// The route, for the wiring to serve beside metrics and health.
 pub fn router(ctx: Arc<Context>) -> Router {
+    // Holders' questions about their grant's validity share the port (and its bounds) with the reports.
+    let validity = super::validity::router(ctx.clone());
     Router::new()
         .route(STOPPED_REPORT_PATH, post(take_report))
         .with_state(Arc::new(Shared {
             ctx,
             budget: Budget::default(),
         }))
+        .merge(validity)
 }
 
 /// A report not taken: the refusal, and when to try again (`Retry-After`, seconds) if it was for the load.
