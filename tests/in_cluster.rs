@@ -9,15 +9,16 @@
 //!
 //! 1. `helm install` as the README and docs/how-to/install.md say (a fresh namespace; the images, a 30 s `maxTtl`
 //!    and `operator.lockNamespaces` the only values), the quorum Available, the operator Ready, `helm test`.
+//!    Then holders injected by the chart's admission policies (`injected`, first: its drill stops the operator):
+//!    examples/leader-election.yaml and examples/job-fencing.yaml as written, on busybox (no redlock binary), in
+//!    a namespace of their own; a labelled pod without `command` refused; a Job's lock lost (the operator
+//!    stopped, three masters deleted) and its guard's exit 76 ignored. `REDLOCK_E2E_ONLY=injected` runs the
+//!    installation and this phase alone.
 //! 2. The tutorials' examples applied as written, with the application (image and program) replaced by the app
 //!    image and a shell command: the README's first lock, a leader for a Deployment (`elect`), a Job queue (the
 //!    guard) and a Job semaphore of three permits; a cooperating leader's hand-over measured.
 //! 3. Failure drills: the active operator pod force-deleted; one, two, then three masters deleted (an empty master
 //!    sits out its quarantine); `helm upgrade` while locks are held.
-//!    Then holders injected by the chart's admission policies (`injected`): examples/leader-election.yaml and
-//!    examples/job-fencing.yaml as written, on busybox (no redlock binary), in a namespace of their own; a
-//!    labelled pod without `command` refused; a Job's lock lost (the operator stopped, three masters deleted)
-//!    and its guard's exit 76 ignored. `REDLOCK_E2E_ONLY=injected` runs the installation and this phase alone.
 //! 4. Uninstalling as docs/how-to/install.md#uninstall says: the locks deleted while the operator runs (each holder
 //!    fenced), `helm uninstall` (it leaves what the page lists, nothing more), the rest removed, the namespaces gone.
 //!
@@ -76,12 +77,15 @@ async fn helm_install_tutorials_failure_drills_and_uninstall() {
     if installed && only_injected {
         in_cluster::injected::run(&cluster, &report).await;
     } else if installed {
+        // First: its drill stops the operator, which no other phase's lock must live through.
+        in_cluster::injected::run(&cluster, &report).await;
         let observer = Observer::start(&cluster.client, &cluster.app_ns);
         let held = in_cluster::tutorials::run(&cluster, &report, &observer).await;
         in_cluster::drills::run(&cluster, &report, &observer, &held).await;
-        in_cluster::injected::run(&cluster, &report).await;
         in_cluster::observe::summarize(&report, &observer);
         in_cluster::uninstall::run(&cluster, &report, &observer).await;
+        // The release binds the holder ClusterRole there (a `helm upgrade` needs it until the uninstall).
+        cluster.remove_namespace_now(&cluster.holders_ns).await;
         cleanup.done = true;
     }
     let failed = report.summary();

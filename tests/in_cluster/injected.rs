@@ -117,8 +117,6 @@ pub async fn run(cluster: &Cluster, report: &Report) {
         removed.ok,
         removed.text(),
     );
-    // The uninstall phase removes the release's and the tutorials' namespaces; this one goes here.
-    cluster.remove_namespace_now(&cluster.holders_ns).await;
 }
 
 /// An example as written, with busybox and a shell command as the application, run as a non-root user.
