@@ -23,14 +23,18 @@ pub enum Control {
     /// A key given up (lost, moved, deleted) is released at once instead of once the validity shown to its holder
     /// has ended.
     ReleaseAtOnce,
+    /// `elect` and the guard stop at status's `validUntil` on their own wall clock, less their margin, even where
+    /// status offers a channel to ask the active replica (as holders did before issue 48).
+    HoldersTrustWallClock,
 }
 
 impl Control {
-    pub const ALL: [Control; 4] = [
+    pub const ALL: [Control; 5] = [
         Control::FenceAfterValidity,
         Control::NoQuarantine,
         Control::NoFloorRecord,
         Control::ReleaseAtOnce,
+        Control::HoldersTrustWallClock,
     ];
 
     pub fn name(self) -> &'static str {
@@ -39,6 +43,7 @@ impl Control {
             Control::NoQuarantine => "no-quarantine",
             Control::NoFloorRecord => "no-floor-record",
             Control::ReleaseAtOnce => "release-at-once",
+            Control::HoldersTrustWallClock => "holders-trust-wall-clock",
         }
     }
 }

@@ -254,6 +254,33 @@ async fn guarded_job_pods_stop_on_their_own_clock_through_a_failover_longer_than
     assert!(forced.contains("no replica"), "seed {seed}: {report}");
 }
 
+/// Issue 48's promise, in both directions: guarded Job pods whose wall clock is 4 s behind the operator's (more
+/// than their 1 s margin and 1 s skew bound together), and then 4 s ahead, through a failover longer than the TTL:
+/// each stops its work before every validity it was shown has ended (counted by construction, not only by an
+/// overlap), because it counts what the active replica tells it on its own clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guarded_job_pods_with_skewed_wall_clocks_stop_before_the_validity_ends() {
+    use product_safety::guard_controls::{Skew, skewed_run};
+    let seed = Scenario::seed_from_env();
+    for skew in [Skew::Behind, Skew::Ahead] {
+        let report = skewed_run(seed, skew, false).await;
+        println!("seed {seed}, clocks {skew:?}: {report}");
+        assert!(report.is_safe(), "seed {seed}, clocks {skew:?}: {report}");
+        assert!(report.transitions_total() >= 2, "seed {seed}: {report}");
+        assert!(
+            report.forced.join("; ").contains("no replica"),
+            "seed {seed}: {report}"
+        );
+    }
+}
+
+/// Its negative control: the same guards 4 s behind, trusting status's `validUntil` on their wall clock as guards
+/// did before issue 48, run on past the validity they were shown, and must be caught.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checker_catches_guards_that_trust_a_wall_clock_behind_the_operators() {
+    operator_control(redlock_operator::negative_controls::Control::HoldersTrustWallClock).await;
+}
+
 /// Issue 29's second guard control: a guard that reports its work stopped before the work has exited lets the
 /// operator release the key beside the running work, and must be caught. (Its clean twin, reported after the work
 /// exited as `guard` does, runs in `cargo bench --bench operator_safety`; every other run here reports that way.)

@@ -17,7 +17,7 @@ use tokio::task::JoinSet;
 
 use super::exit_code;
 use super::report::{Reporter, report_stopped, unless_signalled};
-use super::stop_time::{DEFAULT_MAX_CLOCK_SKEW, Stopping, over_the_channel};
+use super::stop_time::{DEFAULT_MAX_CLOCK_SKEW, HolderClock, Stopping, over_the_channel};
 use super::supervise::Ended;
 use super::term::{Term, current_term, follow_lock, leader_term_of, run_in_term};
 use crate::api::DistributedLock;
@@ -103,6 +103,7 @@ pub async fn run(args: ElectArgs) -> i32 {
         lock: args.lock.clone(),
         ask: over_the_channel(),
         tool: "elect",
+        clock: HolderClock::of_this_process(),
     };
     let (Ok(mut sigterm), Ok(mut sigint)) =
         (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))

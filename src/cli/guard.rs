@@ -24,7 +24,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use super::exit_code;
 use super::report::{Reporter, report_stopped_unless_signalled};
-use super::stop_time::{DEFAULT_MAX_CLOCK_SKEW, Stopping, over_the_channel};
+use super::stop_time::{DEFAULT_MAX_CLOCK_SKEW, HolderClock, Stopping, over_the_channel};
 use super::supervise::Ended;
 use super::term::{Term, current_term, follow_lock, run_in_term, term_of};
 use crate::api::DistributedLock;
@@ -191,6 +191,7 @@ pub async fn run(args: GuardArgs) -> i32 {
         lock: args.lock.clone(),
         ask: over_the_channel(),
         tool: "guard",
+        clock: HolderClock::of_this_process(),
     };
     let (current, stop_at) = tokio::select! {
         current = current_term(&mut followed.terms, &followed.latest, &stopping) => match current {

@@ -197,9 +197,45 @@ pub struct Stopping {
     pub ask: Ask,
     /// What its log lines name as the speaker: `elect` or `guard`.
     pub tool: &'static str,
+    /// The holder's wall clock, as [`HolderClock::of_this_process`] reads it.
+    pub clock: HolderClock,
+}
+
+/// The holder's wall clock, read only on the wall-clock path. In the binary, the system's: test builds shift it
+/// (`REDLOCK_TEST_WALL_CLOCK_OFFSET_MS`) and may turn on the negative control that trusts it even where status
+/// offers a channel, as holders did before (`holders-trust-wall-clock`); a release build has neither. The product
+/// checker, which plays guards in its own process, sets both per run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HolderClock {
+    pub offset: k8s_openapi::jiff::SignedDuration,
+    /// The negative control: status's `validUntil` on this clock, even where a channel is offered.
+    pub trust_status_times: bool,
+}
+
+impl HolderClock {
+    pub fn of_this_process() -> Self {
+        use crate::negative_controls::{Control, active, wall_clock_offset};
+        Self {
+            offset: wall_clock_offset(),
+            trust_status_times: active(Control::HoldersTrustWallClock),
+        }
+    }
+
+    pub fn now(&self) -> Timestamp {
+        let now = Timestamp::now();
+        now.checked_add(self.offset).unwrap_or(now)
+    }
 }
 
 impl Stopping {
+    /// How this holder finds its stop time from what `lock`'s status offers ([`basis_of`]).
+    pub fn basis(&self, lock: Option<&DistributedLock>) -> Basis {
+        if self.clock.trust_status_times {
+            return Basis::WallClock;
+        }
+        basis_of(lock)
+    }
+
     /// The question about `term` of `lock` (whose uid it names).
     pub fn question(&self, lock: &DistributedLock, term: &Term) -> ValidityQuestion {
         ValidityQuestion {
@@ -210,14 +246,6 @@ impl Stopping {
             fencing_token: term.token,
         }
     }
-}
-
-/// This holder's wall clock: the system's, shifted in test builds by `REDLOCK_TEST_WALL_CLOCK_OFFSET_MS`
-/// (`negative_controls::wall_clock_offset`) to prove that no stop time rests on it where a channel is offered.
-pub fn wall_now() -> Timestamp {
-    let now = Timestamp::now();
-    now.checked_add(crate::negative_controls::wall_clock_offset())
-        .unwrap_or(now)
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use futures::future::BoxFuture;
 
-use super::stop_time::{Asked, Basis, Stopping, after_ask, basis_of, stop_by_wall_clock, wall_now};
+use super::stop_time::{Asked, Basis, Stopping, after_ask, stop_by_wall_clock};
 use super::supervise::{Child, Ended};
 use crate::api::{DistributedLock, LockPhase};
 
@@ -124,7 +124,7 @@ async fn first_stop(
     let Some(lock) = lock else {
         return Err(("the lock is not seen".into(), Duration::from_millis(200)));
     };
-    match basis_of(Some(lock)) {
+    match stopping.basis(Some(lock)) {
         Basis::Ask(channel) => {
             let asked = (stopping.ask)(channel, stopping.question(lock, term)).await;
             let now = Instant::now();
@@ -138,7 +138,7 @@ async fn first_stop(
             stopping.margin,
             stopping.max_clock_skew,
             Instant::now(),
-            wall_now(),
+            stopping.clock.now(),
         )),
     }
 }
@@ -239,7 +239,7 @@ pub async fn watch_term(
     stopping: Stopping,
     lost: CancellationToken,
 ) {
-    let asks = |lock: Option<&DistributedLock>| matches!(basis_of(lock), Basis::Ask(_));
+    let asks = |lock: Option<&DistributedLock>| matches!(stopping.basis(lock), Basis::Ask(_));
     let mut next_ask = asks(latest.borrow().as_deref())
         .then(|| Instant::now() + stop_at.saturating_duration_since(Instant::now()) / 2);
     let mut asking: Option<BoxFuture<'static, Asked>> = None;
@@ -262,7 +262,7 @@ pub async fn watch_term(
                                 next_ask = Some(Instant::now());
                             }
                         } else {
-                            stop_at = stop_by_wall_clock(&current, stopping.margin, stopping.max_clock_skew, Instant::now(), wall_now());
+                            stop_at = stop_by_wall_clock(&current, stopping.margin, stopping.max_clock_skew, Instant::now(), stopping.clock.now());
                             next_ask = None;
                         }
                     }
@@ -272,7 +272,7 @@ pub async fn watch_term(
             }
             () = tokio::time::sleep_until(next_ask.unwrap_or(stop_at)), if asking.is_none() && next_ask.is_some() => {
                 let lock = latest.borrow().clone();
-                match (lock.as_deref(), basis_of(lock.as_deref())) {
+                match (lock.as_deref(), stopping.basis(lock.as_deref())) {
                     (Some(lock), Basis::Ask(channel)) => {
                         asking = Some((stopping.ask)(channel, stopping.question(lock, &current)));
                     }
@@ -439,6 +439,7 @@ mod tests {
             lock: "l".into(),
             ask,
             tool: "elect",
+            clock: crate::cli::stop_time::HolderClock::default(),
         }
     }
 

@@ -52,6 +52,9 @@ pub struct Report {
     /// Fences written after the validity they were meant to precede, in a run whose scenario promises none
     /// (`Scenario::fences_before_validity`).
     pub late_fences: Vec<Fence>,
+    /// Holders' beliefs that outlasted every validity they were shown, in a run that checks it
+    /// (`Scenario::beliefs_within_shown_validity`).
+    pub late_beliefs: Vec<String>,
 }
 
 impl Report {
@@ -61,6 +64,7 @@ impl Report {
             && self.token_regressions.is_empty()
             && self.stale_writes_accepted.is_empty()
             && self.late_fences.is_empty()
+            && self.late_beliefs.is_empty()
     }
 
     pub fn transitions_total(&self) -> usize {
@@ -154,6 +158,7 @@ pub fn check(
         ),
         fences: Fences::default(),
         late_fences: Vec::new(),
+        late_beliefs: Vec::new(),
     }
 }
 
@@ -181,6 +186,9 @@ impl fmt::Display for Report {
                 "\n  LATE FENCE: written {} ms after the validity it was meant to precede",
                 fence.validity_left_ms.saturating_neg()
             )?;
+        }
+        for late in &self.late_beliefs {
+            write!(f, "\n  LATE BELIEF: {late}")?;
         }
         for (key, count) in &self.transitions {
             write!(f, "\n  {key}: {count} transitions")?;

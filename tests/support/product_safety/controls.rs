@@ -83,6 +83,10 @@ async fn scenario_for(control: Control, seed: u64, on: bool) -> Report {
         Control::NoFloorRecord => no_floor_record(seed, switched).await,
         Control::FenceAfterValidity => fence_after_validity(seed, switched).await,
         Control::ReleaseAtOnce => release_at_once(seed, switched).await,
+        // A holder's control: the guards' switch, not the operator's.
+        Control::HoldersTrustWallClock => {
+            super::guard_controls::skewed_run(seed, super::guard_controls::Skew::Behind, on).await
+        }
     }
 }
 

@@ -15,10 +15,11 @@
 //! cluster its container runs on, idle, until it ends by itself.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use redlock_operator::api::DistributedLock;
@@ -26,7 +27,7 @@ use redlock_operator::api::holder_contract::REPORT_TOKEN_AUDIENCE;
 use redlock_operator::cli::exit_code;
 use redlock_operator::cli::guard::{Grant, granted_term};
 use redlock_operator::cli::report::{Reporter, report_stopped};
-use redlock_operator::cli::stop_time::{Stopping, over_the_channel};
+use redlock_operator::cli::stop_time::{Ask, Asked, HolderClock, Stopping, over_the_channel};
 use redlock_operator::cli::term::{Sinks, Term, current_term, follow, watch_term};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -54,6 +55,10 @@ pub struct Guarding {
     pub reports: Reports,
     /// How long the work takes to exit once the guard passed SIGTERM on (0: at once, as `sleep` does).
     pub work_stop_delay: Duration,
+    /// The guards' wall clock (shifted from the operator's, or trusted against status: `Scenario::guard_clock`).
+    pub clock: HolderClock,
+    /// Whether a belief that outlasts every validity its guard was shown is recorded as a violation.
+    pub within_shown_validity: bool,
     /// Whether the harness is the Job pods' kubelet (a test API server's), and ends a pod whose guard stopped
     /// its work with exit status 76.
     pub ends_pods: bool,
@@ -114,13 +119,15 @@ pub async fn run(
 
     // The command starts once the grant shows current and the active replica tells how long it stays valid, if
     // the pod still runs then.
+    let told = Arc::new(Mutex::new(None::<Instant>));
     let stopping = Stopping {
         margin: guarding.margin,
         max_clock_skew: Duration::from_secs(1),
         namespace: pod.namespace.clone(),
         lock: pod.lock.clone(),
-        ask: over_the_channel(),
+        ask: recording_answers(told.clone()),
         tool: "guard (product checker)",
+        clock: guarding.clock,
     };
     let (current, stop_at) = {
         let waiting = current_term(&mut terms, &latest, &stopping);
@@ -173,6 +180,9 @@ pub async fn run(
             report_stopped(&reporter, &current, latest).await;
         }
     };
+    // The latest end of a validity status showed for the grant, on this process's clock (the operator's: one
+    // machine), beside what the replica told (`told`).
+    let mut shown_until = belief.start;
     let mut early_report = None;
     let mut last_running = belief.start;
     // When the guard passed the kubelet's SIGTERM on, and when its own fence fired (SIGTERM to the work, SIGKILL
@@ -181,6 +191,13 @@ pub async fn run(
     let far = Instant::now() + Duration::from_secs(24 * 3600);
     let (end, stopped) = loop {
         belief.act(&recorder);
+        if let Some(shown) = latest
+            .borrow()
+            .as_deref()
+            .and_then(|lock| granted_term(lock, &pod.job, pod.grant))
+        {
+            shown_until = shown_until.max(instant_of(shown.valid_until));
+        }
         let exits_at = [
             signalled_at.map(|at| at + guarding.work_stop_delay),
             lost_at.map(|at| at + guarding.work_stop_delay.min(guarding.margin / 2)),
@@ -233,6 +250,18 @@ pub async fn run(
         }
     };
     fence.abort();
+    let shown_until = told
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .map_or(shown_until, |told| told.max(shown_until));
+    if guarding.within_shown_validity && end > shown_until {
+        recorder.late_belief(format!(
+            "Job pod {}'s work under token {} ran {} ms past every validity its guard was shown (status's, or told by the active replica)",
+            pod.name,
+            belief.token,
+            (end - shown_until).as_millis()
+        ));
+    }
     belief.end(&recorder, end, "its work exited");
     if stopped != Stopped::Otherwise
         && guarding.reports == Reports::AfterTheWorkStopped
@@ -245,6 +274,37 @@ pub async fn run(
     }
     if stopped == Stopped::OnLoss && guarding.ends_pods {
         fail_with_lock_lost(&pods, &pod.name).await;
+    }
+}
+
+/// Asks over the pinned channel as the guard does, keeping in `told` the latest end of a validity the replica told
+/// (when the answer came, plus what it said: never before the validity's true end).
+fn recording_answers(told: Arc<Mutex<Option<Instant>>>) -> Ask {
+    let channel = over_the_channel();
+    Arc::new(move |to, question| {
+        let asked = channel(to, question);
+        let told = told.clone();
+        Box::pin(async move {
+            let answer = asked.await;
+            if let Asked::Valid { remaining, .. } = &answer {
+                let until = Instant::now() + *remaining;
+                let mut told = told.lock().unwrap_or_else(|e| e.into_inner());
+                *told = Some(told.map_or(until, |earlier| earlier.max(until)));
+            }
+            answer
+        })
+    })
+}
+
+/// The instant of this process's monotonic clock when its wall clock shows `at`.
+fn instant_of(at: Timestamp) -> Instant {
+    let now = Instant::now();
+    let left = at.duration_since(Timestamp::now());
+    match Duration::try_from(left) {
+        Ok(ahead) => now + ahead,
+        Err(_) => now
+            .checked_sub(Duration::try_from(-left).unwrap_or_default())
+            .unwrap_or(now),
     }
 }
 

@@ -6,6 +6,12 @@
 //! - `report-before-stop`: a guard that reports its work stopped as soon as it passes the stop on, while the work
 //!   still runs. The operator releases the key on the word, and a `lock` process takes it beside the work. The
 //!   twin reports once the work has exited, as `guard` does.
+//! - `holders-trust-wall-clock` (issue 48): guards whose wall clock is behind the operator's by more than their
+//!   margin and its skew bound together, which stop at status's `validUntil` on it as guards did before, through a
+//!   failover longer than the TTL: their work runs on past the validity they were shown, counted as a violation
+//!   by construction (`Scenario::beliefs_within_shown_validity`). The twins, behind and ahead, are today's guards,
+//!   which count the validity the active replica tells them on their own clock and never read the wall clock
+//!   while it offers a channel.
 
 use std::time::Duration;
 
@@ -15,6 +21,8 @@ use super::checker::Report;
 use super::controls::{Outcome, base, held, overlapped};
 use super::guard::Reports;
 use super::nemesis::{Forced, force};
+use redlock_operator::cli::stop_time::HolderClock;
+
 use super::{Scenario, World, guard_default_margin};
 
 /// Both twins: without the guard (caught) and with it (passes).
@@ -102,6 +110,50 @@ pub async fn deletion_run(seed: u64, reports: Reports) -> Report {
             .recreate(&side.cluster, Duration::from_secs(10))
             .await;
         if overlapped(&world) {
+            break;
+        }
+    }
+    world.finish(from).await
+}
+
+/// How far the guards' wall clock is off the operator's in [`skewed_run`]: more than their margin (1 s) and
+/// their skew bound (1 s) together.
+pub const SKEW: Duration = Duration::from_secs(4);
+
+/// Which way the guards' wall clock is off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Skew {
+    Behind,
+    Ahead,
+}
+
+/// [`failover_run`] with guarded Job pods whose wall clock is `skew` [`SKEW`] off the operator's, trusting
+/// status's `validUntil` on it (`trust_status_times`, the negative control) or not (today's guards); every belief
+/// must end before the validity its guard was shown. Repeated (at most three times) until the checker has a
+/// violation to show, and at least twice.
+pub async fn skewed_run(seed: u64, skew: Skew, trust_status_times: bool) -> Report {
+    let offset = k8s_openapi::jiff::SignedDuration::try_from(SKEW).unwrap_or_default();
+    let mut world = World::start(Scenario {
+        replicas: 2,
+        job_locks: 1,
+        job_guard: Some(guard_default_margin()),
+        guard_clock: HolderClock {
+            offset: if skew == Skew::Behind { -offset } else { offset },
+            trust_status_times,
+        },
+        beliefs_within_shown_validity: true,
+        outside_clients: 1,
+        churn_keys: 1,
+        ..base(seed, None)
+    })
+    .await;
+    let from = Instant::now();
+    for round in 0..3 {
+        held(&world, 0, "jobs-0").await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        force(&mut world, Forced::LongFailover).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        if round >= 1 && (overlapped(&world) || !world.recorder.late_beliefs().is_empty()) {
             break;
         }
     }

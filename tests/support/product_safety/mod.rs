@@ -39,6 +39,7 @@ use kube::api::{Api, PostParams};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use redlock_operator::api::RedisQuorum;
+use redlock_operator::cli::stop_time::HolderClock;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -117,6 +118,13 @@ pub struct Scenario {
     pub guard_reports: guard::Reports,
     /// How long a Job's work takes to exit once its guard passed SIGTERM on (0: at once, as `sleep` does).
     pub work_stop_delay: Duration,
+    /// The guards' wall clock: shifted from the operator's (issue 48's skewed clocks), and whether they trust
+    /// status's `validUntil` on it even where a channel is offered (the negative control `holders-trust-wall-clock`).
+    pub guard_clock: HolderClock,
+    /// Whether a guard's belief that outlasts every validity it was shown (by status, or told by the active replica)
+    /// is a violation of its own, so that a guard stopping late is caught whether or not a `lock` process happened
+    /// to take the key in that gap.
+    pub beliefs_within_shown_validity: bool,
     /// The Jobs' pods' `terminationGracePeriodSeconds`.
     pub job_grace_seconds: u32,
     /// Jobs queued on each Job lock at the start, all at once (`<lock>-first-NN`, none failing): the report
@@ -179,6 +187,8 @@ impl Default for Scenario {
             job_guard: Some(guard_default_margin()),
             guard_reports: guard::Reports::AfterTheWorkStopped,
             work_stop_delay: Duration::ZERO,
+            guard_clock: HolderClock::default(),
+            beliefs_within_shown_validity: false,
             job_grace_seconds: 0,
             first_jobs: 0,
             queue: 2,
@@ -274,6 +284,8 @@ impl Side {
             margin,
             reports: scenario.guard_reports,
             work_stop_delay: scenario.work_stop_delay,
+            clock: scenario.guard_clock,
+            within_shown_validity: scenario.beliefs_within_shown_validity,
             ends_pods: cluster.server.is_some(),
             token_dir,
         });
@@ -647,6 +659,7 @@ impl World {
         if self.scenario.fences_before_validity {
             report.late_fences = report.fences.late();
         }
+        report.late_beliefs = self.recorder.late_beliefs();
         let verbose = std::env::var_os("REDLOCK_SAFETY_LOG").is_some();
         if !report.is_safe() || verbose {
             for event in self.recorder.nemesis_events() {

@@ -27,6 +27,8 @@ pub struct Recorder {
     restarts: Mutex<Vec<(usize, Instant)>>,
     /// The Jobs of the Job locks' first queues (`cluster/job`), and those of them that completed.
     first_queue: Mutex<(BTreeSet<String>, BTreeSet<String>)>,
+    /// Beliefs that outlasted every validity their holder was shown (in runs that check it).
+    late_beliefs: Mutex<Vec<String>>,
     pub resource: ProtectedResource,
 }
 
@@ -119,6 +121,21 @@ impl Recorder {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .1
+            .clone()
+    }
+
+    /// A belief that ended after every validity its holder was shown had ended: what, and by how much.
+    pub fn late_belief(&self, what: String) {
+        self.late_beliefs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(what);
+    }
+
+    pub fn late_beliefs(&self) -> Vec<String> {
+        self.late_beliefs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
             .clone()
     }
 
