@@ -72,7 +72,9 @@ export REDLOCK_STATIC_BINARY
 # test, and the tests of every binary side by side instead of one binary after another. Most tests wait on timers,
 # masters and API servers, so the plain phase takes half the time on two cores (11 minutes against about 24,
 # measured in one session on a machine busy with builds). Without it, cargo test runs them as before.
-# run_tests THREADS ARGS...: the tests ARGS selects, THREADS at a time (cargo test: two per binary).
+# run_tests THREADS ARGS...: the tests ARGS selects, THREADS at a time (cargo test: two per binary). Against a real
+# cluster, one at a time: there every test's operator watches every namespace, so the tests take turns (under
+# cargo test, a lock inside each binary's process, which nextest's process per test does not share).
 if cargo nextest --version >/dev/null 2>&1; then
   run_tests() {
     local threads=$1
@@ -105,7 +107,7 @@ node_kit=${REDLOCK_K8S_NODE_KIT:-$PWD/../shared/k8s-node}
 # refused by the chart's fenced-objects policy, and its negative control without the policy.
 fenced_proof() { # KUBECONFIG
   phase "the paused holder against a real API server's fenced-objects policy"
-  REDLOCK_E2E_KUBECONFIG="$1" run_tests 2 --test operator_safety paused 2>&1 | tee -a "$log"
+  REDLOCK_E2E_KUBECONFIG="$1" run_tests 1 --test operator_safety paused 2>&1 | tee -a "$log"
 }
 in_cluster_suite() { # KUBECONFIG
   phase "the in-cluster suite"
@@ -114,7 +116,7 @@ in_cluster_suite() { # KUBECONFIG
 }
 if [ -n "${REDLOCK_E2E_KUBECONFIG:-}" ]; then
   phase "end-to-end tests against the cluster of REDLOCK_E2E_KUBECONFIG"
-  run_tests 2 "${e2e_tests[@]}" 2>&1 | tee -a "$log"
+  run_tests 1 "${e2e_tests[@]}" 2>&1 | tee -a "$log"
   fenced_proof "$REDLOCK_E2E_KUBECONFIG"
   [ "${REDLOCK_E2E_IN_CLUSTER:-1}" = 0 ] || in_cluster_suite "$REDLOCK_E2E_KUBECONFIG"
 elif [ -x "$node_kit/start.sh" ] && [ "$(id -u)" -eq 0 ]; then
@@ -135,7 +137,7 @@ elif [ -x "$node_kit/start.sh" ] && [ "$(id -u)" -eq 0 ]; then
   K8S_NODE_KIT=$node_kit scripts/build-images.sh target/images --only redis --only busybox --only app \
     --binary "$operator_binary" --load "$node_dir" >/dev/null
   phase "end-to-end tests against the real node"
-  REDLOCK_E2E_KUBECONFIG="$kubeconfig" run_tests 2 "${e2e_tests[@]}" 2>&1 | tee -a "$log"
+  REDLOCK_E2E_KUBECONFIG="$kubeconfig" run_tests 1 "${e2e_tests[@]}" 2>&1 | tee -a "$log"
   fenced_proof "$kubeconfig"
   in_cluster_suite "$kubeconfig"
   "$node_kit/stop.sh" "$node_dir" >target/k8s-node-stop.log 2>&1
@@ -154,7 +156,7 @@ else
     cat target/stand-in-cluster.log >&2
     exit 1
   fi
-  REDLOCK_E2E_KUBECONFIG="$kubeconfig" run_tests 2 "${e2e_tests[@]}" 2>&1 | tee -a "$log"
+  REDLOCK_E2E_KUBECONFIG="$kubeconfig" run_tests 1 "${e2e_tests[@]}" 2>&1 | tee -a "$log"
   kill "$stand_in"
   trap - EXIT
 fi
