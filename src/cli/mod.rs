@@ -14,6 +14,7 @@ pub mod crd;
 pub mod elect;
 pub mod exit_code;
 pub mod guard;
+mod held_term;
 pub mod lock;
 pub mod report;
 pub mod run;

@@ -20,7 +20,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 
-use super::term::{Term, fence_instant};
+use super::held_term::{Term, fence_instant};
 use crate::api::DistributedLock;
 use crate::api::holder_contract::{VALIDITY_PATH, ValidityAnswer, ValidityQuestion};
 use crate::report_channel::client::{Caller, PostError};

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::TryStreamExt;
-use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::runtime::watcher;
 use tokio::sync::watch;
@@ -21,18 +20,10 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use futures::future::BoxFuture;
 
+pub use super::held_term::{Term, fence_instant};
 use super::stop_time::{Asked, Basis, Stopping, after_ask, stop_by_wall_clock};
 use super::supervise::{Child, Ended};
 use crate::api::{DistributedLock, LockPhase};
-
-/// A holder's term as status shows it: what `elect` and the Job guard run their command under.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Term {
-    /// The permit this pod holds, of a semaphore (spec.permits above 1).
-    pub permit: Option<u32>,
-    pub token: i64,
-    pub valid_until: Timestamp,
-}
 
 /// A leader's term: [`term_of`], but none once the lock is being deleted. The operator then gives its keys up
 /// (status lists them in `releasing`) while status may still show the grant, and nothing else would stop the
@@ -68,13 +59,6 @@ pub fn term_of(lock: &DistributedLock, holder: &str) -> Option<Term> {
         token: status.fencing_token?,
         valid_until: status.valid_until.as_ref()?.0,
     })
-}
-
-/// When to stop acting on `term`, on this process's monotonic clock.
-pub fn fence_instant(term: &Term, margin: Duration, now: Instant, wall_now: Timestamp) -> Instant {
-    let left = term.valid_until.duration_since(wall_now);
-    let left = Duration::try_from(left).unwrap_or(Duration::ZERO);
-    (now + left).checked_sub(margin).map_or(now, |at| at.max(now))
 }
 
 /// Waits for a term with time left before its stop time, and returns it with that stop time (on this process's
@@ -350,7 +334,7 @@ pub async fn follow(
 #[cfg(test)]
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-    use k8s_openapi::jiff::SignedDuration;
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
     use super::*;
     use crate::api::DistributedLockStatus;
