@@ -1,11 +1,12 @@
 //! The `DistributedLock` controller: validate the spec (`settings`, pure) → observe the holder policy (`policy`)
-//! → decide (`decide`, pure) → act on Redis and the API (`actions`) → status (`status`: pure edits;
+//! → decide (`decide`, pure) → act on Redis and the API (`actions`; an acquisition's next step: `acquisition`, pure) → status (`status`: pure edits;
 //! `status_write`: the one write). `reconcile` is the entry point and the dispatch. `earlier_values` (pure): which
 //! values of a permit's earlier grants, put back on the masters by late writes, an acquisition may delete.
 //! Extension itself is the keeper's job; it wakes this reconciler when a lock is lost or its status is due.
 
 use std::time::Duration;
 
+pub mod acquisition;
 pub mod actions;
 pub mod claim;
 pub mod decide;

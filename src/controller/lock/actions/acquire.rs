@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::handover::give_up_kept;
 use super::holding::{keep, show_held, take_back};
 use super::release::release_held;
-use super::token_floor::{self, Recorded};
+use super::token_floor;
 use super::wait::not_ready;
 use super::{Target, stamp_now};
 use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
@@ -21,23 +21,21 @@ use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::keeper::HeldView;
 use crate::controller::lock::RESYNC;
+use crate::controller::lock::acquisition::{Acquisition, Outcome, Record, Step, Then};
 use crate::controller::lock::decide::{contended_retry, resume_still_possible};
 use crate::controller::lock::earlier_values::{EarlierValue, blocking_labels, deletable};
 use crate::controller::lock::permit_status::status_of;
 use crate::controller::lock::queue_tickets::queued_retry;
+
 use crate::controller::lock::status::{self, Blocked, Showing};
 use crate::controller::lock::status_write::write_permit_status;
 use crate::controller::lock::token::{EXHAUSTED_REASON, Exhausted, Places, exhausted_message};
 use crate::controller::lock::token_floor::record_name;
 use crate::negative_controls::{self, Baseline, Control};
-use crate::redlock::{AcquireError, ExtendError, FailureKind, Lease, NodeOutcome, OperationReport, Waiter};
+use crate::redlock::{
+    AcquireError, ExtendError, FailureKind, Lease, NodeOutcome, OperationReport, ReleaseMark, Waiter,
+};
 use crate::telemetry::metrics::OutcomeLabels;
-
-/// Grants one reconcile asks the masters for before it hands the lock back to the reconciler. A grant is given
-/// back when its token is not the one its value was derived from (the masters knew a higher token) or when the
-/// cluster's floor record is at or above it (the masters forgot): two suffice unless contenders raise the
-/// counters at the same time.
-const GRANT_ROUNDS: u32 = 3;
 
 /// How often a lock whose token cannot advance, or whose floor record makes no sense, is looked at again.
 const REPAIR_RETRY: Duration = Duration::from_secs(60);
@@ -49,127 +47,135 @@ const STAYING_KEEP: Duration = Duration::from_secs(6);
 /// Reason of `Ready=False` while the key's floor record makes no sense.
 const INVALID_FLOOR: &str = "InvalidFencingFloor";
 
+/// How soon an acquisition handed back to the reconciler comes again.
+const AGAIN: Duration = Duration::from_millis(10);
+
 /// Acquires the lock for `holder` with a fencing token above `floor` and above what the masters' counters
 /// know; records the token in the key's floor record (giving the grant back and asking above the record when
 /// the masters forgot), shows it, and hands the lock to the keeper. The record is read only after a grant: a
-/// contended lock's retries cost the API nothing.
+/// contended lock's retries cost the API nothing. What comes next is decided by [`Acquisition`]; this carries
+/// its steps out.
 pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i64) -> Result<Action, Error> {
     ctx.ensure_leader()?;
     let (quorum, key) = (&target.settings.quorum, &target.settings.key);
     // Above what the masters showed while refusing, too: a grant above the proposal would be given back, and
     // the give-back lets the waiter behind this lock take the key first.
-    let mut floor = floor.max(ctx.queue_tickets.counter(key));
-    let mut floor_is_record = false;
-    let mut cleared_earlier = false;
-    // A grant whose check is left until the key is won keeps the lock first in the key's queue until the check
-    // passed: given back, the key goes to nobody behind it.
-    let stays_queued = target.policy.checks_once_won();
-    for _ in 0..GRANT_ROUNDS {
-        let Some(token) = floor.checked_add(1) else {
-            let exhausted = if floor_is_record {
-                Exhausted::Floor { token: floor }
-            } else {
-                Exhausted::Known { token: floor }
-            };
-            return token_exhausted(target, ctx, &exhausted).await;
-        };
-        let lease = match grant(target, ctx, holder, token, floor, stays_queued).await {
-            Ok(lease) => lease,
-            Err(AcquireError::NotAcquired { kind, report, .. }) => {
-                // Held by this lock's own earlier value, put back by a late write after its holder stopped: deleted,
-                // and asked again at once, instead of waited out for a whole TTL.
-                if kind == FailureKind::Contended
-                    && !cleared_earlier
-                    && delete_earlier_values(target, ctx, &report).await?
-                {
-                    cleared_earlier = true;
-                    continue;
-                }
-                return waiting(target, ctx, kind, &report).await;
-            }
-            Err(AcquireError::Config(err)) => {
-                return not_ready(
-                    target.lock,
-                    ctx,
-                    LockPhase::Invalid,
-                    "InvalidTtl",
-                    err.to_string(),
-                    None,
-                )
-                .await;
-            }
-            Err(AcquireError::Value(err)) => return Err(Error::Value(err)),
-            Err(AcquireError::TokenExhausted { counter, .. }) => {
-                return token_exhausted(target, ctx, &Exhausted::Masters { counter }).await;
-            }
-        };
-        if lease.fencing_token() != token {
-            // The masters' counters were above `floor`, and the lock value (which a successor rebuilds from
-            // the token in status) was derived from the token proposed: give the grant back, propose above.
-            target.engine.engine.release(&lease).await;
-            floor = lease.fencing_token();
-            floor_is_record = false;
-            continue;
-        }
-        // Kept from this moment: the floor and status writes below take API round trips of the validity.
-        keep(target, ctx, &lease, token);
-        if !stays_queued {
-            ctx.queue_tickets.forget(key);
-        }
-        match record_floor(ctx, quorum, key, token).await {
-            Ok(Recorded::Written) => {
-                // Nothing shows the grant yet: given back if the recount left to this moment forbids it.
-                match target.policy.grant_still_clear(ctx, target.permit, holder).await {
-                    Ok(true) => {
-                        if stays_queued {
-                            target.engine.engine.leave_won(key, waiter_of(target, ctx));
-                            ctx.queue_tickets.forget(key);
-                        }
-                        return hold(target, ctx, holder, &lease).await;
+    let floor = floor.max(ctx.queue_tickets.counter(key));
+    let mut acquisition = Acquisition::new(floor, target.policy.checks_once_won());
+    let stays_queued = acquisition.stays_queued();
+    // What the last answer of the masters brought, for the steps that follow it.
+    let mut lease: Option<Lease> = None;
+    let mut refusal: Option<OperationReport> = None;
+    let mut step = acquisition.start();
+    loop {
+        let outcome = match step {
+            Step::Ask { token, floor } => {
+                match grant(target, ctx, holder, token, floor, stays_queued).await {
+                    Ok(granted) => {
+                        let token = granted.fencing_token();
+                        lease = Some(granted);
+                        Outcome::Granted { token }
                     }
-                    Ok(false) => {
-                        tracing::info!(
+                    Err(AcquireError::NotAcquired { kind, report, .. }) => {
+                        refusal = Some(report);
+                        Outcome::Refused { kind }
+                    }
+                    Err(AcquireError::TokenExhausted { counter, .. }) => {
+                        Outcome::CounterExhausted { counter }
+                    }
+                    Err(AcquireError::Config(err)) => {
+                        return not_ready(
+                            target.lock,
+                            ctx,
+                            LockPhase::Invalid,
+                            "InvalidTtl",
+                            err.to_string(),
+                            None,
+                        )
+                        .await;
+                    }
+                    Err(AcquireError::Value(err)) => return Err(Error::Value(err)),
+                }
+            }
+            Step::Exhausted(exhausted) => return token_exhausted(target, ctx, &exhausted).await,
+            Step::DeleteEarlierValues => {
+                let any = match &refusal {
+                    Some(report) => delete_earlier_values(target, ctx, report).await?,
+                    None => false,
+                };
+                Outcome::EarlierValuesDeleted { any }
+            }
+            Step::Wait(kind) => {
+                return match &refusal {
+                    Some(report) => waiting(target, ctx, kind, report).await,
+                    None => Ok(Action::requeue(AGAIN)),
+                };
+            }
+            Step::KeepAndRecord { forget_ticket } => {
+                let Some(lease) = &lease else {
+                    return Ok(Action::requeue(AGAIN));
+                };
+                let token = lease.fencing_token();
+                // Kept from this moment: the floor and status writes below take API round trips of the validity.
+                keep(target, ctx, lease, token);
+                if forget_ticket {
+                    ctx.queue_tickets.forget(key);
+                }
+                match record_floor(ctx, quorum, key, token).await {
+                    Ok(Record::Above { floor: record }) => {
+                        tracing::warn!(
                             token,
-                            %holder,
-                            "pods of an earlier grant still run (the pod cache had not shown them yet): the key is given back until they are gone, and the lock stays first in its queue"
+                            floor = record,
+                            "the masters granted a token the cluster's floor record already holds (they forgot): acquiring above it"
                         );
-                        ctx.queue_tickets.gave_back(key);
-                        release_held(ctx, target.permit_ref(), Some(quorum)).await;
-                        // Its recount is made before the next attempt, within the time the masters keep it first.
-                        return Ok(Action::requeue(Duration::from_millis(10)));
+                        Outcome::Recorded(Record::Above { floor: record })
                     }
-                    Err(err) => {
-                        // A replica that lost its leadership meanwhile keeps the key (the keeper decides), and
-                        // nothing counted the pods for it: whatever comes next counts them first.
-                        ctx.queue_tickets.gave_back(key);
-                        release_held(ctx, target.permit_ref(), Some(quorum)).await;
-                        return Err(err);
-                    }
+                    Ok(record) => Outcome::Recorded(record),
+                    Err(err) => Outcome::RecordFailed(err),
                 }
             }
-            Ok(Recorded::Reacquire { floor: record }) => {
-                tracing::warn!(
-                    token,
-                    floor = record,
-                    "the masters granted a token the cluster's floor record already holds (they forgot): acquiring above it"
-                );
-                release_held(ctx, target.permit_ref(), Some(quorum)).await;
-                floor = record;
-                floor_is_record = true;
+            Step::Recheck => {
+                // Nothing shows the grant yet: given back if the recount left to this moment forbids it.
+                let clear = target.policy.grant_still_clear(ctx, target.permit, holder).await;
+                if let (Ok(false), Some(lease)) = (&clear, &lease) {
+                    tracing::info!(
+                        token = lease.fencing_token(),
+                        %holder,
+                        "pods of an earlier grant still run (the pod cache had not shown them yet): the key is given back until they are gone, and the lock stays first in its queue"
+                    );
+                }
+                Outcome::Rechecked(clear)
             }
-            Ok(Recorded::Invalid(message)) => return invalid_floor(target, ctx, message).await,
-            Err(err) => {
-                // Nothing shows the token: giving the grant back is safe even if a write landed (the next
-                // token is then above it).
-                if stays_queued {
+            Step::Hold { leave_queue } => {
+                let Some(lease) = &lease else {
+                    return Ok(Action::requeue(AGAIN));
+                };
+                if leave_queue {
+                    target.engine.engine.leave_won(key, waiter_of(target, ctx));
+                    ctx.queue_tickets.forget(key);
+                }
+                return hold(target, ctx, holder, lease).await;
+            }
+            Step::GiveBack(give) => {
+                if give.stay_first {
                     ctx.queue_tickets.gave_back(key);
                 }
-                release_held(ctx, target.permit_ref(), Some(quorum)).await;
-                return Err(err);
+                if give.kept {
+                    release_held(ctx, target.permit_ref(), Some(quorum)).await;
+                } else if let Some(lease) = lease.take() {
+                    target.engine.engine.release(&lease).await;
+                }
+                match give.then {
+                    Then::AskAgain => Outcome::GivenBack,
+                    Then::Requeue => return Ok(Action::requeue(AGAIN)),
+                    Then::Fail(err) => return Err(err),
+                }
             }
-        }
+            Step::InvalidFloor(message) => return invalid_floor(target, ctx, message).await,
+            Step::AskLater => return Ok(Action::requeue(AGAIN)),
+        };
+        step = acquisition.next(outcome);
     }
-    Ok(Action::requeue(Duration::from_millis(10)))
 }
 
 /// The acquisition was refused by values holding the permit's key: deletes those of them that are this lock's own
@@ -249,13 +255,13 @@ async fn delete_earlier_values(
 }
 
 /// Reads the key's floor record and records `token` in it unless it already holds as much.
-async fn record_floor(ctx: &Context, quorum: &str, key: &str, token: i64) -> Result<Recorded, Error> {
+async fn record_floor(ctx: &Context, quorum: &str, key: &str, token: i64) -> Result<Record, Error> {
     if negative_controls::active(Control::NoFloorRecord) {
-        return Ok(Recorded::Written);
+        return Ok(Record::Written);
     }
     match token_floor::read(ctx, quorum, key).await? {
         Ok(seen) => token_floor::record(ctx, quorum, key, seen, token).await,
-        Err(message) => Ok(Recorded::Invalid(message)),
+        Err(message) => Ok(Record::Invalid(message)),
     }
 }
 
@@ -324,37 +330,64 @@ async fn grant(
     let uid = target.lock.uid().unwrap_or_default();
     let key = &target.settings.key;
     let value = ctx.secret.lock_value(key, &uid, token, holder)?;
-    let waiter = waiter_of(target, ctx);
-    // Given back, its next attempt comes after a pod list, the release and a pod list again: API round trips that
-    // take a second each on a slow server. Kept that much longer (a replica that dies while it waits holds up the
-    // waiters behind it as long).
-    let waiter = if stays_queued {
-        waiter.staying_after_grant().keeping(STAYING_KEEP)
-    } else {
-        waiter
-    };
+    let waiter = grant_waiter(target, ctx, stays_queued);
     let engine = &target.engine.engine;
-    let permit = target.permit_ref();
-    let heard = ctx.release_wakes.attempting(&permit, engine, key);
+    let heard = ctx.release_wakes.attempting(&target.permit_ref(), engine, key);
     let started = Instant::now();
     let result = engine
         .try_acquire_waiting(key, target.settings.ttl, value, floor, Some(waiter))
         .await;
-    match &result {
-        Err(AcquireError::NotAcquired { report, .. }) => {
-            let place = report.queue_place();
-            ctx.queue_tickets
-                .remember(key, place.as_ref(), report.highest_counter());
-            match &place {
-                Some(place) if !negative_controls::baseline(Baseline::NoReleaseWakes) => ctx
-                    .release_wakes
-                    .queued(&permit, engine, key, heard, place, &ctx.keeper),
-                _ => ctx.release_wakes.forget(&permit),
-            }
+    after_attempt(target, ctx, &result, heard);
+    ctx.metrics
+        .acquire_seconds
+        .get_or_create(&OutcomeLabels {
+            outcome: attempt_outcome(&result).to_owned(),
+        })
+        .observe(started.elapsed().as_secs_f64());
+    result
+}
+
+/// The lock's waiter for an attempt; `stays_queued`: granted, it stays first in the key's queue.
+fn grant_waiter(target: &Target<'_>, ctx: &Context, stays_queued: bool) -> Waiter {
+    let waiter = waiter_of(target, ctx);
+    // Given back, its next attempt comes after a pod list, the release and a pod list again: API round trips that
+    // take a second each on a slow server. Kept that much longer (a replica that dies while it waits holds up the
+    // waiters behind it as long).
+    if stays_queued {
+        waiter.staying_after_grant().keeping(STAYING_KEEP)
+    } else {
+        waiter
+    }
+}
+
+/// What an attempt leaves for the next: the ticket and counter of a refusal, and a watch for the key's release
+/// while the lock waits in its queue (`heard`: where the watch stood before the attempt).
+fn after_attempt(
+    target: &Target<'_>,
+    ctx: &Context,
+    result: &Result<Lease, AcquireError>,
+    heard: Option<ReleaseMark>,
+) {
+    let (key, permit, engine) = (&target.settings.key, target.permit_ref(), &target.engine.engine);
+    let Err(AcquireError::NotAcquired { report, .. }) = result else {
+        ctx.release_wakes.forget(&permit);
+        return;
+    };
+    let place = report.queue_place();
+    ctx.queue_tickets
+        .remember(key, place.as_ref(), report.highest_counter());
+    match &place {
+        Some(place) if !negative_controls::baseline(Baseline::NoReleaseWakes) => {
+            ctx.release_wakes
+                .queued(&permit, engine, key, heard, place, &ctx.keeper)
         }
         _ => ctx.release_wakes.forget(&permit),
     }
-    let outcome = match &result {
+}
+
+/// The `outcome` label of an attempt's duration.
+fn attempt_outcome(result: &Result<Lease, AcquireError>) -> &'static str {
+    match result {
         Ok(_) => "acquired",
         Err(AcquireError::NotAcquired {
             kind: FailureKind::Contended,
@@ -362,14 +395,7 @@ async fn grant(
         }) => "contended",
         Err(AcquireError::NotAcquired { .. }) => "unavailable",
         Err(_) => "error",
-    };
-    ctx.metrics
-        .acquire_seconds
-        .get_or_create(&OutcomeLabels {
-            outcome: outcome.to_owned(),
-        })
-        .observe(started.elapsed().as_secs_f64());
-    result
+    }
 }
 
 /// Granted, kept, and its token recorded as the key's floor: show it.

@@ -9,6 +9,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 
 use crate::controller::context::Context;
 use crate::controller::error::{Error, is_conflict, is_not_found};
+use crate::controller::lock::acquisition::Record;
 use crate::controller::lock::token_floor::{
     AfterGrant, MANAGED_BY, after_grant, floor_of, invalid_record_message, record_data, record_name,
 };
@@ -22,17 +23,6 @@ pub struct Floor {
     pub token: i64,
     /// `None`: there is no record yet.
     resource_version: Option<String>,
-}
-
-/// What recording a granted token came to.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Recorded {
-    /// The record now holds the granted token.
-    Written,
-    /// The record holds `floor`, at least the granted token: acquire above it.
-    Reacquire { floor: i64 },
-    /// The record makes no sense; the message says how to repair it.
-    Invalid(String),
 }
 
 fn api(ctx: &Context) -> Api<ConfigMap> {
@@ -65,11 +55,11 @@ pub async fn record(
     key: &str,
     mut seen: Floor,
     granted: i64,
-) -> Result<Recorded, Error> {
+) -> Result<Record, Error> {
     let name = record_name(quorum, key);
     for _ in 0..WRITE_ATTEMPTS {
         if let AfterGrant::Reacquire { floor } = after_grant(seen.token, granted) {
-            return Ok(Recorded::Reacquire { floor });
+            return Ok(Record::Above { floor });
         }
         ctx.ensure_leader()?;
         let object = ConfigMap {
@@ -91,12 +81,12 @@ pub async fn record(
             Some(_) => api(ctx).replace(&name, &PostParams::default(), &object).await,
         };
         match written {
-            Ok(_) => return Ok(Recorded::Written),
+            Ok(_) => return Ok(Record::Written),
             // Another writer got there first, or deleted the record: decide again on what is there now.
             Err(err) if is_conflict(&err) || is_already_exists(&err) || is_not_found(&err) => {
                 seen = match read(ctx, quorum, key).await? {
                     Ok(floor) => floor,
-                    Err(message) => return Ok(Recorded::Invalid(message)),
+                    Err(message) => return Ok(Record::Invalid(message)),
                 };
             }
             Err(err) => return Err(Error::FloorRecord(err)),
