@@ -39,6 +39,11 @@
 //! Then, unless `OPERATOR_BENCH_FLOOD_LOCKS` is 0 (default 200 held locks, `OPERATOR_BENCH_FLOOD_SECONDS` 20 per
 //! window), a flood of forged reports beside them, against the same window idle (`operator/flood.rs`).
 //!
+//! Then, for each size in `OPERATOR_BENCH_ASK_LOCKS` (default `200,10000`; `0` leaves it out), the cost of the
+//! holders' asks (`POST /v1/validity`, issue 48): the operator's CPU with that many held locks, nobody asking
+//! (as before issue 48) and every lock's holder asking on the holders' own schedule through their own client
+//! (`operator/asks.rs`; `OPERATOR_BENCH_ASK_SECONDS`, 20 per window).
+//!
 //! Events: `OPERATOR_BENCH_EVENTS` (default 3,000: about a second of acquisitions, long enough for the steady
 //! holding's waves of extensions and status writes to average out) more locks are created once with the
 //! operator idle (the baseline) and once just after the N acquisitions (whose `Acquired` Events an event
@@ -49,6 +54,8 @@
 //! (see `operator/recorders.rs`). The semaphore run measures no Events. `OPERATOR_BENCH_BINARY` runs another
 //! build of the operator (an older one, to compare in the same session).
 
+#[path = "operator/asks.rs"]
+mod asks;
 #[path = "operator/flood.rs"]
 mod flood;
 #[path = "operator/handovers.rs"]
@@ -634,6 +641,12 @@ async fn bench() -> Result<(), BoxError> {
     if flood_locks > 0 {
         let flood_window = Duration::from_secs(env_number("OPERATOR_BENCH_FLOOD_SECONDS", 20));
         flood::run(flood_locks, flood_window).await?;
+        println!();
+    }
+    let ask_sizes = asks::sizes();
+    if !ask_sizes.is_empty() {
+        let ask_window = Duration::from_secs(env_number("OPERATOR_BENCH_ASK_SECONDS", 20));
+        asks::run(&ask_sizes, ask_window).await?;
         println!();
     }
     // Either run can be left out (its count set to 0), to explore the other's sizes quickly.
