@@ -1,4 +1,5 @@
-//! What every reconciler shares: the API client, the caches, the engines, the keeper and the leadership gate.
+//! What every reconciler shares: the API client, the caches, the engines, the keeper and the leadership gate (and
+//! what the lock controller alone keeps, in its own `LockControllerState`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -12,11 +13,11 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::cache::pod_index::PodIndex;
-use super::cache::stopped_pods::StoppedPods;
 use super::engines::Engines;
 use super::error::Error;
 use super::installation_secret::InstallationSecret;
 use super::keeper::Keeper;
+use super::lock::controller_state::LockControllerState;
 use super::replica_lease::Leadership;
 use crate::api::{DistributedLock, RedisQuorum};
 use crate::telemetry::events::{Event, EventType, Recorder};
@@ -34,8 +35,6 @@ pub struct Context {
     pub secrets_namespace: String,
     /// This installation's name: the locks it keeps carry it (`lock::claim`).
     pub installation: String,
-    /// Locks claimed by another installation that this process has said it leaves alone (once each).
-    pub(crate) left_alone: Mutex<std::collections::HashSet<String>>,
     /// How often quorum health is checked and written.
     pub health_interval: Duration,
     pub locks: Store<DistributedLock>,
@@ -46,21 +45,10 @@ pub struct Context {
     pub pod_index: Arc<PodIndex>,
     /// Jobs labelled `redlock.io/lock`, for Job fencing.
     pub jobs: Store<Job>,
-    /// Where holders report that their work stopped (shown in every lock's status); `None`: not taken.
-    pub hand_over_url: Option<String>,
-    /// The pin of the reports port's certificate, shown beside `hand_over_url`.
-    pub hand_over_pin: Option<String>,
-    /// The pods that reported so, per given-up grant.
-    pub stopped: StoppedPods,
     /// Consecutive failures per object, for the error backoff.
     pub(super) failures: Mutex<HashMap<String, u32>>,
-    /// The tickets of locks waiting in their keys' fair queues.
-    pub queue_tickets: crate::controller::lock::queue_tickets::QueueTickets,
-    /// Locks waiting in their keys' fair queues, woken when the key is released.
-    pub release_wakes: crate::controller::lock::release_wakes::ReleaseWakes,
-    /// A lock as this replica's last status write left it, while one reconciliation writes its status several times
-    /// in a row (a semaphore's permits, then what its policy shows: see `status_write::write_permit_status`).
-    pub(crate) written: Mutex<HashMap<String, Arc<DistributedLock>>>,
+    /// What the lock controller alone keeps between reconciles.
+    pub lock_controller: LockControllerState,
 }
 
 impl Context {

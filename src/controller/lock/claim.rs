@@ -99,6 +99,7 @@ pub async fn claim(lock: &DistributedLock, ctx: &Context) -> Result<bool, Error>
 pub async fn leave_alone(lock: &DistributedLock, ctx: &Context, other: &str) {
     let key = format!("{}/{}", lock.namespace().unwrap_or_default(), lock.name_any());
     let first = ctx
+        .lock_controller
         .left_alone
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)

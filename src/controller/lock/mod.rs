@@ -9,6 +9,7 @@ use std::time::Duration;
 pub mod acquisition;
 pub mod actions;
 pub mod claim;
+pub mod controller_state;
 pub mod decide;
 pub mod earlier_values;
 pub mod handover;

@@ -58,8 +58,9 @@ async fn write_status_from(
         }
         next.held = Some(held_count(&next, current.spec.permits));
         // Where the holders shown here report that their work stopped: this replica, which wrote what they see.
-        next.hand_over_url.clone_from(&ctx.hand_over_url);
-        next.hand_over_certificate_sha256.clone_from(&ctx.hand_over_pin);
+        next.hand_over_url.clone_from(&ctx.lock_controller.hand_over_url);
+        next.hand_over_certificate_sha256
+            .clone_from(&ctx.lock_controller.hand_over_pin);
         if &next == before {
             return Ok(Some(current.into_owned()));
         }
@@ -171,7 +172,8 @@ pub fn forget_written(ctx: &Context, lock: &DistributedLock) {
 fn written_of(
     ctx: &Context,
 ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Arc<DistributedLock>>> {
-    ctx.written
+    ctx.lock_controller
+        .written
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

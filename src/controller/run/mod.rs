@@ -225,19 +225,16 @@ pub async fn start(
         health_interval: options.health_interval,
         secrets_namespace: options.secrets_namespace,
         installation,
-        left_alone: Default::default(),
         locks: lock_store.clone(),
         quorums: quorum_store.clone(),
         pods: pod_store.clone(),
         pod_index: pod_index.clone(),
         jobs: job_store.clone(),
-        hand_over_url: hand_over_url.clone(),
-        hand_over_pin: hand_over_url.as_ref().map(|_| reports_identity.pin.clone()),
-        stopped: Default::default(),
         failures: Default::default(),
-        written: Default::default(),
-        queue_tickets: Default::default(),
-        release_wakes: Default::default(),
+        lock_controller: lock::controller_state::LockControllerState::new(
+            hand_over_url.clone(),
+            hand_over_url.as_ref().map(|_| reports_identity.pin.clone()),
+        ),
     });
     let server_task = listener.serve(metrics.clone(), health.clone(), server_stop.clone());
     // With no address shown in status, nobody is told where to report: the port is closed rather than served.

@@ -60,7 +60,7 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
     let (quorum, key) = (&target.settings.quorum, &target.settings.key);
     // Above what the masters showed while refusing, too: a grant above the proposal would be given back, and
     // the give-back lets the waiter behind this lock take the key first.
-    let floor = floor.max(ctx.queue_tickets.counter(key));
+    let floor = floor.max(ctx.lock_controller.queue_tickets.counter(key));
     let mut acquisition = Acquisition::new(floor, target.policy.checks_once_won());
     let stays_queued = acquisition.stays_queued();
     // What the last answer of the masters brought, for the steps that follow it.
@@ -119,7 +119,7 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
                 // Kept from this moment: the floor and status writes below take API round trips of the validity.
                 keep(target, ctx, lease, token);
                 if forget_ticket {
-                    ctx.queue_tickets.forget(key);
+                    ctx.lock_controller.queue_tickets.forget(key);
                 }
                 match record_floor(ctx, quorum, key, token).await {
                     Ok(Record::Above { floor: record }) => {
@@ -152,13 +152,13 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
                 };
                 if leave_queue {
                     target.engine.engine.leave_won(key, waiter_of(target, ctx));
-                    ctx.queue_tickets.forget(key);
+                    ctx.lock_controller.queue_tickets.forget(key);
                 }
                 return hold(target, ctx, holder, lease).await;
             }
             Step::GiveBack(give) => {
                 if give.stay_first {
-                    ctx.queue_tickets.gave_back(key);
+                    ctx.lock_controller.queue_tickets.gave_back(key);
                 }
                 if give.kept {
                     release_held(ctx, target.permit_ref(), Some(quorum)).await;
@@ -311,7 +311,7 @@ fn waiter_of(target: &Target<'_>, ctx: &Context) -> Waiter {
     let uid = target.lock.uid().unwrap_or_default();
     Waiter::new(
         ctx.secret.waiter_id(key, &uid, target.permit),
-        ctx.queue_tickets.ticket(key),
+        ctx.lock_controller.queue_tickets.ticket(key),
     )
 }
 
@@ -332,7 +332,10 @@ async fn grant(
     let value = ctx.secret.lock_value(key, &uid, token, holder)?;
     let waiter = grant_waiter(target, ctx, stays_queued);
     let engine = &target.engine.engine;
-    let heard = ctx.release_wakes.attempting(&target.permit_ref(), engine, key);
+    let heard = ctx
+        .lock_controller
+        .release_wakes
+        .attempting(&target.permit_ref(), engine, key);
     let started = Instant::now();
     let result = engine
         .try_acquire_waiting(key, target.settings.ttl, value, floor, Some(waiter))
@@ -370,18 +373,19 @@ fn after_attempt(
 ) {
     let (key, permit, engine) = (&target.settings.key, target.permit_ref(), &target.engine.engine);
     let Err(AcquireError::NotAcquired { report, .. }) = result else {
-        ctx.release_wakes.forget(&permit);
+        ctx.lock_controller.release_wakes.forget(&permit);
         return;
     };
     let place = report.queue_place();
-    ctx.queue_tickets
+    ctx.lock_controller
+        .queue_tickets
         .remember(key, place.as_ref(), report.highest_counter());
     match &place {
-        Some(place) if !negative_controls::baseline(Baseline::NoReleaseWakes) => {
-            ctx.release_wakes
-                .queued(&permit, engine, key, heard, place, &ctx.keeper)
-        }
-        _ => ctx.release_wakes.forget(&permit),
+        Some(place) if !negative_controls::baseline(Baseline::NoReleaseWakes) => ctx
+            .lock_controller
+            .release_wakes
+            .queued(&permit, engine, key, heard, place, &ctx.keeper),
+        _ => ctx.lock_controller.release_wakes.forget(&permit),
     }
 }
 

@@ -139,10 +139,10 @@ async fn holder_stopped(
     token: i64,
 ) -> Result<bool, Error> {
     match policy {
-        Some(Policy::Leader(_)) if ctx.stopped.has(lref, token, holder) => Ok(true),
+        Some(Policy::Leader(_)) if ctx.lock_controller.stopped.has(lref, token, holder) => Ok(true),
         Some(Policy::Leader(election)) => election.pod_gone(ctx, holder).await,
         Some(Policy::Jobs(queue)) => {
-            let reported = ctx.stopped.pods(lref, token);
+            let reported = ctx.lock_controller.stopped.pods(lref, token);
             queue.grant_stopped(holder, token, &reported).await
         }
         _ => Ok(false),

@@ -142,7 +142,7 @@ pub async fn cleanup(lock: &DistributedLock, ctx: &Context) -> Result<Action, Er
     // A lock re-created under the same name starts from the key's floor record (and status), which every
     // grant updates before anything shows it: this replica's memory of the old object is not needed.
     ctx.keeper.forget_token(&lref);
-    ctx.release_wakes.forget_lock(&lref);
+    ctx.lock_controller.release_wakes.forget_lock(&lref);
     Ok(Action::await_change())
 }
 
@@ -194,8 +194,8 @@ async fn leave_queue(lock: &DistributedLock, permit: u32, ctx: &Context) {
     };
     // Forgotten whether it waited or not: a refusal without a place leaves the counter it reported, and a deleted
     // lock's entry would otherwise stay for the life of the process.
-    let ticket = ctx.queue_tickets.ticket(&key);
-    ctx.queue_tickets.forget(&key);
+    let ticket = ctx.lock_controller.queue_tickets.ticket(&key);
+    ctx.lock_controller.queue_tickets.forget(&key);
     if ticket <= 0 {
         return;
     }

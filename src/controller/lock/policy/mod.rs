@@ -103,7 +103,11 @@ impl Policy {
             }
             HolderKind::Jobs => {
                 // A plain lock's refused attempt left a ticket in its key's queue: it waits behind another holder.
-                let queued = permits.len() == 1 && ctx.queue_tickets.may_check_once_won(&settings.key);
+                let queued = permits.len() == 1
+                    && ctx
+                        .lock_controller
+                        .queue_tickets
+                        .may_check_once_won(&settings.key);
                 Self::Jobs(Box::new(JobQueue::observe_permits(ctx, lock, permits, queued)))
             }
         })

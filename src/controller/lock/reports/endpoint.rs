@@ -245,7 +245,7 @@ async fn decide(
         .map_err(|err| Refused::new(503, "ReadFailed", format!("the pod could not be read: {err}")))?;
     let taken = judge(&report, &reporter, &lock, pod.as_ref())?;
     let lref = ObjectRef::from_obj(&lock);
-    ctx.stopped.record(
+    ctx.lock_controller.stopped.record(
         PermitRef::new(lref.clone(), taken.permit),
         taken.token,
         &taken.pod,

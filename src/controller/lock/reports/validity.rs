@@ -138,7 +138,7 @@ async fn take_question(State(ctx): State<Arc<Context>>, request: Request) -> Res
     let facts = Facts {
         active: ctx.leadership.is_leader(),
         lock: lock.as_deref(),
-        pin: ctx.hand_over_pin.as_deref(),
+        pin: ctx.lock_controller.hand_over_pin.as_deref(),
         held,
     };
     let answered = match answer(&question, &facts, Instant::now()) {

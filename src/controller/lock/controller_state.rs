@@ -1,0 +1,40 @@
+//! What the lock controller alone keeps between reconciles, beside what every reconciler shares (`Context`):
+//! lost with the replica, nothing in it is lost for good (the masters, status and the pods say it again).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use super::queue_tickets::QueueTickets;
+use super::release_wakes::ReleaseWakes;
+use crate::api::DistributedLock;
+use crate::controller::cache::stopped_pods::StoppedPods;
+
+#[derive(Default)]
+pub struct LockControllerState {
+    /// Where holders report that their work stopped (shown in every lock's status); `None`: not taken.
+    pub hand_over_url: Option<String>,
+    /// The pin of the reports port's certificate, shown beside `hand_over_url`.
+    pub hand_over_pin: Option<String>,
+    /// The pods that reported so, per given-up grant.
+    pub stopped: StoppedPods,
+    /// The tickets of locks waiting in their keys' fair queues.
+    pub queue_tickets: QueueTickets,
+    /// Locks waiting in their keys' fair queues, woken when the key is released.
+    pub release_wakes: ReleaseWakes,
+    /// A lock as this replica's last status write left it, while one reconciliation writes its status several times
+    /// in a row (a semaphore's permits, then what its policy shows: see `status_write::write_permit_status`).
+    pub(crate) written: Mutex<HashMap<String, Arc<DistributedLock>>>,
+    /// Locks claimed by another installation that this process has said it leaves alone (once each).
+    pub(crate) left_alone: Mutex<HashSet<String>>,
+}
+
+impl LockControllerState {
+    /// `hand_over_url` and its certificate's `hand_over_pin`: where holders report (`None`: nowhere).
+    pub fn new(hand_over_url: Option<String>, hand_over_pin: Option<String>) -> Self {
+        Self {
+            hand_over_url,
+            hand_over_pin,
+            ..Self::default()
+        }
+    }
+}
