@@ -472,21 +472,37 @@ mod tests {
         (ask, asked)
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn refreshed_status_never_moves_the_stop_time_without_an_answer() {
-        let at = Timestamp::now();
-        let (ask, asked) = answering(0);
+    /// A holder watching its term of token 1, first told to stop 4 s from now, with status offering a channel
+    /// that `ask` answers: the sender of the terms status shows, the token cancelled when the work must stop,
+    /// and when the watch started.
+    fn watching(
+        at: Timestamp,
+        ask: crate::cli::stop_time::Ask,
+    ) -> (watch::Sender<Option<Term>>, CancellationToken, Instant) {
         let (shown, terms) = watch::channel(Some(term_1(at)));
-        let (_seen, latest) = watch::channel(Some(offered(at)));
+        let (seen, latest) = watch::channel(Some(offered(at)));
         let start = Instant::now();
         let lost = CancellationToken::new();
-        tokio::spawn(watch_term(
+        let watched = watch_term(
             (terms, latest),
             term_1(at),
             start + Duration::from_secs(4),
             stopping(ask),
             lost.clone(),
-        ));
+        );
+        tokio::spawn(async move {
+            // Kept open while the watch runs, as a running holder's informer keeps it.
+            let _seen = seen;
+            watched.await
+        });
+        (shown, lost, start)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refreshed_status_never_moves_the_stop_time_without_an_answer() {
+        let at = Timestamp::now();
+        let (ask, asked) = answering(0);
+        let (shown, lost, start) = watching(at, ask);
         for _ in 0..2 {
             tokio::time::sleep(Duration::from_secs(1)).await;
             // Extended, by status: far later, on any wall clock.
@@ -510,17 +526,7 @@ mod tests {
     async fn each_answer_counts_from_its_question_and_the_last_good_one_stands() {
         let at = Timestamp::now();
         let (ask, _) = answering(2);
-        let (_shown, terms) = watch::channel(Some(term_1(at)));
-        let (_seen, latest) = watch::channel(Some(offered(at)));
-        let start = Instant::now();
-        let lost = CancellationToken::new();
-        tokio::spawn(watch_term(
-            (terms, latest),
-            term_1(at),
-            start + Duration::from_secs(4),
-            stopping(ask),
-            lost.clone(),
-        ));
+        let (_shown, lost, start) = watching(at, ask);
         lost.cancelled().await;
         // Asked at 2 s (half of 4 s): stop at 2 + 9.9 − 1 = 10.9 s; again at 6.45 s: stop at 15.35 s; every ask
         // after that fails, and the work stops then.
