@@ -72,20 +72,34 @@ export REDLOCK_STATIC_BINARY
 # test, and the tests of every binary side by side instead of one binary after another. Most tests wait on timers,
 # masters and API servers, so the plain phase takes half the time on two cores (11 minutes against about 24,
 # measured in one session on a machine busy with builds). Without it, cargo test runs them as before.
-# run_tests THREADS ARGS...: the tests ARGS selects, THREADS at a time (cargo test: two per binary). Against a real
-# cluster, one at a time: there every test's operator watches every namespace, so the tests take turns (under
-# cargo test, a lock inside each binary's process, which nextest's process per test does not share).
+# run_tests THREADS ARGS...: the tests ARGS selects, THREADS at a time (cargo test: two per binary).
+# Against a real cluster the end-to-end tests run side by side too: each test's operators look only at its own
+# namespaces and at the RedisQuorums labelled as its own (tests/e2e/mod.rs, Env::default_scope). The tests that
+# change what the whole cluster shares (the CRDs' rules, the fenced-objects policy, a second installation from the
+# README's path that looks at everything) run first, alone, one at a time (`cluster_wide`, a nextest filter).
+cluster_wide='binary(cel_cases) | binary(fenced_objects) | binary(readme_local_path) | binary(tenancy) | test(=bad_lock_specs_are_reported_as_conditions)'
 if cargo nextest --version >/dev/null 2>&1; then
   run_tests() {
     local threads=$1
     shift
     cargo nextest run --locked --no-fail-fast --test-threads "$threads" "$@"
   }
+  # real_cluster_tests ARGS...: the tests ARGS selects, against the cluster of REDLOCK_E2E_KUBECONFIG.
+  real_cluster_tests() {
+    local status=0
+    run_tests 1 "$@" -E "$cluster_wide" || status=$?
+    run_tests 3 "$@" -E "not ($cluster_wide)" || status=$?
+    return "$status"
+  }
 else
   echo "cargo-nextest is not installed: the tests run under cargo test, one binary at a time (slower)"
   run_tests() {
     shift
     cargo test --locked --no-fail-fast "$@"
+  }
+  # One binary at a time, and inside each the tests take turns (tests/e2e/mod.rs, REAL_CLUSTER_TURN).
+  real_cluster_tests() {
+    run_tests 1 "$@"
   }
 fi
 # The end-to-end suites, run again below against other kinds of API.
@@ -116,7 +130,7 @@ in_cluster_suite() { # KUBECONFIG
 }
 if [ -n "${REDLOCK_E2E_KUBECONFIG:-}" ]; then
   phase "end-to-end tests against the cluster of REDLOCK_E2E_KUBECONFIG"
-  run_tests 1 "${e2e_tests[@]}" 2>&1 | tee -a "$log"
+  real_cluster_tests "${e2e_tests[@]}" 2>&1 | tee -a "$log"
   fenced_proof "$REDLOCK_E2E_KUBECONFIG"
   [ "${REDLOCK_E2E_IN_CLUSTER:-1}" = 0 ] || in_cluster_suite "$REDLOCK_E2E_KUBECONFIG"
 elif [ -x "$node_kit/start.sh" ] && [ "$(id -u)" -eq 0 ]; then
@@ -137,7 +151,7 @@ elif [ -x "$node_kit/start.sh" ] && [ "$(id -u)" -eq 0 ]; then
   K8S_NODE_KIT=$node_kit scripts/build-images.sh target/images --only redis --only busybox --only app \
     --binary "$operator_binary" --load "$node_dir" >/dev/null
   phase "end-to-end tests against the real node"
-  REDLOCK_E2E_KUBECONFIG="$kubeconfig" run_tests 1 "${e2e_tests[@]}" 2>&1 | tee -a "$log"
+  REDLOCK_E2E_KUBECONFIG="$kubeconfig" real_cluster_tests "${e2e_tests[@]}" 2>&1 | tee -a "$log"
   fenced_proof "$kubeconfig"
   in_cluster_suite "$kubeconfig"
   "$node_kit/stop.sh" "$node_dir" >target/k8s-node-stop.log 2>&1
@@ -156,7 +170,7 @@ else
     cat target/stand-in-cluster.log >&2
     exit 1
   fi
-  REDLOCK_E2E_KUBECONFIG="$kubeconfig" run_tests 1 "${e2e_tests[@]}" 2>&1 | tee -a "$log"
+  REDLOCK_E2E_KUBECONFIG="$kubeconfig" real_cluster_tests "${e2e_tests[@]}" 2>&1 | tee -a "$log"
   kill "$stand_in"
   trap - EXIT
 fi

@@ -255,10 +255,10 @@ async fn an_object_older_than_a_rule_takes_status_writes_unless_the_rule_cannot_
     // Broken by a rule that cannot be evaluated (a duration past Go's ±2562047h): no write goes through, not
     // even the operator's status.
     let name = env.unique("huge");
-    let huge: RedisQuorum = serde_json::from_value(json!({
+    let huge: RedisQuorum = serde_json::from_value(env.own_quorum(json!({
         "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": name },
         "spec": { "endpoints": ["redis://a:6379"], "maxTtl": "100000000h" }
-    }))
+    })))
     .expect("quorum");
     let mut stored = create_admitted_before_rules(&env, &env.quorums(), &[huge])
         .await

@@ -409,6 +409,7 @@ async fn a_standby_takes_over_from_a_killed_active_replica_without_a_new_token()
         ])
         .arg("--namespace")
         .arg(&env.namespace)
+        .args(env.scope_args())
         .arg("--installation-secret-file")
         .arg(&secret_file)
         .env("KUBECONFIG", &env.kubeconfig)
@@ -483,6 +484,7 @@ async fn the_binary_serves_health_and_metrics_and_sigterm_keeps_locks() {
         .arg("--metrics-addr")
         .arg(format!("127.0.0.1:{port}"))
         .args(["--reports-addr", "127.0.0.1:0"])
+        .args(env.scope_args())
         .arg("--installation-secret-file")
         .arg(&secret_file)
         .env("KUBECONFIG", &env.kubeconfig)
@@ -671,12 +673,14 @@ async fn installations_scoped_by_label_or_namespace_look_only_at_their_locks() {
     let team = |team: &str| LockScope {
         namespaces: Vec::new(),
         selector: Some(format!("team={team}")),
+        quorum_selector: env.quorum_selector(None),
     };
     let (a, a_shutdown) = operator_scoped(&env, &installation_secret(43), "ops/team-a", team("a")).await;
     let (b, b_shutdown) = operator_scoped(&env, &installation_secret(44), "ops/team-b", team("b")).await;
     let elsewhere = LockScope {
         namespaces: vec!["another-namespace".to_owned()],
         selector: None,
+        quorum_selector: env.quorum_selector(None),
     };
     let (other, other_shutdown) =
         operator_scoped(&env, &installation_secret(45), "ops/elsewhere", elsewhere).await;
@@ -725,4 +729,58 @@ async fn installations_scoped_by_label_or_namespace_look_only_at_their_locks() {
         stop(running, shutdown).await;
     }
     env.cleanup(&[&quorum]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_installation_scoped_by_quorum_selector_writes_only_its_quorums() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let (ours, theirs) = (env.unique("ours"), env.unique("theirs"));
+    for (name, team) in [(&ours, "a"), (&theirs, "b")] {
+        env.create_quorum_from(serde_json::json!({
+            "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum",
+            "metadata": { "name": name, "labels": { "team": team } },
+            "spec": { "endpoints": masters.urls(), "maxTtl": MAX_TTL, "nodeTimeout": "100ms" }
+        }))
+        .await;
+    }
+    let scope = LockScope {
+        quorum_selector: env.quorum_selector(Some("team=a")),
+        ..env_scope(&env)
+    };
+    let (running, shutdown) = operator_scoped(&env, &installation_secret(46), "ops/team-a", scope).await;
+    quorum_available(&env, &ours).await;
+    env.create_lock("on-ours", &ours, "x", TTL).await;
+    env.create_lock("on-theirs", &theirs, "x", TTL).await;
+    lock_where(&env, "on-ours", "held", |lock| {
+        phase(lock) == Some(LockPhase::Held)
+    })
+    .await;
+    let ready_reason = |lock: &redlock_operator::api::DistributedLock| {
+        let conditions = lock.status.as_ref().map(|status| status.conditions.as_slice());
+        condition(conditions.unwrap_or_default(), "Ready").map(|condition| condition.reason.clone())
+    };
+    lock_where(&env, "on-theirs", "QuorumNotFound", |lock| {
+        ready_reason(lock).as_deref() == Some("QuorumNotFound")
+    })
+    .await;
+    // The lock's verdict came from a synced cache without the other quorum: the installation never looked at it,
+    // so nothing of it wrote that quorum's status.
+    let theirs_now = env.quorums().get(&theirs).await.expect("quorum");
+    assert!(
+        theirs_now.status.is_none(),
+        "an installation wrote the status of a quorum its selector leaves out: {:?}",
+        theirs_now.status
+    );
+    stop(running, shutdown).await;
+    env.cleanup(&[&ours, &theirs]).await;
+}
+
+/// The lock scope an operator of this test gets by default (its namespaces on a real cluster).
+fn env_scope(env: &Env) -> LockScope {
+    LockScope {
+        namespaces: env.scope_namespaces(),
+        selector: None,
+        quorum_selector: None,
+    }
 }

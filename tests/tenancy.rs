@@ -37,12 +37,12 @@ async fn an_out_of_range_quorum_is_unavailable_and_the_operator_keeps_the_others
     // Out of range, but a duration the API server can evaluate: one it cannot (say 100000000h, past Go's
     // 2562047h) fails its rule with an evaluation error, which ratcheting does not forgive, so not even the
     // operator's status writes to such a quorum would be admitted.
-    let huge_quorum: RedisQuorum = serde_json::from_value(serde_json::json!({
+    let huge_quorum: RedisQuorum = serde_json::from_value(env.own_quorum(serde_json::json!({
         "apiVersion": "redlock.io/v1alpha1",
         "kind": "RedisQuorum",
         "metadata": { "name": huge },
         "spec": { "endpoints": masters.urls(), "maxTtl": "48h" }
-    }))
+    })))
     .expect("object");
     let refused = env.quorums().create(&PostParams::default(), &huge_quorum).await;
     let status = invalid(&refused).expect("maxTtl out of range is refused at admission");

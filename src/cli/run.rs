@@ -82,6 +82,10 @@ pub struct RunArgs {
     /// Look only at the DistributedLocks this label selector matches (default: all), for example `team=payments`.
     #[arg(long, env = "REDLOCK_LOCK_SELECTOR", value_name = "SELECTOR")]
     pub lock_selector: Option<String>,
+    /// Look only at the RedisQuorums this label selector matches (default: all), for example `team=payments`: this
+    /// installation writes the status and Events of the quorums it looks at, and its locks can use only those.
+    #[arg(long, env = "REDLOCK_QUORUM_SELECTOR", value_name = "SELECTOR")]
+    pub quorum_selector: Option<String>,
     /// Where holders (`elect`, the Job guard) reach this replica to report that their work stopped, so that a key
     /// given up is released at once on their word: shown in each lock's status.handOverUrl, an https URL that
     /// reaches the reports port. Default: from --pod-ip; else the reports address when it names one IP; none when
@@ -161,20 +165,27 @@ pub async fn run(args: RunArgs) -> i32 {
         identity: identity.clone(),
         timing: LeaseTiming::for_lease_duration(args.lease_duration),
     });
-    if let Some(selector) = args
-        .lock_selector
-        .as_deref()
-        .filter(|selector| !selector.is_empty())
-    {
-        // A selector the API server cannot parse would fail every watch of the locks, quietly: refuse it now.
+    let lock_selector = args.lock_selector.clone().filter(|selector| !selector.is_empty());
+    let quorum_selector = args
+        .quorum_selector
+        .clone()
+        .filter(|selector| !selector.is_empty());
+    // A selector the API server cannot parse would fail every watch of the locks or quorums, quietly: refuse it now.
+    if let Some(selector) = &lock_selector {
         let locks: kube::Api<crate::api::DistributedLock> = kube::Api::all(client.clone());
-        let probe = kube::api::ListParams::default().labels(selector).limit(1);
-        if let Err(kube::Error::Api(status)) = locks.list_metadata(&probe).await
-            && status.code == 400
-        {
+        if let Some(message) = unparsable_selector(&locks, selector).await {
             return fail(
                 exit_code::USAGE,
-                format!("--lock-selector {selector:?}: {}", status.message),
+                format!("--lock-selector {selector:?}: {message}"),
+            );
+        }
+    }
+    if let Some(selector) = &quorum_selector {
+        let quorums: kube::Api<crate::api::RedisQuorum> = kube::Api::all(client.clone());
+        if let Some(message) = unparsable_selector(&quorums, selector).await {
+            return fail(
+                exit_code::USAGE,
+                format!("--quorum-selector {selector:?}: {message}"),
             );
         }
     }
@@ -197,7 +208,8 @@ pub async fn run(args: RunArgs) -> i32 {
         installation: args.installation.clone(),
         scope: LockScope {
             namespaces: args.lock_namespaces.clone(),
-            selector: args.lock_selector.clone().filter(|selector| !selector.is_empty()),
+            selector: lock_selector,
+            quorum_selector,
         },
         hand_over_url: args
             .hand_over_url
@@ -226,4 +238,17 @@ pub async fn run(args: RunArgs) -> i32 {
     shutdown.cancel();
     let _ = task.await;
     0
+}
+
+/// The API server's words when it refuses `selector` (400), asked with a one-item list; `None` when it takes it
+/// (or when the list fails otherwise: the watch then retries and says why).
+async fn unparsable_selector<K>(api: &kube::Api<K>, selector: &str) -> Option<String>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let probe = kube::api::ListParams::default().labels(selector).limit(1);
+    match api.list_metadata(&probe).await {
+        Err(kube::Error::Api(status)) if status.code == 400 => Some(status.message),
+        _ => None,
+    }
 }

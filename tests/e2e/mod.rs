@@ -34,6 +34,10 @@ pub const PATIENCE: Duration = Duration::from_secs(30);
 /// A fake node whose Lease went unrenewed this long was left by a run that crashed.
 const STALE_NODE: Duration = Duration::from_secs(300);
 
+/// On a real cluster, the label that marks a RedisQuorum (cluster-scoped) as one test's: its value is the test's
+/// namespace, and the test's operators look only at the quorums it marks.
+pub const E2E_QUORUM_LABEL: &str = "redlock-e2e/test";
+
 /// One Kubernetes API to run against, with a namespace of the test's own.
 pub struct Env {
     pub client: Client,
@@ -234,7 +238,47 @@ impl Env {
         LockScope {
             namespaces,
             selector: None,
+            quorum_selector: self.quorum_selector(None),
         }
+    }
+
+    /// The RedisQuorums an operator of this test looks at: on a real cluster only this test's (labelled by
+    /// [`Env::create_quorum_from`]), so that tests run side by side never write each other's quorums' status;
+    /// `also` narrows it further (`team=a`, say).
+    pub fn quorum_selector(&self, also: Option<&str>) -> Option<String> {
+        let own = (!self.is_test_server()).then(|| format!("{E2E_QUORUM_LABEL}={}", self.namespace));
+        match (own, also) {
+            (Some(own), Some(also)) => Some(format!("{own},{also}")),
+            (own, also) => own.or(also.map(str::to_owned)),
+        }
+    }
+
+    /// The namespaces an operator of this test looks at: all on the test server, this test's on a real cluster.
+    pub fn scope_namespaces(&self) -> Vec<String> {
+        self.default_scope().namespaces
+    }
+
+    /// The flags that give the binary (`redlock-operator run`) the scope [`Env::default_scope`] gives an operator
+    /// started in-process: none on the test server, this test's namespaces and quorums on a real cluster.
+    pub fn scope_args(&self) -> Vec<String> {
+        let scope = self.default_scope();
+        let mut args = Vec::new();
+        if !scope.namespaces.is_empty() {
+            args.push(format!("--lock-namespaces={}", scope.namespaces.join(",")));
+        }
+        if let Some(selector) = scope.quorum_selector {
+            args.push(format!("--quorum-selector={selector}"));
+        }
+        args
+    }
+
+    /// `quorum` (a RedisQuorum object) labelled as this test's on a real cluster (see [`Env::quorum_selector`]).
+    pub fn own_quorum(&self, mut quorum: serde_json::Value) -> serde_json::Value {
+        if !self.is_test_server() {
+            quorum["metadata"]["labels"][E2E_QUORUM_LABEL] =
+                serde_json::Value::String(self.namespace.clone());
+        }
+        quorum
     }
 
     async fn create_namespace(&self) {
@@ -302,8 +346,9 @@ impl Env {
         .await
     }
 
+    /// Creates a RedisQuorum, labelled as this test's on a real cluster (see [`Env::own_quorum`]).
     pub async fn create_quorum_from(&self, object: serde_json::Value) -> RedisQuorum {
-        let quorum: RedisQuorum = serde_json::from_value(object).expect("quorum object");
+        let quorum: RedisQuorum = serde_json::from_value(self.own_quorum(object)).expect("quorum object");
         self.quorums()
             .create(&PostParams::default(), &quorum)
             .await

@@ -76,12 +76,17 @@ pub struct RunOptions {
     pub hand_over_url: Option<String>,
 }
 
-/// The locks an installation looks at, for teams that run their own (as cert-manager and ingress controllers
-/// scope theirs).
+/// The locks (and quorums) an installation looks at, for teams that run their own (as cert-manager and ingress
+/// controllers scope theirs).
 #[derive(Clone, Debug, Default)]
 pub struct LockScope {
     pub namespaces: Vec<String>,
     pub selector: Option<String>,
+    /// The RedisQuorums this installation looks at (a label selector; all when `None`). Quorums are cluster-scoped
+    /// and an installation writes the status and Events of every quorum it looks at: two installations whose
+    /// Secrets namespaces differ would each write their own verdict on the other's quorum (one of them "the Secret
+    /// is in a namespace not allowed"), so that its status flapped. Selecting keeps each installation to its own.
+    pub quorum_selector: Option<String>,
 }
 
 impl LockScope {
@@ -251,7 +256,7 @@ pub async fn start(
     if let Some(selector) = &options.scope.selector {
         lock_watch = lock_watch.labels(selector);
     }
-    tracing::info!(namespaces = ?options.scope.namespaces, selector = ?options.scope.selector, "locks looked at (all when empty)");
+    tracing::info!(namespaces = ?options.scope.namespaces, selector = ?options.scope.selector, quorum_selector = ?options.scope.quorum_selector, "locks and quorums looked at (all when empty)");
     let scope = options.scope.clone();
     let lock_events = without_errors(
         watcher(locks_api, lock_watch)
@@ -276,7 +281,11 @@ pub async fn start(
     let quorum_health = health.clone();
     let quorum_engines = engines.clone();
     let deleted_ctx = ctx.clone();
-    let quorum_events = watcher(quorums_api, watcher::Config::default())
+    let mut quorum_watch = watcher::Config::default();
+    if let Some(selector) = &options.scope.quorum_selector {
+        quorum_watch = quorum_watch.labels(selector);
+    }
+    let quorum_events = watcher(quorums_api, quorum_watch)
         .backoff(watch_backoff())
         .reflect(quorum_writer)
         .inspect(move |event| {
