@@ -21,6 +21,18 @@ phase_table() {
   done
   printf '%4d.%d  in all\n' $((SECONDS / 60)) $((SECONDS % 60 * 10 / 60))
 }
+# What to undo however the script ends (a function stopping a cluster it started), and on a failure the phases so far: where the time
+# went and which phase failed.
+cleanup=""
+finish() {
+  local status=$?
+  if [ -n "$cleanup" ]; then "$cleanup"; fi
+  if [ "$status" -ne 0 ] && [ ${#phase_names[@]} -gt 0 ]; then
+    phase_table
+    echo "==> failed (exit $status) in the phase: ${phase_names[-1]}"
+  fi
+}
+trap finish EXIT
 
 need_packages=()
 command -v redis-server >/dev/null 2>&1 || need_packages+=(redis-server)
@@ -137,7 +149,8 @@ elif [ -x "$node_kit/start.sh" ] && [ "$(id -u)" -eq 0 ]; then
   node_dir=${REDLOCK_K8S_NODE_DIR:-$PWD/target/k8s-node}
   phase "a real single-node Kubernetes in $node_dir (from $node_kit)"
   # Stopped however this script ends: stop.sh undoes every change start.sh made to the host.
-  trap '"$node_kit/stop.sh" "$node_dir" >target/k8s-node-stop.log 2>&1 || true' EXIT
+  stop_node() { "$node_kit/stop.sh" "$node_dir" >target/k8s-node-stop.log 2>&1 || true; }
+  cleanup=stop_node
   kubeconfig=$("$node_kit/start.sh" "$node_dir" 2>target/k8s-node-start.log | tail -n1)
   # What a user installs, as scripts/release.sh makes it (the binary's tarball, the image archive, the chart's
   # .tgz), around the static binary linked above.
@@ -155,7 +168,7 @@ elif [ -x "$node_kit/start.sh" ] && [ "$(id -u)" -eq 0 ]; then
   fenced_proof "$kubeconfig"
   in_cluster_suite "$kubeconfig"
   "$node_kit/stop.sh" "$node_dir" >target/k8s-node-stop.log 2>&1
-  trap - EXIT
+  cleanup=""
 else
   phase "end-to-end tests in real-cluster mode, against a stand-in cluster (no ../shared/k8s-node here, or not root)"
   cargo build --locked --example stand-in-cluster
@@ -163,7 +176,8 @@ else
   rm -f "$kubeconfig"
   "${CARGO_TARGET_DIR:-target}/debug/examples/stand-in-cluster" "$kubeconfig" 2>target/stand-in-cluster.log &
   stand_in=$!
-  trap 'kill "$stand_in" 2>/dev/null || true' EXIT
+  stop_stand_in() { kill "$stand_in" 2>/dev/null || true; }
+  cleanup=stop_stand_in
   for _ in $(seq 100); do [ -f "$kubeconfig" ] && break; sleep 0.1; done
   if [ ! -f "$kubeconfig" ]; then
     echo "the stand-in cluster did not start:" >&2
@@ -172,7 +186,7 @@ else
   fi
   REDLOCK_E2E_KUBECONFIG="$kubeconfig" real_cluster_tests "${e2e_tests[@]}" 2>&1 | tee -a "$log"
   kill "$stand_in"
-  trap - EXIT
+  cleanup=""
 fi
 # The Helm chart: lint, render and validate (installs helm and a Python venv under target/tools when missing).
 phase "chart check"
