@@ -116,6 +116,9 @@ else
 fi
 # The end-to-end suites, run again below against other kinds of API.
 e2e_tests=(--test operator --test operator_faults --test leader --test jobs --test tenancy --test fencing_tokens --test cel_cases --test readme_local_path --test fenced_objects)
+# Built first in a phase of its own, so that the table tells building from testing (what a warm rerun skips).
+phase "building the tests"
+cargo test --locked --no-run
 phase "the tests"
 run_tests 4 2>&1 | tee "$log"
 # The end-to-end tests once more against the test API server in its realistic mode: jittered latency on every
