@@ -22,7 +22,7 @@ pub struct LockControllerState {
     /// Locks waiting in their keys' fair queues, woken when the key is released.
     pub release_wakes: ReleaseWakes,
     /// A lock as this replica's last status write left it, while one reconciliation writes its status several times
-    /// in a row (a semaphore's permits, then what its policy shows: see `status_write::write_permit_status`).
+    /// in a row (a semaphore's permits, then what its policy shows: see `status::write::write_permit_status`).
     pub(crate) written: Mutex<HashMap<String, Arc<DistributedLock>>>,
     /// Locks claimed by another installation that this process has said it leaves alone (once each).
     pub(crate) left_alone: Mutex<HashSet<String>>,

@@ -1,6 +1,6 @@
 //! The `DistributedLock` controller: validate the spec (`settings`, pure) → observe the holder policy (`policy`)
-//! → decide (`decide`, pure) → act on Redis and the API (`actions`; an acquisition's next step: `acquisition`, pure) → status (`status`: pure edits;
-//! `status_write`: the one write). `reconcile` is the entry point and the dispatch. `earlier_values` (pure): which
+//! → decide (`decide`, pure) → act on Redis and the API (`actions`; an acquisition's next step: `acquisition`,
+//! pure) → status (`status/`: pure edits, a semaphore's permits, the one write). `reconcile` is the entry point and the dispatch. `earlier_values` (pure): which
 //! values of a permit's earlier grants, put back on the masters by late writes, an acquisition may delete.
 //! Extension itself is the keeper's job; it wakes this reconciler when a lock is lost or its status is due.
 
@@ -13,7 +13,6 @@ pub mod controller_state;
 pub mod decide;
 pub mod earlier_values;
 pub mod handover;
-pub mod permit_status;
 pub mod policy;
 pub mod queue_tickets;
 pub mod reconcile;
@@ -22,7 +21,6 @@ pub mod releasing;
 pub mod reports;
 pub mod settings;
 pub mod status;
-pub mod status_write;
 pub mod token;
 pub mod token_floor;
 

@@ -16,10 +16,10 @@ use super::actions::{self, Target, handover};
 use super::claim::{self, Keeper, keeper_of};
 use super::decide::{LockAction, Wanted, acquisition_in_status, current_holder, decide, known_floor};
 use super::handover::Release;
-use super::permit_status::{is_semaphore, permits_of, status_of};
 use super::policy::{Policy, Turn};
 use super::settings::{LockSettings, QuorumRules, lock_settings};
-use super::status_write::forget_written;
+use super::status::permits::{is_semaphore, permits_of, status_of};
+use super::status::write::forget_written;
 use super::{FINALIZER, RESYNC};
 use crate::api::{DistributedLock, DistributedLockStatus};
 use crate::controller::context::Context;
@@ -252,7 +252,7 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
 /// Every permit of the lock: one for a plain lock (its permit 0, on the lock's own key and status), spec.permits
 /// for a semaphore. The policy is observed for every permit at once (Job fencing plans the queue over the
 /// permits, leader election elects a pod per permit), then each permit goes through the one-permit steps on its
-/// own key with its own holder, token and status entry (`permit_status`), so one permit's loss, hand-over or
+/// own key with its own holder, token and status entry (`status::permits`), so one permit's loss, hand-over or
 /// wait touches no other.
 async fn apply_permits(
     lock: &DistributedLock,

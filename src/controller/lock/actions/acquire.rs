@@ -10,12 +10,12 @@ use kube::runtime::events::EventType;
 use rand::Rng;
 use tokio::time::Instant;
 
+use super::Target;
 use super::handover::give_up_kept;
 use super::holding::{keep, show_held, take_back};
 use super::release::release_held;
 use super::token_floor;
 use super::wait::not_ready;
-use super::{Target, stamp_now};
 use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
@@ -24,11 +24,12 @@ use crate::controller::lock::RESYNC;
 use crate::controller::lock::acquisition::{Acquisition, Outcome, Record, Step, Then};
 use crate::controller::lock::decide::{contended_retry, resume_still_possible};
 use crate::controller::lock::earlier_values::{EarlierValue, blocking_labels, deletable};
-use crate::controller::lock::permit_status::status_of;
 use crate::controller::lock::queue_tickets::queued_retry;
+use crate::controller::lock::status::permits::status_of;
+use crate::controller::lock::status::write::stamp_now;
 
+use crate::controller::lock::status::write::write_permit_status;
 use crate::controller::lock::status::{self, Blocked, Showing};
-use crate::controller::lock::status_write::write_permit_status;
 use crate::controller::lock::token::{EXHAUSTED_REASON, Exhausted, Places, exhausted_message};
 use crate::controller::lock::token_floor::record_name;
 use crate::negative_controls::{self, Baseline, Control};

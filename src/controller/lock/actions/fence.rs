@@ -8,17 +8,18 @@ use kube::runtime::events::EventType;
 use rand::Rng;
 use tokio::time::Instant;
 
+use super::Target;
 use super::handover::{give_up, give_up_kept, rebuilt};
 use super::holding::{show_held, take_back};
 use super::release::release_held;
-use super::{Target, stamp_now};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::lock::RESYNC;
 use crate::controller::lock::decide::{contended_retry, take_back_still_possible};
 use crate::controller::lock::policy::{KeysAfterLoss, Policy};
+use crate::controller::lock::status::write::stamp_now;
+use crate::controller::lock::status::write::write_permit_status;
 use crate::controller::lock::status::{self, Showing};
-use crate::controller::lock::status_write::write_permit_status;
 use crate::redlock::ExtendError;
 
 /// Fences the holder, then gives up the keys (released once the validity shown to the holder ended) or leaves them

@@ -15,11 +15,11 @@ use crate::controller::error::Error;
 use crate::controller::keeper::{PermitRef, Retiring};
 use crate::controller::lock::decide::acquisition_in_status;
 use crate::controller::lock::handover::{Release, release_note, shown_until, wait_until, when_to_release};
-use crate::controller::lock::permit_status::status_of;
 use crate::controller::lock::policy::Policy;
 use crate::controller::lock::releasing::{self, Recorded};
+use crate::controller::lock::status::permits::status_of;
 use crate::controller::lock::status::wall_at;
-use crate::controller::lock::status_write::write_status;
+use crate::controller::lock::status::write::write_status;
 use crate::negative_controls::{self, Control};
 use crate::redlock::LockValue;
 

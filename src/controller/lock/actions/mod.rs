@@ -17,15 +17,12 @@ pub mod wait;
 
 use std::sync::Arc;
 
-use k8s_openapi::jiff::Timestamp;
-use kube::Resource;
 use kube::runtime::events::EventType;
 
-use super::permit_status::is_semaphore;
 use super::policy::Policy;
 use super::settings::LockSettings;
+use super::status::permits::is_semaphore;
 use crate::api::DistributedLock;
-use crate::api::conditions::Stamp;
 use crate::controller::context::Context;
 use crate::controller::engines::QuorumEngine;
 use crate::controller::keeper::{LockRef, PermitRef};
@@ -60,13 +57,5 @@ impl Target<'_> {
         } else {
             ctx.publish(self.lock, type_, reason, note).await;
         }
-    }
-}
-
-/// The stamp of a status edit made now.
-pub fn stamp_now(lock: &DistributedLock) -> Stamp {
-    Stamp {
-        generation: lock.meta().generation,
-        now: Timestamp::now(),
     }
 }

@@ -3,13 +3,13 @@
 //! not only with the next write for another reason. A Job created, started, finished or deleted wakes the lock (its
 //! watch event routes to it), and the queue shown then is current within that look.
 
-use super::stamp_now;
 use crate::api::DistributedLock;
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::lock::policy::Policy;
 use crate::controller::lock::status;
-use crate::controller::lock::status_write::write_latest_status;
+use crate::controller::lock::status::write::stamp_now;
+use crate::controller::lock::status::write::write_latest_status;
 
 /// Writes what `policy` shows of the cluster where status shows something else; nothing (and no request) when it
 /// already shows it. Called after the permits' steps, from the status their writes left: the queue then leaves out

@@ -8,18 +8,19 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 
+use super::Target;
 use super::handover::{give_up, give_up_kept, rebuilt};
-use super::{Target, stamp_now};
 use crate::api::DistributedLock;
 use crate::controller::context::Context;
 use crate::controller::engines::{QuorumEngine, QuorumLookup};
 use crate::controller::error::Error;
 use crate::controller::keeper::{HeldView, PermitRef};
 use crate::controller::lock::decide::acquisition_in_status;
-use crate::controller::lock::permit_status::{permit_span, status_of};
 use crate::controller::lock::settings::redis_key;
 use crate::controller::lock::status;
-use crate::controller::lock::status_write::write_permit_status;
+use crate::controller::lock::status::permits::{permit_span, status_of};
+use crate::controller::lock::status::write::stamp_now;
+use crate::controller::lock::status::write::write_permit_status;
 use crate::redlock::{OperationReport, Waiter, permit_key};
 
 /// Stops keeping the lock and deletes its key where it is still ours. Only the active replica releases: one that

@@ -5,16 +5,17 @@ use std::time::Duration;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
+use super::Target;
 use super::handover::{give_up_kept, until};
-use super::{Target, stamp_now};
 use crate::api::{DistributedLock, LockPhase};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::lock::handover::Release;
-use crate::controller::lock::permit_status::{is_closing, open_permits, permits_of, status_of};
 use crate::controller::lock::policy::Waiting;
 use crate::controller::lock::status;
-use crate::controller::lock::status_write::{write_permit_status, write_status};
+use crate::controller::lock::status::permits::{is_closing, open_permits, permits_of, status_of};
+use crate::controller::lock::status::write::stamp_now;
+use crate::controller::lock::status::write::{write_permit_status, write_status};
 
 /// The spec or the quorum cannot be acted on: give up whatever is held (released once the validity shown to its
 /// holder has ended) and say why.

@@ -1,5 +1,10 @@
-//! A `DistributedLock`'s status edits: named pure functions of (current status, facts, stamp), each returning the
-//! next status, so every edit is tested without a cluster. `status_write` applies them.
+//! A `DistributedLock`'s status, all of it here. This module: the status edits, named pure functions of (current
+//! status, facts, stamp), each returning the next status, so every edit is tested without a cluster; `permits`
+//! (pure): a semaphore's status seen one permit at a time; `write`: the one function that writes them, and the
+//! stamp of an edit made now.
+
+pub mod permits;
+pub mod write;
 
 use std::time::Duration;
 

@@ -357,7 +357,7 @@ mod tests {
             (Some("a"), Some(3)),
             "permit 0 is also shown at the top"
         );
-        assert_eq!(super::super::status_write::held_count(&status, 3), "3/3");
+        assert_eq!(super::super::write::held_count(&status, 3), "3/3");
     }
 
     #[test]

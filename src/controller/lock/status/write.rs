@@ -9,7 +9,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 
-use super::permit_status::{fold_permits, is_semaphore};
+use super::permits::{fold_permits, is_semaphore};
 use crate::api::conditions::Stamp;
 use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
 use crate::controller::context::Context;
@@ -98,7 +98,7 @@ async fn write_status_from(
 }
 
 /// [`write_status`] for one permit: `edit` sees and makes that permit's status as a plain lock's (see
-/// `permit_status`). A plain lock's status is its permit 0's, as it is.
+/// `status::permits`). A plain lock's status is its permit 0's, as it is.
 pub async fn write_permit_status(
     ctx: &Context,
     lock: &DistributedLock,
@@ -224,6 +224,14 @@ pub fn held_count(status: &DistributedLockStatus, permits: i32) -> String {
         status.holders.len()
     };
     format!("{held}/{}", permits.max(1))
+}
+
+/// The stamp of a status edit made now.
+pub fn stamp_now(lock: &DistributedLock) -> Stamp {
+    Stamp {
+        generation: lock.meta().generation,
+        now: Timestamp::now(),
+    }
 }
 
 #[cfg(test)]
