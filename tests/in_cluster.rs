@@ -32,6 +32,7 @@
 mod in_cluster {
     pub mod cluster;
     pub mod drills;
+    pub mod holder_phases;
     pub mod injected;
     pub mod install;
     pub mod manifests;

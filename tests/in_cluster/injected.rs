@@ -17,6 +17,7 @@ use redlock_operator::api::{DistributedLock, LockPhase, RedisQuorum};
 use serde_yaml_ng::Value;
 
 use super::cluster::{Cluster, FULLNAME, rolled_out};
+use super::holder_phases::{FollowedLog, apply_in, check_hand_over, installation, jobs_complete};
 use super::manifests::{LEADER_WORK, Manifest, job_work};
 use super::observe::{Ev, LATE_FENCE, Observer, PROMISES};
 use super::report::{Report, wait_for};
@@ -46,7 +47,8 @@ pub async fn run(cluster: &Cluster, report: &Report) {
     observer.set_permits(JOB_LOCK, 1);
     refused_without_command(cluster, report).await;
     if leader(cluster, report, &observer).await {
-        hand_over(cluster, report, &observer).await;
+        // The leader pod deleted: its injected `elect` stops the work and reports, and the next pod leads at once.
+        check_hand_over(cluster, report, &observer, &cluster.holders_ns, "injected").await;
     }
     if jobs(cluster, report, &observer).await {
         // The leader goes first: with the operator stopped for the drill, nobody would remove its label.
@@ -121,10 +123,9 @@ pub async fn run(cluster: &Cluster, report: &Report) {
 
 /// An example as written, with busybox and a shell command as the application, run as a non-root user.
 fn example(cluster: &Cluster, name: &str, work: &str) -> Manifest {
-    let installation = format!("{}/{FULLNAME}", cluster.release_ns);
     let mut manifest = Manifest::example(&cluster.root, name)
         .with_app(&busybox(), work)
-        .kept_by(&installation);
+        .kept_by(&installation(cluster));
     for doc in &mut manifest.docs {
         let Some(containers) = doc
             .get_mut("spec")
@@ -140,17 +141,6 @@ fn example(cluster: &Cluster, name: &str, work: &str) -> Manifest {
         }
     }
     manifest
-}
-
-async fn apply(cluster: &Cluster, manifest: &Manifest) -> Result<String, String> {
-    let applied = cluster
-        .kubectl_stdin(&["apply", "-n", &cluster.holders_ns, "-f", "-"], &manifest.yaml())
-        .await;
-    if applied.ok {
-        Ok(applied.stdout)
-    } else {
-        Err(applied.text())
-    }
 }
 
 /// A pod labelled `redlock.io/elect` whose container sets no command is refused, saying what to add.
@@ -197,7 +187,7 @@ async fn leader(cluster: &Cluster, report: &Report, observer: &Observer) -> bool
             )
         })
         .unwrap_or_default();
-    if let Err(err) = apply(cluster, &manifest).await {
+    if let Err(err) = apply_in(cluster, &cluster.holders_ns, &manifest).await {
         return report.check("the injected leader-election example is applied", false, err);
     }
     let rolled = rolled_out(cluster, &workload, &cluster.holders_ns, 120).await;
@@ -271,80 +261,11 @@ async fn leader(cluster: &Cluster, report: &Report, observer: &Observer) -> bool
     held
 }
 
-/// Deletes the leader pod: its injected `elect` stops the work and reports, and the next pod leads at once.
-async fn hand_over(cluster: &Cluster, report: &Report, observer: &Observer) {
-    let Some((old, old_token)) = observer.state().leader() else {
-        return;
-    };
-    let ns = &cluster.holders_ns;
-    let logs = tokio::process::Command::new(cluster.kubectl_path())
-        .args(["logs", "-f", &old, "-n", ns])
-        .env("KUBECONFIG", &cluster.kubeconfig)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let deleted_at = Instant::now();
-    let deleted = cluster
-        .kubectl(&["delete", "pod", &old, "-n", ns, "--wait=false"])
-        .await;
-    if !report.check("the injected leader pod is deleted", deleted.ok, deleted.text()) {
-        return;
-    }
-    let next = wait_for("the next leader", Duration::from_secs(40), || async {
-        observer.state().since(deleted_at).find_map(|(at, ev)| match ev {
-            Ev::Labelled { pod, token } if *pod != old => Some((*at, pod.clone(), *token)),
-            _ => None,
-        })
-    })
-    .await;
-    match next {
-        Ok((at, pod, token)) => {
-            let took = at.duration_since(deleted_at);
-            report.check(
-                "an injected leader's hand-over (leader pod deleted) takes under a second",
-                took < Duration::from_secs(1),
-                format!(
-                    "{old} (token {old_token:?}) deleted, {pod} labelled with token {token:?} {:.0} ms later",
-                    took.as_secs_f64() * 1000.0
-                ),
-            );
-        }
-        Err(err) => {
-            report.check(
-                "the next injected pod leads after the leader's deletion",
-                false,
-                err,
-            );
-        }
-    }
-    let said = match logs {
-        Ok(child) => match tokio::time::timeout(Duration::from_secs(40), child.wait_with_output()).await {
-            Ok(Ok(output)) => {
-                String::from_utf8_lossy(&output.stdout).into_owned()
-                    + &String::from_utf8_lossy(&output.stderr)
-            }
-            _ => "(kubectl logs -f did not end)".to_owned(),
-        },
-        Err(err) => format!("(kubectl logs did not start: {err})"),
-    };
-    let wanted = format!(
-        "reported the work under fencing token {} stopped",
-        old_token.unwrap_or_default()
-    );
-    report.check(
-        "the old leader's injected elect reported its work stopped (the report taken)",
-        said.contains(&wanted),
-        format!("wanted `{wanted}` in its log:\n{}", said.trim_end()),
-    );
-}
-
 /// examples/job-fencing.yaml and two copies: labelled only, they run one at a time with rising tokens.
 async fn jobs(cluster: &Cluster, report: &Report, observer: &Observer) -> bool {
     let manifest = example(cluster, "job-fencing.yaml", &job_work(4)).with_job_copies(&JOBS[1..]);
     let applied_at = Instant::now();
-    if let Err(err) = apply(cluster, &manifest).await {
+    if let Err(err) = apply_in(cluster, &cluster.holders_ns, &manifest).await {
         return report.check("the injected Job example is applied", false, err);
     }
     let jobs: Api<Job> = Api::namespaced(cluster.client.clone(), &cluster.holders_ns);
@@ -382,18 +303,7 @@ async fn jobs(cluster: &Cluster, report: &Report, observer: &Observer) -> bool {
         "a Job labelled redlock.io/guard gets the lock's label, its suspension, the exit-76 rule and the guard",
         mutated,
     );
-    let done = wait_for("every Job Complete", Duration::from_secs(150), || async {
-        let list = jobs.list(&Default::default()).await.ok()?;
-        let complete = |job: &Job| job.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) >= 1;
-        JOBS.iter()
-            .all(|name| {
-                list.items
-                    .iter()
-                    .any(|job| job.name_any() == *name && complete(job))
-            })
-            .then_some(())
-    })
-    .await;
+    let done = jobs_complete(&jobs, &JOBS, Duration::from_secs(150)).await;
     let ok = report.check_result(
         "the three labelled busybox Jobs complete",
         done.map(|()| format!("{:.0} s after apply", applied_at.elapsed().as_secs_f64())),
@@ -429,7 +339,7 @@ async fn lost_lock(cluster: &Cluster, report: &Report, observer: &Observer) {
     manifest.docs.retain(|doc| doc["kind"].as_str() == Some("Job"));
     manifest.docs[0]["metadata"]["name"] = Value::from(LOST_JOB);
     let applied_at = Instant::now();
-    if let Err(err) = apply(cluster, &manifest).await {
+    if let Err(err) = apply_in(cluster, &cluster.holders_ns, &manifest).await {
         report.check("the long injected Job is applied", false, err);
         return;
     }
@@ -457,14 +367,7 @@ async fn lost_lock(cluster: &Cluster, report: &Report, observer: &Observer) {
         .and_then(|list| list.items.into_iter().next())
         .map(|pod| pod.name_any())
         .unwrap_or_default();
-    let logs = tokio::process::Command::new(cluster.kubectl_path())
-        .args(["logs", "-f", &running_pod, "-n", &cluster.holders_ns])
-        .env("KUBECONFIG", &cluster.kubeconfig)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let log = FollowedLog::start(cluster, &running_pod, &cluster.holders_ns).await;
     // The operator stopped first: otherwise it suspends the Job as soon as it finds the lock lost, and the guard,
     // told by the same status, races the pod's deletion (exit 76 or SIGTERM's 143). Stopped, it neither extends
     // nor suspends: what fences the work is the guard alone, on the pod's clock.
@@ -527,18 +430,7 @@ async fn lost_lock(cluster: &Cluster, report: &Report, observer: &Observer) {
     match ended {
         Ok((pod, terminated)) => {
             let finished = terminated.finished_at.map(|time| time.0);
-            let said = match logs {
-                Ok(child) => {
-                    match tokio::time::timeout(Duration::from_secs(20), child.wait_with_output()).await {
-                        Ok(Ok(output)) => {
-                            String::from_utf8_lossy(&output.stdout).into_owned()
-                                + &String::from_utf8_lossy(&output.stderr)
-                        }
-                        _ => "(kubectl logs -f did not end)".to_owned(),
-                    }
-                }
-                Err(err) => format!("(kubectl logs did not start: {err})"),
-            };
+            let said = log.said(Duration::from_secs(20)).await;
             report.check(
                 "the lost lock's Job is stopped by its guard alone (exit 76) before the validity shown",
                 terminated.exit_code == 76

@@ -8,9 +8,10 @@ use kube::{Api, ResourceExt};
 use redlock_operator::api::holder_contract::INSTALLATION_ANNOTATION;
 use redlock_operator::api::{DistributedLock, LockPhase};
 
-use super::cluster::{Cluster, FULLNAME, rolled_out};
+use super::cluster::{Cluster, rolled_out};
+use super::holder_phases::{apply_in, check_hand_over, installation, jobs_complete};
 use super::manifests::{LEADER_WORK, Manifest, job_work};
-use super::observe::{Ev, Observer};
+use super::observe::Observer;
 use super::report::{Report, wait_for};
 
 pub const IDENTITY_LOCK: &str = "nightly-report";
@@ -41,20 +42,12 @@ pub async fn run(cluster: &Cluster, report: &Report, observer: &Observer) -> Hel
 
 /// `kubectl apply -n <the tutorials' namespace> -f -`, the locks annotated as kept by this installation.
 pub async fn apply(cluster: &Cluster, manifest: Manifest) -> Result<String, String> {
-    let manifest = manifest.kept_by(&installation(cluster));
-    let applied = cluster
-        .kubectl_stdin(&["apply", "-n", &cluster.app_ns, "-f", "-"], &manifest.yaml())
-        .await;
-    if applied.ok {
-        Ok(applied.stdout)
-    } else {
-        Err(applied.text())
-    }
-}
-
-/// This installation's name, as it records it on the locks it keeps.
-fn installation(cluster: &Cluster) -> String {
-    format!("{}/{FULLNAME}", cluster.release_ns)
+    apply_in(
+        cluster,
+        &cluster.app_ns,
+        &manifest.kept_by(&installation(cluster)),
+    )
+    .await
 }
 
 /// Waits until `name` is Held, and checks that this installation keeps it: other tests' operators on the same
@@ -292,70 +285,9 @@ async fn service_reaches_the_leader(cluster: &Cluster, report: &Report, observer
 /// Deletes the leader pod: its `elect` stops the leader-only process and reports, and the next pod is labelled
 /// "milliseconds later" (the tutorial's words).
 async fn hand_over(cluster: &Cluster, report: &Report, observer: &Observer) {
-    let Some((old, old_token)) = observer.state().leader() else {
-        return;
-    };
-    let logs = tokio::process::Command::new(cluster.kubectl_path())
-        .args(["logs", "-f", &old, "-n", &cluster.app_ns])
-        .env("KUBECONFIG", &cluster.kubeconfig)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let deleted_at = Instant::now();
-    let deleted = cluster
-        .kubectl(&["delete", "pod", &old, "-n", &cluster.app_ns, "--wait=false"])
-        .await;
-    if !report.check("the leader pod is deleted", deleted.ok, deleted.text()) {
+    if !check_hand_over(cluster, report, observer, &cluster.app_ns, "cooperating").await {
         return;
     }
-    let next = wait_for("the next leader", Duration::from_secs(40), || async {
-        observer.state().since(deleted_at).find_map(|(at, ev)| match ev {
-            Ev::Labelled { pod, token } if *pod != old => Some((*at, pod.clone(), *token)),
-            _ => None,
-        })
-    })
-    .await;
-    match next {
-        Ok((at, pod, token)) => {
-            let took = at.duration_since(deleted_at);
-            report.note(&format!(
-                "hand-over: {old} (token {old_token:?}) deleted, {pod} labelled with token {token:?} {:.0} ms later",
-                took.as_secs_f64() * 1000.0
-            ));
-            report.check(
-                "a cooperating leader's hand-over (leader pod deleted) takes under a second",
-                took < Duration::from_secs(1),
-                format!(
-                    "{:.0} ms from the deletion to the next leader's label",
-                    took.as_secs_f64() * 1000.0
-                ),
-            );
-        }
-        Err(err) => {
-            report.check("the next pod leads after the leader's deletion", false, err);
-        }
-    }
-    let said = match logs {
-        Ok(child) => match tokio::time::timeout(Duration::from_secs(40), child.wait_with_output()).await {
-            Ok(Ok(output)) => {
-                String::from_utf8_lossy(&output.stdout).into_owned()
-                    + &String::from_utf8_lossy(&output.stderr)
-            }
-            _ => "(kubectl logs -f did not end)".to_owned(),
-        },
-        Err(err) => format!("(kubectl logs did not start: {err})"),
-    };
-    let wanted = format!(
-        "reported the work under fencing token {} stopped",
-        old_token.unwrap_or_default()
-    );
-    report.check(
-        "the old leader's elect logs that it reported its work stopped",
-        said.contains(&wanted),
-        format!("wanted `{wanted}` in its log:\n{}", said.trim_end()),
-    );
     let rolled = rolled_out(cluster, "deployment/web", &cluster.app_ns, 60).await;
     report.check("the Deployment is back to three pods", rolled.ok, rolled.text());
 }
@@ -457,19 +389,7 @@ async fn job_queue_and_semaphore(cluster: &Cluster, report: &Report, observer: &
     };
     tokio::join!(queue_shown(JOB_LOCK), queue_shown(SEMAPHORE_LOCK));
     let jobs: Api<Job> = Api::namespaced(cluster.client.clone(), &cluster.app_ns);
-    let done = wait_for("every Job Complete", Duration::from_secs(150), || async {
-        let list = jobs.list(&Default::default()).await.ok()?;
-        let complete = |job: &Job| job.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) >= 1;
-        names
-            .iter()
-            .all(|name| {
-                list.items
-                    .iter()
-                    .any(|job| job.name_any() == *name && complete(job))
-            })
-            .then_some(())
-    })
-    .await;
+    let done = jobs_complete(&jobs, &names, Duration::from_secs(150)).await;
     let shown = cluster
         .kubectl(&["get", "jobs,dlock", "-n", &cluster.app_ns])
         .await;
