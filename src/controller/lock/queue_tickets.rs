@@ -20,11 +20,12 @@ use crate::redlock::{QUEUE_KEEP, QueuePlace};
 /// they reported.
 #[derive(Default)]
 pub struct QueueTickets {
-    tickets: Mutex<HashMap<String, Seen>>,
+    waits: Mutex<HashMap<String, QueueWait>>,
 }
 
+/// The lock's wait in one key's queue, as the masters' refusals showed it.
 #[derive(Clone, Copy, Default)]
-struct Seen {
+struct QueueWait {
     ticket: i64,
     counter: i64,
     /// A key won while the lock waited was given back, for a check left until the key was won: the lock's next
@@ -35,28 +36,28 @@ struct Seen {
 impl QueueTickets {
     /// The ticket to bring for `key` (0 before any).
     pub fn ticket(&self, key: &str) -> i64 {
-        self.seen(key).ticket
+        self.wait_in(key).ticket
     }
 
     /// The highest fencing counter the masters reported for `key` while refusing this replica's lock (0 before
     /// any): the next proposal goes above it.
     pub fn counter(&self, key: &str) -> i64 {
-        self.seen(key).counter
+        self.wait_in(key).counter
     }
 
     /// Whether the lock waits in `key`'s queue (a refused attempt gave it a ticket) and may leave the checks of a
     /// grant until the key is won: not once it gave a won key back for them (see [`Self::gave_back`]).
     pub fn may_check_once_won(&self, key: &str) -> bool {
-        let seen = self.seen(key);
-        seen.ticket > 0 && !seen.gave_back
+        let wait = self.wait_in(key);
+        wait.ticket > 0 && !wait.gave_back
     }
 
     /// A key won for a check left until then was given back (the check forbade the grant). Its ticket stays, and
     /// the masters keep the lock first in the queue (it was granted as a waiter that stays,
     /// [`crate::redlock::Waiter::staying_after_grant`]), so that its next attempt, checked first, wins again.
     pub fn gave_back(&self, key: &str) {
-        let mut tickets = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
-        tickets.entry(key.to_owned()).or_default().gave_back = true;
+        let mut waits = self.waits.lock().unwrap_or_else(|e| e.into_inner());
+        waits.entry(key.to_owned()).or_default().gave_back = true;
     }
 
     /// After a refused attempt: the ticket its masters gave, and the highest counter they reported.
@@ -66,25 +67,25 @@ impl QueueTickets {
         if ticket <= 0 && counter <= 0 {
             return;
         }
-        let mut tickets = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
-        let seen = tickets.entry(key.to_owned()).or_default();
+        let mut waits = self.waits.lock().unwrap_or_else(|e| e.into_inner());
+        let wait = waits.entry(key.to_owned()).or_default();
         // No longer first (the masters dropped it, or others were let through): a grant is far again, and the
         // check can wait for it again.
         if place.is_some_and(|place| place.place > 1) {
-            seen.gave_back = false;
+            wait.gave_back = false;
         }
-        seen.ticket = seen.ticket.max(ticket);
-        seen.counter = seen.counter.max(counter);
+        wait.ticket = wait.ticket.max(ticket);
+        wait.counter = wait.counter.max(counter);
     }
 
-    fn seen(&self, key: &str) -> Seen {
-        let tickets = self.tickets.lock().unwrap_or_else(|e| e.into_inner());
-        tickets.get(key).copied().unwrap_or_default()
+    fn wait_in(&self, key: &str) -> QueueWait {
+        let waits = self.waits.lock().unwrap_or_else(|e| e.into_inner());
+        waits.get(key).copied().unwrap_or_default()
     }
 
     /// The key is the lock's: its next wait is a new arrival, at the back.
     pub fn forget(&self, key: &str) {
-        self.tickets.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+        self.waits.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
     }
 }
 

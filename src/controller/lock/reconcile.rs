@@ -12,7 +12,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 use super::actions::holding::{DueRefresh, refresh_permits};
-use super::actions::{self, Target, handover};
+use super::actions::{self, Target, give_up};
 use super::claim::{self, Keeper, keeper_of};
 use super::decide::{LockAction, Wanted, acquisition_in_status, current_holder, decide, known_floor};
 use super::handover::Release;
@@ -136,12 +136,12 @@ async fn hand_over_before_deletion(lock: &DistributedLock, ctx: &Context) -> Res
     let policy = observed.as_ref().and_then(|(_, policy)| policy.as_ref());
     let mut waits = Vec::new();
     for permit in &permits {
-        if let Some(at) = handover::settle(ctx, lock, permit, policy).await? {
+        if let Some(at) = give_up::settle(ctx, lock, permit, policy).await? {
             waits.push(at);
         }
     }
     if let Some(at) = waits.into_iter().max() {
-        return Ok(Some(handover::until(at)));
+        return Ok(Some(give_up::until(at)));
     }
     let Some((settings, policy)) = observed else {
         return Ok(None);
@@ -169,10 +169,10 @@ async fn hand_over_before_deletion(lock: &DistributedLock, ctx: &Context) -> Res
     let mut release_at = None;
     for permit in &permits {
         let key = permit_key(&settings.key, permit.permit);
-        let gave_up = match handover::give_up_kept(ctx, lock, permit, policy.as_ref()).await? {
+        let gave_up = match give_up::give_up_kept(ctx, lock, permit, policy.as_ref()).await? {
             Some(gave_up) => Some(gave_up),
-            None => match handover::shown_in_status(ctx, lock, permit.permit, &settings.quorum, &key)? {
-                Some(given) => Some(handover::give_up(ctx, lock, permit, policy.as_ref(), given).await?),
+            None => match give_up::shown_in_status(ctx, lock, permit.permit, &settings.quorum, &key)? {
+                Some(given) => Some(give_up::give_up(ctx, lock, permit, policy.as_ref(), given).await?),
                 None => None,
             },
         };
@@ -192,7 +192,7 @@ async fn hand_over_before_deletion(lock: &DistributedLock, ctx: &Context) -> Res
     };
     let note = format!("deleted: {}; the finalizer stays until then", notes.join("; "));
     ctx.publish(lock, EventType::Normal, "Releasing", note).await;
-    Ok(Some(handover::until(at)))
+    Ok(Some(give_up::until(at)))
 }
 
 /// The settings of a lock being deleted, where they can still be had (its quorum usable, its spec valid), and its
@@ -328,10 +328,10 @@ async fn apply_permits(
             .any(|permit| ctx.keeper.view(permit).is_some_and(|held| held.status_due));
     let mut due = Vec::new();
     while let Some(permit) = next_permit(&mut pending, |permit| ctx.keeper.is_lost(permit)) {
-        if let Some(at) = handover::settle(ctx, lock, &permit, Some(&policy)).await? {
+        if let Some(at) = give_up::settle(ctx, lock, &permit, Some(&policy)).await? {
             // A key given up waits for the validity shown to its holder to end: nobody takes the permit
             // meanwhile, and status says until when (written when it was given up).
-            actions.push(Action::requeue(handover::until(at)));
+            actions.push(Action::requeue(give_up::until(at)));
             continue;
         }
         let status = status_of(lock, permit.permit);
@@ -448,8 +448,8 @@ async fn fence_before_preparing(
     if !matches!(turn, Turn::Hold(_)) {
         return Ok(None);
     }
-    if let Some(at) = handover::settle(ctx, lock, permit, Some(policy)).await? {
-        return Ok(Some(Action::requeue(handover::until(at))));
+    if let Some(at) = give_up::settle(ctx, lock, permit, Some(policy)).await? {
+        return Ok(Some(Action::requeue(give_up::until(at))));
     }
     let status = status_of(lock, permit.permit);
     let latest_token = known_floor(&status, ctx.keeper.highest_token(permit));

@@ -11,10 +11,10 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use super::Target;
-use super::handover::give_up_kept;
+use super::floor_record;
+use super::give_up::give_up_kept;
 use super::holding::{keep, show_held, take_back};
 use super::release::release_held;
-use super::token_floor;
 use super::wait::not_ready;
 use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
 use crate::controller::context::Context;
@@ -260,8 +260,8 @@ async fn record_floor(ctx: &Context, quorum: &str, key: &str, token: i64) -> Res
     if negative_controls::active(Control::NoFloorRecord) {
         return Ok(Record::Written);
     }
-    match token_floor::read(ctx, quorum, key).await? {
-        Ok(seen) => token_floor::record(ctx, quorum, key, seen, token).await,
+    match floor_record::read(ctx, quorum, key).await? {
+        Ok(seen) => floor_record::record(ctx, quorum, key, seen, token).await,
         Err(message) => Ok(Record::Invalid(message)),
     }
 }

@@ -9,7 +9,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use super::Target;
-use super::handover::{give_up, give_up_kept, rebuilt};
+use super::give_up::{give_up, give_up_kept, rebuilt};
 use super::holding::{show_held, take_back};
 use super::release::release_held;
 use crate::controller::context::Context;

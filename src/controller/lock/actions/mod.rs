@@ -1,6 +1,6 @@
 //! What the lock reconciler does on Redis and the API once it has decided: acquire, resume and refresh
-//! (`acquire`, recording each new token in the key's floor record: `token_floor`), release (`release`; a key
-//! shown to a holder waits for the validity it was shown: `handover`), fence
+//! (`acquire`, recording each new token in the key's floor record: `floor_record`), release (`release`; a key
+//! shown to a holder waits for the validity it was shown: `give_up`), fence
 //! and take back (`fence`), the steps all ways of holding end with (`holding`: keep the lease, take an
 //! acquisition back, show it held), the statuses of a lock nobody may hold now (`wait`), and what the policy shows
 //! of the cluster, kept current (`policy_status`). Every status they write is one of the pure edits in
@@ -8,11 +8,11 @@
 
 pub mod acquire;
 pub mod fence;
-pub mod handover;
+pub mod floor_record;
+pub mod give_up;
 pub mod holding;
 pub mod policy_status;
 pub mod release;
-pub mod token_floor;
 pub mod wait;
 
 use std::sync::Arc;

@@ -9,7 +9,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 
 use super::Target;
-use super::handover::{give_up, give_up_kept, rebuilt};
+use super::give_up::{give_up, give_up_kept, rebuilt};
 use crate::api::DistributedLock;
 use crate::controller::context::Context;
 use crate::controller::engines::{QuorumEngine, QuorumLookup};

@@ -6,7 +6,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use super::Target;
-use super::handover::{give_up_kept, until};
+use super::give_up::{give_up_kept, until};
 use crate::api::{DistributedLock, LockPhase};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
