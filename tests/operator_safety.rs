@@ -410,6 +410,38 @@ async fn the_checker_catches_a_key_released_before_the_validity_shown_to_its_hol
     operator_control(redlock_operator::negative_controls::Control::ReleaseAtOnce).await;
 }
 
+/// The operator controls' clean twins (and `report-before-stop`'s), each the same run with its switch off: every
+/// check a control is caught by, counted by construction, finds nothing in them. The bench runs them beside their
+/// controls; here on demand (`--ignored`), for a change to a control's run or to what it counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the bench runs the clean twins beside their controls"]
+async fn the_clean_twins_of_the_controls_pass() {
+    use redlock_operator::negative_controls::Control;
+    let seed = Scenario::seed_from_env();
+    for control in [
+        Control::FenceAfterValidity,
+        Control::NoQuarantine,
+        Control::NoFloorRecord,
+        Control::ReleaseAtOnce,
+    ] {
+        let clean = product_safety::controls::run_clean(control, seed).await;
+        println!("seed {seed}: clean twin of {}: {clean}", control.name());
+        assert!(
+            clean.is_safe(),
+            "seed {seed}: clean twin of {}: {clean}",
+            control.name()
+        );
+        assert!(clean.transitions_total() >= 2, "seed {seed}: {clean}");
+    }
+    let clean = product_safety::guard_controls::deletion_run(
+        seed,
+        product_safety::guard::Reports::AfterTheWorkStopped,
+    )
+    .await;
+    println!("seed {seed}: clean twin of report-before-stop: {clean}");
+    assert!(clean.is_safe(), "seed {seed}: {clean}");
+}
+
 #[test]
 fn token_regressions_after_a_majority_of_masters_forgot_are_reported_apart_unless_a_floor_record_saw_the_token()
  {

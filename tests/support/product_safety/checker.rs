@@ -55,6 +55,10 @@ pub struct Report {
     /// Holders' beliefs that outlasted every validity they were shown, in a run that checks it
     /// (`Scenario::beliefs_within_shown_validity`).
     pub late_beliefs: Vec<String>,
+    /// Promises of a safeguard the run recorded broken, each counted by construction in a run that checks it: a
+    /// report of stopped work sent while the work ran, a key released while its holder still believed, a grant
+    /// while a majority of the masters were in their restart quarantine.
+    pub broken_promises: Vec<String>,
 }
 
 impl Report {
@@ -65,6 +69,7 @@ impl Report {
             && self.stale_writes_accepted.is_empty()
             && self.late_fences.is_empty()
             && self.late_beliefs.is_empty()
+            && self.broken_promises.is_empty()
     }
 
     pub fn transitions_total(&self) -> usize {
@@ -159,6 +164,7 @@ pub fn check(
         fences: Fences::default(),
         late_fences: Vec::new(),
         late_beliefs: Vec::new(),
+        broken_promises: Vec::new(),
     }
 }
 
@@ -189,6 +195,9 @@ impl fmt::Display for Report {
         }
         for late in &self.late_beliefs {
             write!(f, "\n  LATE BELIEF: {late}")?;
+        }
+        for broken in &self.broken_promises {
+            write!(f, "\n  BROKEN PROMISE: {broken}")?;
         }
         for (key, count) in &self.transitions {
             write!(f, "\n  {key}: {count} transitions")?;

@@ -214,7 +214,7 @@ pub async fn run(
             if guarding.reports == Reports::BeforeTheWorkStopped
                 && let Some(file) = token_file.clone()
             {
-                early_report.get_or_insert_with(|| tokio::spawn(report(file)));
+                early_report.get_or_insert_with(|| (Instant::now(), tokio::spawn(report(file))));
             }
         };
         tokio::select! {
@@ -262,6 +262,7 @@ pub async fn run(
             (end - shown_until).as_millis()
         ));
     }
+    let token = belief.token;
     belief.end(&recorder, end, "its work exited");
     if stopped != Stopped::Otherwise
         && guarding.reports == Reports::AfterTheWorkStopped
@@ -269,7 +270,17 @@ pub async fn run(
     {
         report(file).await;
     }
-    if let Some(early) = early_report {
+    if let Some((sent, early)) = early_report {
+        // The guard's promise, counted whether or not a `lock` process took the key in time to overlap: the
+        // operator releases a key on the word, so a report sent while the work runs lets another holder in.
+        if sent < end {
+            recorder.broken_promise(format!(
+                "Job pod {}'s guard reported its work under token {} stopped {} ms before it exited",
+                pod.name,
+                token,
+                (end - sent).as_millis()
+            ));
+        }
         let _ = early.await;
     }
     if stopped == Stopped::OnLoss && guarding.ends_pods {
@@ -297,7 +308,7 @@ fn recording_answers(told: Arc<Mutex<Option<Instant>>>) -> Ask {
 }
 
 /// The instant of this process's monotonic clock when its wall clock shows `at`.
-fn instant_of(at: Timestamp) -> Instant {
+pub(super) fn instant_of(at: Timestamp) -> Instant {
     let now = Instant::now();
     let left = at.duration_since(Timestamp::now());
     match Duration::try_from(left) {

@@ -22,13 +22,14 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use redlock_operator::api::DistributedLock;
 use redlock_operator::cli::exit_code;
-use redlock_operator::cli::guard::{Grant, grant_of};
+use redlock_operator::cli::guard::{Grant, grant_of, granted_term};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::cluster::Cluster;
-use super::guard::{GuardedPod, Guarding};
+use super::guard::{GuardedPod, Guarding, instant_of};
 use super::permits::permit_resource;
 use super::recorder::{ACT_INTERVAL, Belief, Recorder};
 
@@ -333,14 +334,19 @@ fn running(cluster: &str, pod: &Pod) -> Option<(String, String, i64)> {
 /// of the last direct read (every 25 ms, when it also acts) that still showed it running. A pod cannot run again
 /// once it stopped, so it ran at least that long: the interval is never longer than the pod's run, and an
 /// overlap it shows is one the pod really had, however late a watch tells of the pod's end.
+///
+/// With `within_shown_validity`, an unguarded pod that runs past the latest validity status showed for its grant
+/// (read with the pod, every fourth read) is counted as a late belief: the guard's promise, which such a pod
+/// lacks, broken whether or not a `lock` process took the key in time to overlap.
 pub async fn follow_pods(
     cluster: String,
     client: Client,
     namespace: String,
-    guarding: Option<Guarding>,
+    (guarding, within_shown_validity): (Option<Guarding>, bool),
     recorder: Arc<Recorder>,
     stop: CancellationToken,
 ) {
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &namespace);
     let api: Api<Pod> = Api::namespaced(client, &namespace);
     let config = watcher::Config::default().labels(&format!("{ROLE_LABEL}=job"));
     let stream = watcher::watcher(api.clone(), config).default_backoff();
@@ -393,13 +399,18 @@ pub async fn follow_pods(
             resource: key,
             holder,
             token,
-            ..
+            lock,
+            job,
+            permit,
         } = granted;
-        let cluster = cluster.clone();
+        let (cluster, locks) = (cluster.clone(), locks.clone());
         probes.push(tokio::spawn(async move {
             let start = Instant::now();
             let name = pod.name_any();
             let mut last_running = start;
+            let grant = Grant { token, permit };
+            let mut shown_until: Option<Instant> = None;
+            let mut reads = 0_u32;
             let belief = Belief {
                 key,
                 holder,
@@ -421,7 +432,23 @@ pub async fn follow_pods(
                 }
                 last_running = asked;
                 belief.act(&recorder);
+                if within_shown_validity && reads.is_multiple_of(4)
+                    && let Ok(lock) = locks.get(&lock).await
+                    && let Some(term) = granted_term(&lock, &job, grant)
+                {
+                    let until = instant_of(term.valid_until);
+                    shown_until = Some(shown_until.map_or(until, |earlier| earlier.max(until)));
+                }
+                reads = reads.wrapping_add(1);
                 tokio::time::sleep(ACT_INTERVAL).await;
+            }
+            if let Some(shown_until) = shown_until
+                && last_running > shown_until
+            {
+                recorder.late_belief(format!(
+                    "Job pod {name}'s work under token {token}, without the guard, ran {} ms past the latest validity status showed for its grant",
+                    (last_running - shown_until).as_millis()
+                ));
             }
             belief.end(&recorder, last_running, "the last read that showed it running");
         }));

@@ -121,8 +121,9 @@ pub struct Scenario {
     /// The guards' wall clock: shifted from the operator's (issue 48's skewed clocks), and whether they trust
     /// status's `validUntil` on it even where a channel is offered (the negative control `holders-trust-wall-clock`).
     pub guard_clock: HolderClock,
-    /// Whether a guard's belief that outlasts every validity it was shown (by status, or told by the active replica)
-    /// is a violation of its own, so that a guard stopping late is caught whether or not a `lock` process happened
+    /// Whether a guard's belief that outlasts every validity it was shown (by status, or told by the active replica),
+    /// or an unguarded Job pod's that outlasts the latest validity status showed for its grant, is a violation of
+    /// its own, so that a guard stopping late is caught whether or not a `lock` process happened
     /// to take the key in that gap.
     pub beliefs_within_shown_validity: bool,
     /// The Jobs' pods' `terminationGracePeriodSeconds`.
@@ -165,6 +166,10 @@ pub struct Scenario {
     /// A fence written after it is then a violation of its own, so a control that delays the fence is caught
     /// whether or not an outside process happened to take the key in that gap.
     pub fences_before_validity: bool,
+    /// Whether a holding that began while a majority of the masters were still in their restart quarantine is a
+    /// violation of its own (no majority can vote then): a run whose masters restart only while its key is held
+    /// elsewhere, so that no grant can precede the restart and be seen after it.
+    pub grants_after_quarantine: bool,
 }
 
 /// One cluster, one replica, no workload, no nemesis: plain locks (one permit) of the default TTL, the Job locks'
@@ -205,6 +210,7 @@ impl Default for Scenario {
             progress: None,
             fenced: None,
             fences_before_validity: false,
+            grants_after_quarantine: false,
         }
     }
 }
@@ -289,7 +295,14 @@ impl Side {
             ends_pods: cluster.server.is_some(),
             token_dir,
         });
-        let followers = follow_holders(name, &cluster, (holders_client, guarding), recorder, holders_stop);
+        let within = scenario.beliefs_within_shown_validity;
+        let followers = follow_holders(
+            name,
+            &cluster,
+            (holders_client, guarding, within),
+            recorder,
+            holders_stop,
+        );
         let job_runtime = cluster
             .server
             .as_ref()
@@ -418,7 +431,7 @@ fn write_installation_secret(cluster: &str) -> (tempfile::TempDir, PathBuf) {
 fn follow_holders(
     name: &str,
     cluster: &Cluster,
-    (holders_client, guarding): (kube::Client, Option<guard::Guarding>),
+    (holders_client, guarding, within_shown_validity): (kube::Client, Option<guard::Guarding>, bool),
     recorder: &Arc<Recorder>,
     stop: &CancellationToken,
 ) -> Vec<JoinHandle<()>> {
@@ -443,7 +456,7 @@ fn follow_holders(
             name.to_owned(),
             cluster.client.clone(),
             cluster.namespace.clone(),
-            guarding,
+            (guarding, within_shown_validity),
             recorder.clone(),
             stop.clone(),
         )),
@@ -660,6 +673,14 @@ impl World {
             report.late_fences = report.fences.late();
         }
         report.late_beliefs = self.recorder.late_beliefs();
+        report.broken_promises = self.recorder.broken_promises();
+        if self.scenario.grants_after_quarantine {
+            report.broken_promises.extend(controls::grants_in_quarantine(
+                &self.recorder,
+                self.masters.len(),
+                quarantine(self.scenario.ttl),
+            ));
+        }
         let verbose = std::env::var_os("REDLOCK_SAFETY_LOG").is_some();
         if !report.is_safe() || verbose {
             for event in self.recorder.nemesis_events() {

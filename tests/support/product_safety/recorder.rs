@@ -29,6 +29,8 @@ pub struct Recorder {
     first_queue: Mutex<(BTreeSet<String>, BTreeSet<String>)>,
     /// Beliefs that outlasted every validity their holder was shown (in runs that check it).
     late_beliefs: Mutex<Vec<String>>,
+    /// Safeguards' promises seen broken (in runs that check them).
+    broken_promises: Mutex<Vec<String>>,
     pub resource: ProtectedResource,
 }
 
@@ -134,6 +136,21 @@ impl Recorder {
 
     pub fn late_beliefs(&self) -> Vec<String> {
         self.late_beliefs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// A safeguard's promise seen broken: what, and by how much.
+    pub fn broken_promise(&self, what: String) {
+        self.broken_promises
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(what);
+    }
+
+    pub fn broken_promises(&self) -> Vec<String> {
+        self.broken_promises
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
