@@ -55,8 +55,15 @@ pub enum PostError {
     #[error("the server at {url} shows another certificate than the one status pins: nothing was sent to it")]
     PinMismatch { url: String },
     #[error("cannot reach {url}: {reason}")]
-    Unreachable { url: String, reason: String },
+    Unreachable {
+        url: String,
+        #[source]
+        reason: Cause,
+    },
 }
+
+/// Why a server could not be reached (a connection, TLS or HTTP error), kept whole for the error's source.
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
 
 /// POSTs `body` (JSON) with `bearer` as its credentials to `url`, over TLS to a server whose certificate has `pin`.
 pub async fn post(url: &str, pin: &str, bearer: Option<&str>, body: Vec<u8>) -> Result<Answer, PostError> {
@@ -115,30 +122,30 @@ async fn post_with(
         return Err(PostError::NotHttps(url.to_owned()));
     }
     let pin = super::pin::parse(pin).ok_or_else(|| PostError::NotAPin(pin.to_owned()))?;
-    let unreachable = |reason: String| PostError::Unreachable {
+    let unreachable = |reason: Cause| PostError::Unreachable {
         url: url.to_owned(),
         reason,
     };
-    let server_name = ServerName::try_from(host.clone()).map_err(|err| unreachable(err.to_string()))?;
+    let server_name = ServerName::try_from(host.clone()).map_err(|err| unreachable(err.into()))?;
     let tcp = TcpStream::connect((host.as_str(), port))
         .await
-        .map_err(|err| unreachable(err.to_string()))?;
+        .map_err(|err| unreachable(err.into()))?;
     let _ = tcp.set_nodelay(true);
     let tls = caller
         .connector_for(&pin)
-        .map_err(|err| unreachable(err.to_string()))?
+        .map_err(|err| unreachable(err.into()))?
         .connect(server_name, tcp)
         .await
         .map_err(|err| {
             if is_pin_mismatch(&err) {
                 PostError::PinMismatch { url: url.to_owned() }
             } else {
-                unreachable(err.to_string())
+                unreachable(err.into())
             }
         })?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
         .await
-        .map_err(|err| unreachable(err.to_string()))?;
+        .map_err(|err| unreachable(err.into()))?;
     // Ends with this attempt, also when a timeout drops it midway (the server's slot is freed at once).
     let _driver = AbortOnDropHandle::new(tokio::spawn(connection));
     let mut request = Request::post(parsed.path())
@@ -154,7 +161,7 @@ async fn post_with(
     }
     let request = request
         .body(Full::new(Bytes::from(body)))
-        .map_err(|err| unreachable(err.to_string()))?;
+        .map_err(|err| unreachable(err.into()))?;
     let answered = sender.send_request(request).await;
     match answered {
         Ok(response) => {
@@ -172,9 +179,9 @@ async fn post_with(
                     body: body.to_bytes(),
                     retry_after,
                 })
-                .map_err(|err| unreachable(err.to_string()))
+                .map_err(unreachable)
         }
-        Err(err) => Err(unreachable(err.to_string())),
+        Err(err) => Err(unreachable(err.into())),
     }
 }
 

@@ -28,13 +28,24 @@ pub struct Identity {
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
     #[error("cannot make a key for the reports port: {0}")]
-    Generate(String),
-    #[error("cannot read {path}: {reason}")]
-    Read { path: PathBuf, reason: String },
+    Generate(#[source] rcgen::Error),
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file was read, and is not PEM of the kind expected.
+    #[error("cannot read {path}: {source}")]
+    Pem {
+        path: PathBuf,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
     #[error("{path} holds no PEM certificate")]
     NoCertificate { path: PathBuf },
     #[error("the reports port's certificate and key do not make a TLS server: {0}")]
-    Config(String),
+    Config(#[source] rustls::Error),
 }
 
 impl Identity {
@@ -53,8 +64,7 @@ impl Identity {
         } else {
             names.to_vec()
         };
-        let made = rcgen::generate_simple_self_signed(names)
-            .map_err(|err| IdentityError::Generate(err.to_string()))?;
+        let made = rcgen::generate_simple_self_signed(names).map_err(IdentityError::Generate)?;
         let certificate = made.cert.der().clone();
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(made.signing_key.serialize_der()));
         Self::with(vec![certificate], key)
@@ -62,25 +72,25 @@ impl Identity {
 
     fn from_files(certificate: &Path, key: &Path) -> Result<Self, IdentityError> {
         let read = |path: &Path| {
-            std::fs::read(path).map_err(|err| IdentityError::Read {
+            std::fs::read(path).map_err(|source| IdentityError::Read {
                 path: path.to_owned(),
-                reason: err.to_string(),
+                source,
             })
         };
         let chain = CertificateDer::pem_slice_iter(&read(certificate)?)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|err| IdentityError::Read {
+            .map_err(|source| IdentityError::Pem {
                 path: certificate.to_owned(),
-                reason: err.to_string(),
+                source,
             })?;
         if chain.is_empty() {
             return Err(IdentityError::NoCertificate {
                 path: certificate.to_owned(),
             });
         }
-        let key = PrivateKeyDer::from_pem_slice(&read(key)?).map_err(|err| IdentityError::Read {
+        let key = PrivateKeyDer::from_pem_slice(&read(key)?).map_err(|source| IdentityError::Pem {
             path: key.to_owned(),
-            reason: err.to_string(),
+            source,
         })?;
         Self::with(chain, key)
     }
@@ -89,18 +99,17 @@ impl Identity {
         let pin = chain
             .first()
             .map(super::pin::of)
-            .ok_or_else(|| IdentityError::Config("no certificate".into()))?;
+            .ok_or_else(|| IdentityError::Config(rustls::Error::General("no certificate".into())))?;
         let mut config = ServerConfig::builder_with_provider(super::crypto_provider())
             .with_safe_default_protocol_versions()
-            .map_err(|err| IdentityError::Config(err.to_string()))?
+            .map_err(IdentityError::Config)?
             .with_no_client_auth()
             .with_single_cert(chain, key)
-            .map_err(|err| IdentityError::Config(err.to_string()))?;
+            .map_err(IdentityError::Config)?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         // Stateless resumption tickets: a holder that asks again (about once per extension) resumes its session
         // instead of a full handshake, and the server keeps nothing per holder (its session cache holds 256).
-        config.ticketer =
-            rustls::crypto::ring::Ticketer::new().map_err(|err| IdentityError::Config(err.to_string()))?;
+        config.ticketer = rustls::crypto::ring::Ticketer::new().map_err(IdentityError::Config)?;
         Ok(Self {
             server_config: Arc::new(config),
             pin,

@@ -3,6 +3,7 @@
 //! life and buffers), whatever it sends. A connection beyond a bound is closed at once, so that a holder fails
 //! fast and tries again rather than waiting in the backlog.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use super::sources::Sources;
+use crate::telemetry::server::Bound;
 
 /// Connections served at once; more are closed as they come. Each holds a task, a TLS session and buffers (at
 /// most [`MAX_BUFFER`] each way).
@@ -33,11 +35,22 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(3);
 /// budgets answer within a few seconds or refuse.
 const CONNECTION_LIFETIME: Duration = Duration::from_secs(10);
 
-/// A port is bound at start as the metrics port is (so a port in use fails at once), and served once the routes
-/// exist.
-pub use crate::telemetry::server::{Bound, bind};
+/// The reports port, bound at start as the metrics port is (so a port in use fails at once), and served once the
+/// routes exist.
+pub struct ReportsPort {
+    bound: Bound,
+    pub local_addr: SocketAddr,
+}
 
-impl Bound {
+pub async fn bind(addr: SocketAddr) -> std::io::Result<ReportsPort> {
+    let bound = crate::telemetry::server::bind(addr).await?;
+    Ok(ReportsPort {
+        local_addr: bound.local_addr,
+        bound,
+    })
+}
+
+impl ReportsPort {
     /// Serves `routes` over TLS with `tls` until `shutdown`.
     pub fn serve_reports(
         self,
@@ -48,7 +61,7 @@ impl Bound {
         let acceptor = TlsAcceptor::from(tls);
         let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
         let sources = Sources::new(PER_SOURCE);
-        let listener = self.listener;
+        let listener = self.bound.into_listener();
         tokio::spawn(async move {
             loop {
                 let accepted = tokio::select! {

@@ -24,7 +24,7 @@ struct Shared {
 
 /// The port, bound at start (so a port in use fails at once), served once the controllers' routes exist.
 pub struct Bound {
-    pub(crate) listener: TcpListener,
+    listener: TcpListener,
     pub local_addr: SocketAddr,
 }
 
@@ -35,6 +35,11 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<Bound> {
 }
 
 impl Bound {
+    /// The bound socket, for a server of another kind (the reports port's TLS).
+    pub fn into_listener(self) -> TcpListener {
+        self.listener
+    }
+
     /// Serves metrics and health until `shutdown`.
     pub fn serve(
         self,
