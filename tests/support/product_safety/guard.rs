@@ -183,6 +183,9 @@ pub async fn run(
     // The latest end of a validity status showed for the grant, on this process's clock (the operator's: one
     // machine), beside what the replica told (`told`).
     let mut shown_until = belief.start;
+    // The first moment the work ran past every validity shown so far, and how far: a validity shown only later (a
+    // replica that resumed the grant after a lapse) does not cover the lapse, when anyone could have taken the key.
+    let mut past_shown: Option<Duration> = None;
     let mut early_report = None;
     let mut last_running = belief.start;
     // When the guard passed the kubelet's SIGTERM on, and when its own fence fired (SIGTERM to the work, SIGKILL
@@ -197,6 +200,14 @@ pub async fn run(
             .and_then(|lock| granted_term(lock, &pod.job, pod.grant))
         {
             shown_until = shown_until.max(instant_of(shown.valid_until));
+        }
+        let known = told
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map_or(shown_until, |told| told.max(shown_until));
+        let now = Instant::now();
+        if now > known && past_shown.is_none() {
+            past_shown = Some(now - known);
         }
         let exits_at = [
             signalled_at.map(|at| at + guarding.work_stop_delay),
@@ -260,6 +271,15 @@ pub async fn run(
             pod.name,
             belief.token,
             (end - shown_until).as_millis()
+        ));
+    } else if guarding.within_shown_validity
+        && let Some(past) = past_shown
+    {
+        recorder.late_belief(format!(
+            "Job pod {}'s work under token {} ran past every validity its guard had been shown by then ({} ms past, the first time it looked), before a later one was shown",
+            pod.name,
+            belief.token,
+            past.as_millis()
         ));
     }
     let token = belief.token;

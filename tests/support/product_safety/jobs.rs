@@ -410,6 +410,8 @@ pub async fn follow_pods(
             let mut last_running = start;
             let grant = Grant { token, permit };
             let mut shown_until: Option<Instant> = None;
+            // How far the pod first ran past every validity shown by then (a later one does not cover the lapse).
+            let mut past_shown: Option<Duration> = None;
             let mut reads = 0_u32;
             let belief = Belief {
                 key,
@@ -439,15 +441,22 @@ pub async fn follow_pods(
                     let until = instant_of(term.valid_until);
                     shown_until = Some(shown_until.map_or(until, |earlier| earlier.max(until)));
                 }
+                if let Some(known) = shown_until
+                    && asked > known
+                    && past_shown.is_none()
+                {
+                    past_shown = Some(asked - known);
+                }
                 reads = reads.wrapping_add(1);
                 tokio::time::sleep(ACT_INTERVAL).await;
             }
-            if let Some(shown_until) = shown_until
-                && last_running > shown_until
-            {
+            let past_latest = shown_until
+                .filter(|known| last_running > *known)
+                .map(|known| last_running - known);
+            if let Some(past) = past_latest.or(past_shown) {
                 recorder.late_belief(format!(
-                    "Job pod {name}'s work under token {token}, without the guard, ran {} ms past the latest validity status showed for its grant",
-                    (last_running - shown_until).as_millis()
+                    "Job pod {name}'s work under token {token}, without the guard, ran {} ms past the validity status showed for its grant",
+                    past.as_millis()
                 ));
             }
             belief.end(&recorder, last_running, "the last read that showed it running");
