@@ -214,89 +214,179 @@ impl Drop for Interest {
 async fn listener(wakes: Arc<Wakes>, index: usize, node: Arc<Node>, shutdown: CancellationToken) {
     let mut changes = wakes.changed.subscribe();
     let mut retry = RETRY_MIN;
-    let timeout = node.connect_timeout();
     loop {
-        changes.borrow_and_update();
-        while wakes.channels().is_empty() {
-            tokio::select! {
-                changed = changes.changed() => if changed.is_err() { return },
-                () = shutdown.cancelled() => return,
-            }
+        if !until_wanted(&wakes, &mut changes, &shutdown).await {
+            return;
         }
-        let opened = tokio::select! {
-            opened = tokio::time::timeout(timeout, node.client().get_async_pubsub()) => opened,
-            () = shutdown.cancelled() => return,
-        };
-        let (mut sink, mut stream) = match opened {
-            Ok(Ok(pubsub)) => pubsub.split(),
-            Ok(Err(err)) => {
-                tracing::debug!(master = %node.endpoint(), error = %err, "listening connection failed");
+        let pubsub = match open(&node, &shutdown).await {
+            Opened::Connection(pubsub) => pubsub,
+            Opened::Failed => {
                 wait_or_end(&shutdown, &mut retry).await;
                 continue;
             }
-            Err(_) => {
-                wait_or_end(&shutdown, &mut retry).await;
-                continue;
-            }
+            Opened::Ended => return,
         };
+        let listening = Listening {
+            wakes: &wakes,
+            index,
+            timeout: node.connect_timeout(),
+            shutdown: &shutdown,
+        };
+        match listening.run(pubsub, &mut changes, &mut retry).await {
+            Ended::Idle => {}
+            Ended::Lost => {
+                tracing::debug!(master = %node.endpoint(), "listening connection lost; waiters fall back to polling until it is back");
+                wait_or_end(&shutdown, &mut retry).await;
+            }
+            Ended::Engine => return,
+        }
+    }
+}
+
+/// Waits until a waiter of this process listens on some channel; `false`: the engine ended first.
+async fn until_wanted(
+    wakes: &Wakes,
+    changes: &mut watch::Receiver<u64>,
+    shutdown: &CancellationToken,
+) -> bool {
+    changes.borrow_and_update();
+    while wakes.channels().is_empty() {
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() { return false },
+            () = shutdown.cancelled() => return false,
+        }
+    }
+    true
+}
+
+enum Opened {
+    Connection(redis::aio::PubSub),
+    /// Refused or timed out: tried again after a pause.
+    Failed,
+    /// The engine ended meanwhile.
+    Ended,
+}
+
+/// Opens master's listening connection, within its connect timeout.
+async fn open(node: &Node, shutdown: &CancellationToken) -> Opened {
+    let opened = tokio::select! {
+        opened = tokio::time::timeout(node.connect_timeout(), node.client().get_async_pubsub()) => opened,
+        () = shutdown.cancelled() => return Opened::Ended,
+    };
+    match opened {
+        Ok(Ok(pubsub)) => Opened::Connection(pubsub),
+        Ok(Err(err)) => {
+            tracing::debug!(master = %node.endpoint(), error = %err, "listening connection failed");
+            Opened::Failed
+        }
+        Err(_) => Opened::Failed,
+    }
+}
+
+/// How one listening connection ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Ended {
+    /// Nobody here waits any more: the connection closes until someone does.
+    Idle,
+    /// Cut, silent, or a (un)subscription failed: reopened after a pause.
+    Lost,
+    Engine,
+}
+
+/// One open listening connection of master `index`.
+struct Listening<'a> {
+    wakes: &'a Wakes,
+    index: usize,
+    timeout: Duration,
+    shutdown: &'a CancellationToken,
+}
+
+impl Listening<'_> {
+    /// Subscribes to the channels wanted (again whenever they change) and counts what the master announces, until
+    /// the connection ends.
+    async fn run(
+        &self,
+        pubsub: redis::aio::PubSub,
+        changes: &mut watch::Receiver<u64>,
+        retry: &mut Duration,
+    ) -> Ended {
+        let (mut sink, mut stream) = pubsub.split();
         let mut subscribed: HashSet<String> = HashSet::new();
         let mut resync = true;
-        let lost = loop {
+        loop {
             if resync {
                 changes.borrow_and_update();
-                let wanted = wakes.wanted();
-                if wanted.is_empty() {
-                    // Nobody here waits any more: the connection closes until someone does.
-                    break false;
+                if let Err(ended) = self.subscribe_wanted(&mut sink, &mut subscribed).await {
+                    return ended;
                 }
-                let add: Vec<&String> = wanted.difference(&subscribed).collect();
-                let remove: Vec<&String> = subscribed.difference(&wanted).collect();
-                if !remove.is_empty()
-                    && !matches!(
-                        tokio::time::timeout(timeout, sink.unsubscribe(&remove)).await,
-                        Ok(Ok(()))
-                    )
-                {
-                    break true;
-                }
-                if !add.is_empty() {
-                    if !matches!(
-                        tokio::time::timeout(timeout, sink.subscribe(&add)).await,
-                        Ok(Ok(()))
-                    ) {
-                        break true;
-                    }
-                    // Subscribed only now: what was announced before is unknown, so it counts as announced.
-                    wakes.announced(index, add.iter().map(|channel| channel.as_str()));
-                }
-                subscribed = wanted;
-                retry = RETRY_MIN;
+                *retry = RETRY_MIN;
             }
             resync = false;
             tokio::select! {
                 message = stream.next() => match message {
-                    Some(message) => wakes.announced(index, [message.get_channel_name()]),
-                    None => break true,
+                    Some(message) => self.wakes.announced(self.index, [message.get_channel_name()]),
+                    None => return Ended::Lost,
                 },
                 changed = changes.changed() => {
                     if changed.is_err() {
-                        return;
+                        return Ended::Engine;
                     }
                     resync = true;
                 }
                 () = tokio::time::sleep(PING_EVERY) => {
-                    if !matches!(tokio::time::timeout(timeout, sink.ping::<redis::Value>()).await, Ok(Ok(_))) {
-                        break true;
+                    if !matches!(tokio::time::timeout(self.timeout, sink.ping::<redis::Value>()).await, Ok(Ok(_))) {
+                        return Ended::Lost;
                     }
                 }
-                () = shutdown.cancelled() => return,
+                () = self.shutdown.cancelled() => return Ended::Engine,
             }
-        };
-        if lost {
-            tracing::debug!(master = %node.endpoint(), "listening connection lost; waiters fall back to polling until it is back");
-            wait_or_end(&shutdown, &mut retry).await;
         }
     }
+
+    /// Brings the connection's subscriptions to the channels wanted now.
+    async fn subscribe_wanted(
+        &self,
+        sink: &mut redis::aio::PubSubSink,
+        subscribed: &mut HashSet<String>,
+    ) -> Result<(), Ended> {
+        let wanted = self.wakes.wanted();
+        if wanted.is_empty() {
+            return Err(Ended::Idle);
+        }
+        let (add, remove) = subscription_changes(subscribed, &wanted);
+        if !remove.is_empty()
+            && !matches!(
+                tokio::time::timeout(self.timeout, sink.unsubscribe(&remove)).await,
+                Ok(Ok(()))
+            )
+        {
+            return Err(Ended::Lost);
+        }
+        if !add.is_empty() {
+            if !matches!(
+                tokio::time::timeout(self.timeout, sink.subscribe(&add)).await,
+                Ok(Ok(()))
+            ) {
+                return Err(Ended::Lost);
+            }
+            // Subscribed only now: what was announced before is unknown, so it counts as announced.
+            self.wakes
+                .announced(self.index, add.iter().map(|channel| channel.as_str()));
+        }
+        *subscribed = wanted;
+        Ok(())
+    }
+}
+
+/// The channels to subscribe to and to leave, to go from `subscribed` to `wanted`.
+fn subscription_changes<'a>(
+    subscribed: &'a HashSet<String>,
+    wanted: &'a HashSet<String>,
+) -> (Vec<&'a String>, Vec<&'a String>) {
+    (
+        wanted.difference(subscribed).collect(),
+        subscribed.difference(wanted).collect(),
+    )
 }
 
 async fn wait_or_end(shutdown: &CancellationToken, retry: &mut Duration) {
@@ -305,4 +395,134 @@ async fn wait_or_end(shutdown: &CancellationToken, retry: &mut Duration) {
         () = shutdown.cancelled() => {}
     }
     *retry = (*retry * 2).min(RETRY_MAX);
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt;
+
+    use super::*;
+
+    /// Three masters, a majority of two, and no listening connections (the counts are what is tested).
+    fn wakes() -> Arc<Wakes> {
+        Arc::new(Wakes::new(3, 2))
+    }
+
+    fn listen(wakes: &Arc<Wakes>, channel: &str, since: Option<Vec<u64>>) -> Interest {
+        wakes.listen(&[], &CancellationToken::new(), channel, since)
+    }
+
+    fn woken(interest: &Interest, bursts: u64) -> bool {
+        interest.wait(bursts).now_or_never().is_some()
+    }
+
+    #[test]
+    fn a_waiter_wakes_once_a_majority_announced_since_its_attempt_began() {
+        let wakes = wakes();
+        let mut interest = listen(&wakes, "k", None);
+        interest.attempting();
+        assert!(!woken(&interest, 1), "nothing announced yet");
+        wakes.announced(0, ["k"]);
+        wakes.announced(0, ["k"]);
+        assert!(
+            !woken(&interest, 1),
+            "one master is no majority, however often it speaks"
+        );
+        wakes.announced(2, ["k"]);
+        assert!(woken(&interest, 1));
+        interest.attempting();
+        assert!(
+            !woken(&interest, 1),
+            "a new attempt waits for announcements after it began"
+        );
+    }
+
+    #[test]
+    fn a_waiter_further_back_waits_for_as_many_releases_as_are_ahead() {
+        let wakes = wakes();
+        let interest = listen(&wakes, "k", None);
+        for master in [0, 1] {
+            wakes.announced(master, ["k"]);
+        }
+        assert!(woken(&interest, 1));
+        assert!(!woken(&interest, 2), "place 2 waits for a second release");
+        wakes.announced(2, ["k"]);
+        assert!(!woken(&interest, 2), "two each from no majority yet");
+        wakes.announced(1, ["k"]);
+        assert!(!woken(&interest, 2), "master 2 made one");
+        wakes.announced(2, ["k"]);
+        assert!(woken(&interest, 2), "masters 1 and 2 made two each");
+        assert!(woken(&interest, 0), "no bursts counts as one");
+    }
+
+    #[test]
+    fn announcements_count_from_what_the_waiter_had_heard() {
+        let wakes = wakes();
+        let first = listen(&wakes, "k", None);
+        for master in 0..3 {
+            wakes.announced(master, ["k"]);
+        }
+        let since = wakes.heard("k");
+        assert_eq!(since, Some(vec![1, 1, 1]));
+        let second = listen(&wakes, "k", since);
+        assert!(woken(&first, 1));
+        assert!(
+            !woken(&second, 1),
+            "what was heard before its attempt does not wake it"
+        );
+        wakes.announced(1, ["k"]);
+        wakes.announced(2, ["k"]);
+        assert!(woken(&second, 1));
+    }
+
+    #[test]
+    fn announcements_elsewhere_or_from_unknown_masters_change_nothing() {
+        let wakes = wakes();
+        let interest = listen(&wakes, "k", None);
+        wakes.announced(0, ["other"]);
+        wakes.announced(1, ["other"]);
+        wakes.announced(7, ["k"]);
+        assert_eq!(wakes.heard("k"), Some(vec![0, 0, 0]));
+        assert_eq!(wakes.heard("other"), None, "nobody here listens there");
+        assert!(!woken(&interest, 1));
+    }
+
+    #[test]
+    fn a_channel_is_left_once_its_last_waiter_here_stops() {
+        let wakes = wakes();
+        let generation = || *wakes.changed.borrow();
+        let one = listen(&wakes, "k", None);
+        assert_eq!(generation(), 1, "a new channel: the listeners subscribe");
+        let two = listen(&wakes, "k", None);
+        assert_eq!(
+            generation(),
+            1,
+            "a channel listened on already: nothing to subscribe"
+        );
+        assert_eq!(wakes.wanted(), HashSet::from(["k".to_owned()]));
+        assert!(one.is_from(&wakes) && !one.is_from(&self::wakes()));
+        drop(one);
+        assert!(wakes.heard("k").is_some(), "another waiter still listens");
+        assert_eq!(generation(), 1);
+        drop(two);
+        assert_eq!(wakes.heard("k"), None);
+        assert!(wakes.wanted().is_empty());
+        assert_eq!(generation(), 2, "left: the listeners unsubscribe");
+    }
+
+    #[test]
+    fn subscriptions_follow_the_channels_wanted() {
+        let set = |names: &[&str]| {
+            names
+                .iter()
+                .map(|name| (*name).to_owned())
+                .collect::<HashSet<_>>()
+        };
+        let (subscribed, wanted) = (set(&["a", "b"]), set(&["b", "c"]));
+        let (add, remove) = subscription_changes(&subscribed, &wanted);
+        assert_eq!(add, vec!["c"]);
+        assert_eq!(remove, vec!["a"]);
+        let (add, remove) = subscription_changes(&wanted, &wanted);
+        assert!(add.is_empty() && remove.is_empty());
+    }
 }
