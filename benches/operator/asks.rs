@@ -1,30 +1,33 @@
 //! What the holders' asks cost the operator (issue 48, item 1): since then `elect` and the Job guard ask the
-//! active replica how long their grant stays valid (`POST /v1/validity` on the reports port) instead of reading
-//! status's `validUntil` on their wall clock. For each size N (`OPERATOR_BENCH_ASK_LOCKS`, comma-separated,
-//! default `200,10000`), on a fresh operator, masters and API server, the real binary holds N identity locks (ttl
-//! 10s), and two windows of `OPERATOR_BENCH_ASK_SECONDS` (20) are measured:
+//! active replica how long their grant stays valid (`POST /v1/validity` on the reports port) instead of
+//! reading status's `validUntil` on their wall clock. For each size N (`OPERATOR_BENCH_ASK_LOCKS`,
+//! comma-separated, default `200,10000`), on a fresh operator, masters and API server, the real binary holds
+//! N identity locks (ttl 10s), and two windows of `OPERATOR_BENCH_ASK_SECONDS` (20) are measured:
 //! - base: nobody asks (the holders as before issue 48 cost the operator nothing);
-//! - asking: a holder per lock runs the holders' own code, `cli::term::current_term` then `cli::term::watch_term`
-//!   (`elect`'s loop), which asks when it starts a term, at each status change of the term and at the latest
-//!   when half of the time left has passed (`cli::stop_time::after_ask`), through `stop_time::over_the_channel`,
-//!   one per holder as each holder process has its own: a connection per ask (the port serves one request per
-//!   connection), the holder's TLS session resumed. The terms come from one watch on the locks, fanned out to the
-//!   holders as `cli::term::follow` would give them, so that the bench's API server is not loaded by N watches.
-//!   The holders start spread over a TTL, then a status cycle or two passes before the window.
+//! - asking: a holder per lock runs the holders' own code, `cli::term::current_term` then
+//!   `cli::term::watch_term` (`elect`'s loop), which asks when it starts a term, at each status change of the
+//!   term and at the latest when half of the time left has passed (`cli::stop_time::after_ask`), through
+//!   `stop_time::over_the_channel`, one per holder as each holder process has its own: a connection per ask
+//!   (the port serves one request per connection), the holder's TLS session resumed. The terms come from one
+//!   watch on the locks, fanned out to the holders as `cli::term::follow` would give them, so that the
+//!   bench's API server is not loaded by N watches. The holders start spread over a TTL, then a status cycle
+//!   or two passes before the window.
 //!
-//! All the holders share the bench's one source address (127.0.0.1: the library's client has no source address
-//! to choose), and the reports port serves at most 8 connections at once from one address, so at most
-//! [`IN_FLIGHT`] asks are under way at once; the time an ask waits for its turn is shown apart from its latency.
+//! All the holders share the bench's one source address (127.0.0.1: the library's client has no source
+//! address to choose), and the reports port serves at most 8 connections at once from one address, so at most
+//! [`IN_FLIGHT`] asks are under way at once; the time an ask waits for its turn is shown apart from its
+//! latency.
 //!
 //! Per size it prints the asks the replica answered in the window (each counted as it was answered: valid,
-//! unknown, or failed with no answer), per second in all and per held lock, beside the rate the holders' schedule
-//! gives on paper ([`scheduled_per_lock`]); the operator's CPU (utime + stime from /proc, in % of one core) in each
-//! window and their ratio; the asks' latency p50/p99 (the ask, TLS handshake included, not its wait for a turn);
-//! the operator's CPU per ask; and the holders that stopped their work though status still showed their term
-//! (an ask answered too late: none is expected), the locks lost in each window, and the bench process's own cores
-//! (the holders' side of every ask, the API server and the watches share the machine with the operator). Where the
-//! bench could not ask as often as the schedule says, it says so, with the operator's CPU at the schedule's rate
-//! worked out from its CPU per ask where the schedule was kept (not measured). It ends with a table and `SUMMARY_ASKS locks=N …` per size.
+//! unknown, or failed with no answer), per second in all and per held lock, beside the rate the holders'
+//! schedule gives on paper ([`scheduled_per_lock`]); the operator's CPU (utime + stime from /proc, in % of
+//! one core) in each window and their ratio; the asks' latency p50/p99 (the ask, TLS handshake included, not
+//! its wait for a turn); the operator's CPU per ask; the holders that stopped their work though status still
+//! showed their term (an ask answered too late, or one that waited too long for its turn here); the locks
+//! lost in each window; and the bench process's own cores (the holders' side of every ask, the API server and
+//! the watches share the machine with the operator). Where the bench could not ask as often as the schedule
+//! says, it says so, with the operator's CPU at the schedule's rate worked out from its CPU per ask where the
+//! schedule was kept (not measured). It ends with a table and `SUMMARY_ASKS locks=N …` per size.
 
 use std::collections::HashMap;
 use std::sync::Arc;
