@@ -112,41 +112,11 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
                     None => Ok(Action::requeue(AGAIN)),
                 };
             }
-            Step::KeepAndRecord { forget_ticket } => {
-                let Some(lease) = &lease else {
-                    return Ok(Action::requeue(AGAIN));
-                };
-                let token = lease.fencing_token();
-                // Kept from this moment: the floor and status writes below take API round trips of the validity.
-                keep(target, ctx, lease, token);
-                if forget_ticket {
-                    ctx.lock_controller.queue_tickets.forget(key);
-                }
-                match record_floor(ctx, quorum, key, token).await {
-                    Ok(Record::Above { floor: record }) => {
-                        tracing::warn!(
-                            token,
-                            floor = record,
-                            "the masters granted a token the cluster's floor record already holds (they forgot): acquiring above it"
-                        );
-                        Outcome::Recorded(Record::Above { floor: record })
-                    }
-                    Ok(record) => Outcome::Recorded(record),
-                    Err(err) => Outcome::RecordFailed(err),
-                }
-            }
-            Step::Recheck => {
-                // Nothing shows the grant yet: given back if the recount left to this moment forbids it.
-                let clear = target.policy.grant_still_clear(ctx, target.permit, holder).await;
-                if let (Ok(false), Some(lease)) = (&clear, &lease) {
-                    tracing::info!(
-                        token = lease.fencing_token(),
-                        %holder,
-                        "pods of an earlier grant still run (the pod cache had not shown them yet): the key is given back until they are gone, and the lock stays first in its queue"
-                    );
-                }
-                Outcome::Rechecked(clear)
-            }
+            Step::KeepAndRecord { forget_ticket } => match &lease {
+                Some(lease) => keep_and_record(target, ctx, lease, forget_ticket).await,
+                None => return Ok(Action::requeue(AGAIN)),
+            },
+            Step::Recheck => recheck(target, ctx, holder, lease.as_ref()).await,
             Step::Hold { leave_queue } => {
                 let Some(lease) = &lease else {
                     return Ok(Action::requeue(AGAIN));
@@ -177,6 +147,49 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
         };
         step = acquisition.next(outcome);
     }
+}
+
+/// Keeps a grant at the token proposed (from this moment: the floor and status writes that follow take API round
+/// trips of the validity) and records its token in the key's floor record; `forget_ticket`: the lock leaves the
+/// key's queue now.
+async fn keep_and_record(
+    target: &Target<'_>,
+    ctx: &Context,
+    lease: &Lease,
+    forget_ticket: bool,
+) -> Outcome<Error> {
+    let (quorum, key) = (&target.settings.quorum, &target.settings.key);
+    let token = lease.fencing_token();
+    keep(target, ctx, lease, token);
+    if forget_ticket {
+        ctx.lock_controller.queue_tickets.forget(key);
+    }
+    match record_floor(ctx, quorum, key, token).await {
+        Ok(Record::Above { floor: record }) => {
+            tracing::warn!(
+                token,
+                floor = record,
+                "the masters granted a token the cluster's floor record already holds (they forgot): acquiring above it"
+            );
+            Outcome::Recorded(Record::Above { floor: record })
+        }
+        Ok(record) => Outcome::Recorded(record),
+        Err(err) => Outcome::RecordFailed(err),
+    }
+}
+
+/// Nothing shows the grant yet: the policy's check left until the key was won (the recount of an earlier grant's
+/// pods), which gives the grant back if it forbids it.
+async fn recheck(target: &Target<'_>, ctx: &Context, holder: &str, lease: Option<&Lease>) -> Outcome<Error> {
+    let clear = target.policy.grant_still_clear(ctx, target.permit, holder).await;
+    if let (Ok(false), Some(lease)) = (&clear, lease) {
+        tracing::info!(
+            token = lease.fencing_token(),
+            %holder,
+            "pods of an earlier grant still run (the pod cache had not shown them yet): the key is given back until they are gone, and the lock stays first in its queue"
+        );
+    }
+    Outcome::Rechecked(clear)
 }
 
 /// The acquisition was refused by values holding the permit's key: deletes those of them that are this lock's own
