@@ -64,7 +64,8 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
     let floor = floor.max(ctx.lock_controller.queue_tickets.counter(key));
     let mut acquisition = Acquisition::new(floor, target.policy.checks_once_won());
     let stays_queued = acquisition.stays_queued();
-    // What the last answer of the masters brought, for the steps that follow it.
+    // What the last answer of the masters brought, for the steps that follow it ([`Acquisition`] takes those only
+    // after such an answer; were one missing, the lock would be handed back to come again).
     let mut lease: Option<Lease> = None;
     let mut refusal: Option<OperationReport> = None;
     let mut step = acquisition.start();
