@@ -756,14 +756,20 @@ async fn an_installation_scoped_by_quorum_selector_writes_only_its_quorums() {
         phase(lock) == Some(LockPhase::Held)
     })
     .await;
-    let ready_reason = |lock: &redlock_operator::api::DistributedLock| {
+    let ready = |lock: &redlock_operator::api::DistributedLock| {
         let conditions = lock.status.as_ref().map(|status| status.conditions.as_slice());
-        condition(conditions.unwrap_or_default(), "Ready").map(|condition| condition.reason.clone())
+        condition(conditions.unwrap_or_default(), "Ready")
+            .map(|condition| (condition.reason.clone(), condition.message.clone()))
     };
-    lock_where(&env, "on-theirs", "QuorumNotFound", |lock| {
-        ready_reason(lock).as_deref() == Some("QuorumNotFound")
+    let on_theirs = lock_where(&env, "on-theirs", "QuorumNotFound", |lock| {
+        ready(lock).is_some_and(|(reason, _)| reason == "QuorumNotFound")
     })
     .await;
+    let (_, message) = ready(&on_theirs).unwrap_or_default();
+    assert!(
+        message.contains("--quorum-selector"),
+        "the message names the selector: {message}"
+    );
     // The lock's verdict came from a synced cache without the other quorum: the installation never looked at it,
     // so nothing of it wrote that quorum's status.
     let theirs_now = env.quorums().get(&theirs).await.expect("quorum");

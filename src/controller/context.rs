@@ -35,6 +35,9 @@ pub struct Context {
     pub secrets_namespace: String,
     /// This installation's name: the locks it keeps carry it (`lock::claim`).
     pub installation: String,
+    /// The label selector that limits the RedisQuorums this installation looks at (`--quorum-selector`), if any:
+    /// a lock naming a quorum outside it is told so, not only that the quorum does not exist.
+    pub quorum_selector: Option<String>,
     /// How often quorum health is checked and written.
     pub health_interval: Duration,
     pub locks: Store<DistributedLock>,

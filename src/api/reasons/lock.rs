@@ -150,8 +150,8 @@ pub(super) const REASONS: &[Reason] = &[
             kind: "DistributedLock",
             warning: true,
         },
-        meaning: "The RedisQuorum named in spec.quorum does not exist: anything held is given up. Create it, \
-            or set spec.quorum to an existing one.",
+        meaning: "The RedisQuorum named in spec.quorum does not exist, or is not one this installation looks at \
+            (--quorum-selector): anything held is given up. Create it, or set spec.quorum to an existing one.",
     },
     Reason {
         name: "QuorumNotReady",
@@ -518,8 +518,9 @@ pub(super) const REASONS: &[Reason] = &[
             condition: "Held",
             status: "False",
         },
-        meaning: "Nobody holds the lock: the RedisQuorum named in spec.quorum does not exist; create it, or \
-            set spec.quorum to an existing one. Ready is False with the same reason.",
+        meaning: "Nobody holds the lock: the RedisQuorum named in spec.quorum does not exist, or is not one \
+            this installation looks at (--quorum-selector); create it, or set spec.quorum to an existing one. \
+            Ready is False with the same reason.",
     },
     Reason {
         name: "QuorumNotFound",
@@ -528,8 +529,9 @@ pub(super) const REASONS: &[Reason] = &[
             condition: "Ready",
             status: "False",
         },
-        meaning: "The RedisQuorum named in spec.quorum does not exist; create it, or set spec.quorum to an \
-            existing one. Nobody holds the lock meanwhile.",
+        meaning: "The RedisQuorum named in spec.quorum does not exist, or is not one this installation looks at \
+            (--quorum-selector); create it, or set spec.quorum to an existing one. Nobody holds the lock \
+            meanwhile.",
     },
     Reason {
         name: "QuorumNotReady",

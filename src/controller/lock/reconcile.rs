@@ -219,10 +219,7 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
             return Ok(Action::requeue(QUORUM_ENGINE_RETRY));
         }
         QuorumLookup::Missing => {
-            let message = format!(
-                "RedisQuorum `{}` does not exist: create it, or set spec.quorum to an existing one",
-                lock.spec.quorum
-            );
+            let message = quorum_not_found(&lock.spec.quorum, ctx.quorum_selector.as_deref());
             return actions::wait::quorum_not_ready(lock, ctx, "QuorumNotFound", message).await;
         }
         QuorumLookup::Unusable(problem) => {
@@ -562,6 +559,20 @@ async fn act(
     }
 }
 
+/// Why a lock's quorum is not there: it does not exist, or (with `--quorum-selector`) this installation does not look
+/// at it. Pure.
+fn quorum_not_found(quorum: &str, selector: Option<&str>) -> String {
+    match selector {
+        None => {
+            format!("RedisQuorum `{quorum}` does not exist: create it, or set spec.quorum to an existing one")
+        }
+        Some(selector) => format!(
+            "RedisQuorum `{quorum}` does not exist or is not one this installation looks at (--quorum-selector \
+             `{selector}`): label it so, or set spec.quorum to one that is"
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::cell::RefCell;
@@ -587,5 +598,17 @@ mod tests {
             }
         }
         assert_eq!(order, [2, 0, 3, 1]);
+    }
+
+    #[test]
+    fn a_missing_quorum_is_explained_by_the_quorum_selector_when_there_is_one() {
+        let plain = super::quorum_not_found("q", None);
+        assert!(plain.contains("does not exist: create it"), "{plain}");
+        let scoped = super::quorum_not_found("q", Some("team=a"));
+        assert!(
+            scoped.contains("is not one this installation looks at"),
+            "{scoped}"
+        );
+        assert!(scoped.contains("--quorum-selector `team=a`"), "{scoped}");
     }
 }

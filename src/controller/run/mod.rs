@@ -230,6 +230,7 @@ pub async fn start(
         health_interval: options.health_interval,
         secrets_namespace: options.secrets_namespace,
         installation,
+        quorum_selector: options.scope.quorum_selector.clone(),
         locks: lock_store.clone(),
         quorums: quorum_store.clone(),
         pods: pod_store.clone(),
