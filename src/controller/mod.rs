@@ -1,7 +1,7 @@
 //! The controllers, one folder each: `lock` (the `DistributedLock` reconciler and its holder policies), `quorum`
 //! (the `RedisQuorum` reconciler), `keeper` (extends held locks), `replica_lease` (which replica is active), `cache`
 //! (the pod caches the reconcilers read) and `run` (the wiring). Files named for a rule, a decision, settings, config, status or routing are pure and tested
-//! with a fake clock; `reconcile`, `actions`, `*_writes`, `*_reads`, `status_write`, `elector` and the keeper's
+//! with a fake clock; `reconcile`, `actions`, `*_writes`, `*_reads`, `status::write`, `elector` and the keeper's
 //! task talk to the API server or Redis.
 
 pub mod cache;
