@@ -75,6 +75,7 @@ pub(super) fn base(seed: u64, switched_on: Option<Control>) -> Scenario {
     Scenario {
         seed,
         job_seconds: 20.0..30.0,
+        failing_jobs: false,
         controls: switched_on
             .map(|control| control.name().to_owned())
             .unwrap_or_default(),

@@ -151,6 +151,8 @@ pub struct Feed {
     pub queue: usize,
     /// The pods' `terminationGracePeriodSeconds`.
     pub grace_seconds: u32,
+    /// Whether now and then a Job fails at once.
+    pub failing: bool,
     pub recorder: Arc<Recorder>,
 }
 
@@ -168,6 +170,7 @@ pub async fn feed(feed: Feed, stop: CancellationToken) {
         first,
         queue,
         grace_seconds,
+        failing,
         recorder,
     } = feed;
     let jobs: Api<Job> = Api::namespaced(client, &namespace);
@@ -208,7 +211,8 @@ pub async fn feed(feed: Feed, stop: CancellationToken) {
                 let _ = jobs.delete(&job.name_any(), &DeleteParams::background()).await;
             }
             for _ in waiting.len()..queue {
-                let fails = rng.random_bool(0.15);
+                // Drawn either way, so that a seed makes the same other choices.
+                let fails = rng.random_bool(0.15) && failing;
                 let seconds = rng.random_range(seconds.clone());
                 let name = format!("{lock}-{created}");
                 created += 1;
@@ -413,6 +417,7 @@ pub async fn follow_pods(
             // How far the pod first ran past every validity shown by then (a later one does not cover the lapse).
             let mut past_shown: Option<Duration> = None;
             let mut reads = 0_u32;
+            let mut ended = "the run ended".to_owned();
             let belief = Belief {
                 key,
                 holder,
@@ -423,13 +428,21 @@ pub async fn follow_pods(
             };
             while !stop.is_cancelled() {
                 let asked = Instant::now();
-                let still = api
-                    .get_opt(&name)
-                    .await
-                    .ok()
-                    .flatten()
-                    .and_then(|pod| running(&cluster, &pod));
-                if still.is_none_or(|(resource, _, seen)| seen != token || resource != belief.key) {
+                // A read the API server failed says nothing of the pod: it neither ends the belief (the pod would
+                // never be followed again, and its run past the validity would go unseen) nor extends it.
+                let Ok(read) = api.get_opt(&name).await else {
+                    tokio::time::sleep(ACT_INTERVAL).await;
+                    continue;
+                };
+                let phase = read
+                    .as_ref()
+                    .and_then(|pod| pod.status.as_ref()?.phase.clone());
+                let still = read.and_then(|pod| running(&cluster, &pod));
+                if still
+                    .as_ref()
+                    .is_none_or(|(resource, _, seen)| *seen != token || *resource != belief.key)
+                {
+                    ended = format!("the last read that showed it running (then: phase {phase:?}, grant {still:?})");
                     break;
                 }
                 last_running = asked;
@@ -459,7 +472,7 @@ pub async fn follow_pods(
                     past.as_millis()
                 ));
             }
-            belief.end(&recorder, last_running, "the last read that showed it running");
+            belief.end(&recorder, last_running, &ended);
         }));
     }
     for probe in probes {

@@ -170,6 +170,10 @@ pub struct Scenario {
     /// violation of its own (no majority can vote then): a run whose masters restart only while its key is held
     /// elsewhere, so that no grant can precede the restart and be seen after it.
     pub grants_after_quarantine: bool,
+    /// Whether the feeders queue, now and then, a Job that fails at once (not in the negative controls' runs: a
+    /// control's fault is thrown once a Job works under its grant, and one that fails at once would be over
+    /// before the fault, with nothing left for the control to break).
+    pub failing_jobs: bool,
 }
 
 /// One cluster, one replica, no workload, no nemesis: plain locks (one permit) of the default TTL, the Job locks'
@@ -211,6 +215,7 @@ impl Default for Scenario {
             fenced: None,
             fences_before_validity: false,
             grants_after_quarantine: false,
+            failing_jobs: true,
         }
     }
 }
@@ -375,6 +380,7 @@ impl Side {
                 first: scenario.first_jobs,
                 queue: scenario.queue,
                 grace_seconds: scenario.job_grace_seconds,
+                failing: scenario.failing_jobs,
                 recorder: recorder.clone(),
             };
             feeders.push(tokio::spawn(jobs::feed(feed, holders_stop.clone())));

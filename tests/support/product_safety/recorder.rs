@@ -38,13 +38,14 @@ impl Recorder {
     pub fn belief(&self, interval: Interval) {
         if std::env::var_os("REDLOCK_SAFETY_LOG").is_some() {
             eprintln!(
-                "{:?} belief {} {} token {} {:?}..{:?}",
+                "{:?} belief {} {} token {} {:?}..{:?} ({})",
                 Instant::now(),
                 interval.resource,
                 interval.client,
                 interval.token,
                 interval.start,
-                interval.end
+                interval.end,
+                interval.evidence
             );
         }
         self.beliefs
