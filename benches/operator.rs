@@ -235,6 +235,24 @@ async fn event_burst(
     Ok(burst)
 }
 
+/// A fresh cluster (test API server, masters) and operator holding `locks` identity locks ([`single_lock`], ttl
+/// 10 s), once every lock is held and its first status writes are behind it, so that what is measured next sees
+/// the steady holding only.
+async fn settled_identity_locks(locks: usize) -> Result<(Cluster, Operator, Api<DistributedLock>), BoxError> {
+    let cluster = Cluster::start().await?;
+    cluster.install().await?;
+    let operator = Operator::start(&cluster).await?;
+    let api: Api<DistributedLock> = Api::default_namespaced(cluster.client.clone());
+    let held = HeldWatch::start(api.clone(), 1);
+    create_locks(&api, locks, None, single_lock).await?;
+    let seen = held.wait_for(locks, patience()).await;
+    if seen < locks {
+        return Err(format!("only {seen} of {locks} locks held").into());
+    }
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    Ok((cluster, operator, api))
+}
+
 /// A plain lock `lock-00000` … (ttl 10s) held by an identity: the single-lock run's.
 fn single_lock(index: usize) -> (String, serde_json::Value) {
     let spec = serde_json::json!({ "ttl": "10s", "holder": { "identity": format!("holder-{index}") } });

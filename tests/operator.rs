@@ -746,7 +746,7 @@ async fn an_installation_scoped_by_quorum_selector_writes_only_its_quorums() {
     }
     let scope = LockScope {
         quorum_selector: env.quorum_selector(Some("team=a")),
-        ..env_scope(&env)
+        ..env.default_scope()
     };
     let (running, shutdown) = operator_scoped(&env, &installation_secret(46), "ops/team-a", scope).await;
     quorum_available(&env, &ours).await;
@@ -780,13 +780,4 @@ async fn an_installation_scoped_by_quorum_selector_writes_only_its_quorums() {
     );
     stop(running, shutdown).await;
     env.cleanup(&[&ours, &theirs]).await;
-}
-
-/// The lock scope an operator of this test gets by default (its namespaces on a real cluster).
-fn env_scope(env: &Env) -> LockScope {
-    LockScope {
-        namespaces: env.scope_namespaces(),
-        selector: None,
-        quorum_selector: None,
-    }
 }

@@ -49,8 +49,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    BoxError, Cluster, HeldWatch, Operator, cores_over, cpu_seconds, create_locks, metric, metrics_text,
-    patience, single_lock,
+    BoxError, cores_over, cpu_seconds, metric, metrics_text, patience, settled_identity_locks, single_lock,
 };
 
 /// Asks under way at once from the bench's one source address: the port's bound is 8 per address, and a
@@ -385,18 +384,8 @@ pub async fn run(sizes: &[usize], window: Duration) -> Result<(), BoxError> {
 
 async fn one_size(locks: usize, window: Duration) -> Result<Figures, BoxError> {
     println!("  {locks} held locks:");
-    let cluster = Cluster::start().await?;
-    cluster.install().await?;
-    let operator = Operator::start(&cluster).await?;
-    let api: Api<DistributedLock> = Api::default_namespaced(cluster.client.clone());
-    let held = HeldWatch::start(api.clone(), 1);
-    create_locks(&api, locks, None, single_lock).await?;
-    let seen = held.wait_for(locks, patience()).await;
-    if seen < locks {
-        return Err(format!("only {seen} of {locks} locks held").into());
-    }
-    // Every lock's first status writes are behind it: the windows see the steady holding only.
-    tokio::time::sleep(Duration::from_secs(12)).await;
+    // The cluster is kept (not used) until the windows are measured: dropped, its API server and masters stop.
+    let (_cluster, operator, api) = settled_identity_locks(locks).await?;
 
     let lost_before = lost(operator.port).await?;
     let bench_before = cpu_seconds(std::process::id())?;

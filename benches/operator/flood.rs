@@ -24,8 +24,7 @@ use tokio::time::Instant;
 
 use super::support::forged_reports::{Tally, flood};
 use super::{
-    BoxError, Cluster, HeldWatch, Operator, cpu_seconds, create_locks, histogram_buckets, metric,
-    metrics_text, patience, single_lock,
+    BoxError, Operator, cpu_seconds, histogram_buckets, metric, metrics_text, settled_identity_locks,
 };
 
 const CLIENTS: usize = 8;
@@ -43,18 +42,7 @@ pub async fn run(locks: usize, window: Duration) -> Result<(), BoxError> {
         "a flood of forged reports: {locks} held locks, ttl 10s, {CLIENTS} clients, {}s windows",
         window.as_secs()
     );
-    let cluster = Cluster::start().await?;
-    cluster.install().await?;
-    let operator = Operator::start(&cluster).await?;
-    let api: Api<DistributedLock> = Api::default_namespaced(cluster.client.clone());
-    let held = HeldWatch::start(api.clone(), 1);
-    create_locks(&api, locks, None, single_lock).await?;
-    let seen = held.wait_for(locks, patience()).await;
-    if seen < locks {
-        return Err(format!("only {seen} of {locks} locks held").into());
-    }
-    // Every lock's first status writes are behind it: the windows see the steady holding only.
-    tokio::time::sleep(Duration::from_secs(12)).await;
+    let (cluster, operator, api) = settled_identity_locks(locks).await?;
 
     let idle = measure(&api, &operator, window, None).await?;
     let tally = Arc::new(Tally::default());

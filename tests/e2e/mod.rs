@@ -226,8 +226,8 @@ impl Env {
     }
 
     /// What an operator started without a scope of its own looks at: everything on the test server, which only
-    /// this test uses; this test's namespaces on a real cluster.
-    fn default_scope(&self) -> LockScope {
+    /// this test uses; this test's namespaces and quorums on a real cluster.
+    pub fn default_scope(&self) -> LockScope {
         if self.is_test_server() {
             return LockScope::default();
         }
@@ -251,11 +251,6 @@ impl Env {
             (Some(own), Some(also)) => Some(format!("{own},{also}")),
             (own, also) => own.or(also.map(str::to_owned)),
         }
-    }
-
-    /// The namespaces an operator of this test looks at: all on the test server, this test's on a real cluster.
-    pub fn scope_namespaces(&self) -> Vec<String> {
-        self.default_scope().namespaces
     }
 
     /// The flags that give the binary (`redlock-operator run`) the scope [`Env::default_scope`] gives an operator
