@@ -507,14 +507,14 @@ async fn a_restarted_operator_keeps_the_grant_of_a_running_job() {
     let pods_before = live_granted_pods(&env).await;
     stop(running, shutdown).await;
     let (running, shutdown) = operator(&env, &installation_secret(35), None).await;
-    for _ in 0..60 {
+    throughout(Duration::from_secs(6), Duration::from_millis(100), || async {
         assert_eq!(
             running_jobs(&env).await,
             ["first"],
             "the grant moved or went during the restart"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     assert_first_hold_kept(&env, "batch").await;
     assert!(!job_events(&env, "first").await.contains(&"Fenced".to_owned()));
     assert_eq!(

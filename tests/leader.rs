@@ -380,11 +380,11 @@ async fn two_clusters_on_one_quorum_have_one_leader_between_them() {
         (count == 1).then_some(())
     })
     .await;
-    for _ in 0..20 {
+    throughout(Duration::from_secs(2), Duration::from_millis(100), || async {
         let count = labelled(&east).await.len() + labelled(&west).await.len();
         assert!(count <= 1, "two leaders across clusters");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     let quorum_name = running[0].1.clone();
     for ((running, shutdown), _) in running {
         stop(running, shutdown).await;

@@ -267,15 +267,15 @@ async fn two_locks_on_one_key_give_one_holder_and_the_other_says_who_blocks_it()
         Some(holder_identity.as_str())
     );
     // Stays that way: never two holders.
-    for _ in 0..20 {
+    throughout(Duration::from_secs(2), Duration::from_millis(100), || async {
         let first = env.locks().get("first").await.expect("first");
         let second = env.locks().get("second").await.expect("second");
         assert!(
             !(phase(&first) == Some(LockPhase::Held) && phase(&second) == Some(LockPhase::Held)),
             "two holders of one key"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     // The holder goes: the waiter gets the key.
     env.locks()
         .delete(&holder.name_any(), &DeleteParams::default())
@@ -328,14 +328,14 @@ async fn two_clusters_sharing_a_quorum_and_a_key_have_exactly_one_holder() {
         blocked.status.and_then(|s| s.blocked_by).is_some(),
         "the contended side says who holds it"
     );
-    for _ in 0..20 {
+    throughout(Duration::from_secs(2), Duration::from_millis(100), || async {
         let (a, b, _) = phases().await.expect("both readable");
         assert!(
             !(a == Some(LockPhase::Held) && b == Some(LockPhase::Held)),
             "two holders across clusters"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     let quorum_names: Vec<String> = quorums.iter().map(|(_, name)| name.clone()).collect();
     for ((running, shutdown), _) in quorums {
         stop(running, shutdown).await;
@@ -638,13 +638,13 @@ async fn two_installations_in_one_cluster_keep_each_lock_in_one_of_them_and_neve
     let started = held.status.as_ref().map(|status| status.transitions);
     let first_token = token(&held);
     assert!(first_token.is_some(), "a held lock shows its token");
-    for _ in 0..30 {
+    throughout(Duration::from_secs(6), Duration::from_millis(200), || async {
         let lock = env.locks().get("shared").await.expect("lock");
         assert_eq!(phase(&lock), Some(LockPhase::Held), "{:?}", lock.status);
         assert_eq!(token(&lock), first_token, "a new token: the installations fought");
         assert_eq!(lock.status.as_ref().map(|status| status.transitions), started);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await;
     let (keeping, leaving) = if keeper == "ops/first" {
         (&first, &second)
     } else {

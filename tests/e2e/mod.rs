@@ -647,6 +647,27 @@ where
     }
 }
 
+/// Runs `check` (which asserts) every `every` until `window` has passed, and at least twice: for what must hold
+/// throughout a stretch (never two holders). The window is time, not a count of checks: where one check is slow
+/// (the realistic server lists pods 1 s and Jobs 1.5 s late) a count would stretch a 2 s window to 40 s
+/// without looking at anything the window does not.
+pub async fn throughout<F, Fut>(window: Duration, every: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let end = Instant::now() + window;
+    let mut checks = 0u32;
+    loop {
+        check().await;
+        checks = checks.saturating_add(1);
+        if checks >= 2 && Instant::now() >= end {
+            return;
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
 /// Waits until the object `name` satisfies `check`, and returns it.
 pub async fn object_where<K>(api: &Api<K>, name: &str, what: &str, check: impl Fn(&K) -> bool) -> K
 where
