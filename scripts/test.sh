@@ -4,22 +4,37 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Each `==>` phase and when it started (seconds since the script did): the table at the end says where the time went.
+# Each `==>` phase, when it started (seconds since the script did) and the machine's CPU time by then: the table at
+# the end says where the time went, and how many cores were busy meanwhile (what tells whether a phase could run
+# more tests at a time).
 phase_names=()
 phase_starts=()
+phase_cpu=()
+# "busy total" clock ticks of all CPUs since boot (busy: all but idle and iowait), or "0 0" where /proc has none.
+cpu_ticks() {
+  awk '/^cpu / { total = 0; for (i = 2; i <= NF; i++) total += $i; print total - $5 - $6, total; found = 1 }
+       END { if (!found) print 0, 0 }' /proc/stat 2>/dev/null || echo 0 0
+}
 phase() {
   phase_names+=("$1")
   phase_starts+=("$SECONDS")
+  phase_cpu+=("$(cpu_ticks)")
   echo "==> $1"
 }
 phase_table() {
-  local i seconds
-  echo "==> phases (minutes)"
+  local i seconds cores busy_from total_from busy_to total_to busy
+  cores=$(nproc 2>/dev/null || echo 1)
+  echo "==> phases (minutes, and the cores busy on average of the machine's $cores)"
+  phase_cpu+=("$(cpu_ticks)")
   for i in "${!phase_names[@]}"; do
     seconds=$((${phase_starts[$((i + 1))]:-$SECONDS} - phase_starts[i]))
-    printf '%4d.%d  %s\n' $((seconds / 60)) $((seconds % 60 * 10 / 60)) "${phase_names[$i]}"
+    read -r busy_from total_from <<<"${phase_cpu[$i]}"
+    read -r busy_to total_to <<<"${phase_cpu[$((i + 1))]}"
+    busy=$(awk -v b=$((busy_to - busy_from)) -v t=$((total_to - total_from)) -v c="$cores" \
+      'BEGIN { if (t > 0) printf "%4.1f", b / t * c; else printf "   -" }')
+    printf '%4d.%d  %s  %s\n' $((seconds / 60)) $((seconds % 60 * 10 / 60)) "$busy" "${phase_names[$i]}"
   done
-  printf '%4d.%d  in all\n' $((SECONDS / 60)) $((SECONDS % 60 * 10 / 60))
+  printf '%4d.%d        in all\n' $((SECONDS / 60)) $((SECONDS % 60 * 10 / 60))
 }
 # What to undo however the script ends (a function stopping a cluster it started), and on a failure the phases so far: where the time
 # went and which phase failed.
