@@ -115,7 +115,9 @@ impl Drop for PolicyGuard {
 /// says where it is, whatever the target directory or profile.
 pub fn example_binary(name: &str) -> PathBuf {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let output = std::process::Command::new(cargo)
+    let mut build = std::process::Command::new(cargo);
+    without_the_tests_package_variables(&mut build);
+    let output = build
         .args([
             "build",
             "--locked",
@@ -135,4 +137,33 @@ pub fn example_binary(name: &str) -> PathBuf {
         .find(|message| message["reason"] == "compiler-artifact" && message["target"]["name"] == name)
         .and_then(|artifact| artifact["executable"].as_str().map(PathBuf::from))
         .unwrap_or_else(|| panic!("cargo named no executable for the example {name}"))
+}
+
+/// Leaves out of `command`'s environment what cargo (or nextest) sets for the test process about this package
+/// (`CARGO_PKG_NAME`, `CARGO_MANIFEST_DIR`, `OUT_DIR`, ...): a build script that asks to run again when one of them
+/// changes (ring's does) would see them set here and unset in the test command's own builds, so each build would
+/// run it again and rebuild everything above it (rustls, kube, redis, this crate and every test binary: 26 s at the
+/// start of the next phase, and as long again inside the run of tests that built it).
+fn without_the_tests_package_variables(command: &mut std::process::Command) {
+    const SET_FOR_A_CRATE: [&str; 9] = [
+        "CARGO_MANIFEST_DIR",
+        "CARGO_MANIFEST_PATH",
+        "CARGO_MANIFEST_LINKS",
+        "CARGO_CRATE_NAME",
+        "CARGO_BIN_NAME",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+        "OUT_DIR",
+    ];
+    for (key, _) in std::env::vars_os() {
+        let Some(key) = key.to_str() else { continue };
+        if SET_FOR_A_CRATE.contains(&key)
+            || ["CARGO_PKG_", "CARGO_BIN_EXE_", "CARGO_CFG_"]
+                .iter()
+                .any(|prefix| key.starts_with(prefix))
+        {
+            command.env_remove(key);
+        }
+    }
 }
