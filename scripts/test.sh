@@ -134,12 +134,13 @@ e2e_tests=(--test operator --test operator_faults --test leader --test jobs --te
 # Built first in a phase of its own, so that the table tells building from testing (what a warm rerun skips).
 phase "building the tests"
 cargo test --locked --no-run
+# Six at a time: four kept the two cores 0.8 busy on average (the phase table), and six took 5.5 minutes, not 8.
 phase "the tests"
-run_tests 4 2>&1 | tee "$log"
+run_tests 6 2>&1 | tee "$log"
 # The end-to-end tests once more against the test API server in its realistic mode: jittered latency on every
 # request and watch event, late initial lists of Jobs and pods, watches that end or expire (410) and relist.
 # A failing test prints its seed; REDLOCK_E2E_SEED repeats the random choices. Six at a time: those delays are
-# waits, not work (the phase table's cores busy).
+# waits, not work (four kept the cores 0.7 busy).
 phase "end-to-end tests against the realistic test API server"
 REDLOCK_E2E_REALISTIC=1 run_tests 6 "${e2e_tests[@]}" 2>&1 | tee -a "$log"
 # The end-to-end tests once more in their real-cluster mode (REDLOCK_E2E_KUBECONFIG), then the in-cluster suite
