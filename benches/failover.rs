@@ -106,7 +106,7 @@ async fn bench() -> Result<(), BoxError> {
         client.clone(),
         RunOptions {
             metrics_addr: "127.0.0.1:0".parse()?,
-            reports_addr: "127.0.0.1:0".parse()?,
+            reports_addr: Some("127.0.0.1:0".parse()?),
             reports_key: Default::default(),
             election: None,
             secret: InstallationSecret::from_bytes(&[b'k'; 48])?,

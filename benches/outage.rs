@@ -122,7 +122,7 @@ async fn bench() -> Result<(), BoxError> {
         proxied,
         RunOptions {
             metrics_addr: "127.0.0.1:0".parse()?,
-            reports_addr: "127.0.0.1:0".parse()?,
+            reports_addr: Some("127.0.0.1:0".parse()?),
             reports_key: Default::default(),
             election: Some(ElectionOptions {
                 namespace: NAMESPACE.into(),

@@ -201,7 +201,22 @@ expect "holders: a RoleBinding of the holder ClusterRole per namespace of operat
 expect "holders: v1beta1 by a value; holders.namespaces [] binds no namespace" "$out/injection-v1beta1.yaml" \
   "[p['apiVersion'] for p in kind('MutatingAdmissionPolicy')] == ['admissionregistration.k8s.io/v1beta1'] * 2
    and [b['apiVersion'] for b in kind('MutatingAdmissionPolicyBinding')] == ['admissionregistration.k8s.io/v1beta1'] * 2
+   and not [b for b in kind('RoleBinding') + kind('ClusterRoleBinding') if b['roleRef']['name'] == 'redlock-redlock-operator-holder']"
+expect "holders (defaults): the installation keeps locks everywhere, so every ServiceAccount may read them (one ClusterRoleBinding)" \
+  "$out/default.yaml" \
+  "[b['subjects'] for b in kind('ClusterRoleBinding') if b['roleRef']['name'] == 'redlock-redlock-operator-holder']
+     == [[{'apiGroup': 'rbac.authorization.k8s.io', 'kind': 'Group', 'name': 'system:serviceaccounts'}]]
    and not [b for b in kind('RoleBinding') if b['roleRef']['name'] == 'redlock-redlock-operator-holder']"
+expect "holders: with operator.lockNamespaces, no cluster-wide binding, only those namespaces'" "$out/injection-v1.yaml" \
+  "not [b for b in kind('ClusterRoleBinding') if b['roleRef']['name'] == 'redlock-redlock-operator-holder']"
+expect "holders: a labelled pod or Job whose ServiceAccount cannot watch its locks is refused, with the helm upgrade that fixes it" \
+  "$out/injection-v1.yaml" \
+  "all(any('authorizer.serviceAccount(request.namespace, variables.serviceAccount)' in v['expression']
+           and \"check('watch').allowed()\" in v['expression'] and v['reason'] == 'Forbidden'
+           and '--set operator.lockNamespaces={shop,data,' in v['messageExpression']
+           and 'helm upgrade redlock <chart> -n redlock-system --reuse-values' in v['messageExpression']
+           for v in p['spec']['validations'])
+       for p in kind('ValidatingAdmissionPolicy') if p['metadata']['name'].endswith('-wrapped'))"
 expect "holders: no MutatingAdmissionPolicy where the cluster serves none; labelled holders refused, saying injection is off" \
   "$out/default.yaml" \
   "not kind('MutatingAdmissionPolicy') and not kind('MutatingAdmissionPolicyBinding')
@@ -318,8 +333,8 @@ expect "hand-over reports: their own TLS port, with a key each replica makes (no
   "(lambda c: '--reports-addr=0.0.0.0:8443' in c['args'] and {'name': 'reports', 'containerPort': 8443, 'protocol': 'TCP'} in c['ports']
      and not any(a.startswith('--reports-tls') for a in c['args']))(
      kind('Deployment')[0]['spec']['template']['spec']['containers'][0])"
-expect "handOver.reports=false: neither a reports port nor the pod IP it would be reached at" "$out/no-reports.yaml" \
-  "(lambda c: not any(a.startswith('--reports') for a in c['args']) and all(p['name'] != 'reports' for p in c['ports'])
+expect "handOver.reports=false: --no-reports (no port opened at all), neither a reports port nor the pod IP it would be reached at" "$out/no-reports.yaml" \
+  "(lambda c: '--no-reports' in c['args'] and not any(a.startswith('--reports') for a in c['args']) and all(p['name'] != 'reports' for p in c['ports'])
      and all(e['name'] != 'POD_IP' for e in c['env']))(kind('Deployment')[0]['spec']['template']['spec']['containers'][0])"
 expect "handOver.tlsSecretName: the Secret mounted and passed as the reports port's certificate and key" "$out/toggles.yaml" \
   "(lambda p: '--reports-tls-cert=/etc/redlock-operator/reports-tls/tls.crt' in p['containers'][0]['args']

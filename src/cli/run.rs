@@ -24,6 +24,11 @@ pub struct RunArgs {
     /// NetworkPolicy can open metrics to the scraper and this to holder pods).
     #[arg(long, env = "REDLOCK_REPORTS_ADDR", default_value = "0.0.0.0:8443")]
     pub reports_addr: SocketAddr,
+    /// Open no reports port at all (the chart's `handOver.reports: false`): holders find no channel in status,
+    /// so `elect` and the guard stop by validUntil on their own wall clock less --max-clock-skew, and every key
+    /// given up waits for the validity shown to its holder.
+    #[arg(long, env = "REDLOCK_NO_REPORTS", conflicts_with_all = ["hand_over_url", "reports_tls_cert"])]
+    pub no_reports: bool,
     /// PEM certificate for the reports port (a mounted kubernetes.io/tls Secret's tls.crt), with
     /// --reports-tls-key. Default: each replica makes its own key and self-signed certificate at start; status
     /// shows the certificate's SHA-256 beside handOverUrl either way, and holders check it.
@@ -192,7 +197,7 @@ pub async fn run(args: RunArgs) -> i32 {
     let shutdown = CancellationToken::new();
     let options = RunOptions {
         metrics_addr: args.metrics_addr,
-        reports_addr: args.reports_addr,
+        reports_addr: (!args.no_reports).then_some(args.reports_addr),
         reports_key: match (&args.reports_tls_cert, &args.reports_tls_key) {
             (Some(certificate), Some(key)) => KeySource::Files {
                 certificate: certificate.clone(),
@@ -216,6 +221,9 @@ pub async fn run(args: RunArgs) -> i32 {
             .clone()
             .filter(|url| !url.is_empty())
             .or_else(|| {
+                if args.no_reports {
+                    return None;
+                }
                 let reachable = SocketAddr::new(args.pod_ip?, args.reports_addr.port());
                 Some(hand_over_url_at(reachable))
             }),

@@ -131,7 +131,10 @@ fn describe(asked: &Asked) -> String {
     match asked {
         Asked::Valid { .. } => "valid".into(),
         Asked::Unknown(reason) => format!("unknown: {reason}"),
-        Asked::Failed { message, .. } => message.clone(),
+        // Said once per grant: what the user must change, not only that it failed.
+        Asked::Failed { message, .. } => format!(
+            "{message}; this pod cannot reach the active replica's reports port (status.handOverUrl): a NetworkPolicy must let it reach the operator's pods on that port (docs/how-to/install.md#networkpolicies), and the lock shows HolderReachesOperator=False meanwhile"
+        ),
     }
 }
 
@@ -283,6 +286,18 @@ pub async fn watch_term(
     lost.cancel();
 }
 
+/// Whether the API server refused the watch for RBAC (403).
+fn forbidden(err: &watcher::Error) -> bool {
+    let api = match err {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => Some(status),
+        watcher::Error::WatchError(status) => Some(status),
+        _ => None,
+    };
+    api.is_some_and(|status| status.code == 403)
+}
+
 /// Where [`follow`] puts what it sees.
 pub struct Sinks {
     pub terms: watch::Sender<Option<Term>>,
@@ -301,6 +316,7 @@ pub async fn follow(
     let config = watcher::Config::default().fields(&format!("metadata.name={lock}"));
     let stream = watcher::watcher(api, config);
     let mut stream = std::pin::pin!(stream);
+    let mut told_forbidden = false;
     loop {
         let event = tokio::select! {
             () = stop.cancelled() => return,
@@ -324,7 +340,17 @@ pub async fn follow(
             Ok(Some(_)) => {}
             Ok(None) => return,
             Err(err) => {
-                tracing::warn!(error = %err, "watching the lock failed; retrying");
+                if forbidden(&err) {
+                    if !told_forbidden {
+                        // Only RBAC changes this: said once, with the fix, not a retry loop only.
+                        eprintln!(
+                            "redlock-operator: this pod's ServiceAccount may not watch the DistributedLock {lock} ({err}): no work starts until it may; the chart binds its holder ClusterRole wherever its installation keeps locks (holders.namespaces, docs/how-to/install.md), or bind it to this ServiceAccount yourself"
+                        );
+                        told_forbidden = true;
+                    }
+                } else {
+                    tracing::warn!(error = %err, "watching the lock failed; retrying");
+                }
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }

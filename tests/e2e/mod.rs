@@ -508,7 +508,7 @@ async fn operator_of(
     let shutdown = CancellationToken::new();
     let options = RunOptions {
         metrics_addr: "127.0.0.1:0".parse().expect("addr"),
-        reports_addr: "127.0.0.1:0".parse().expect("addr"),
+        reports_addr: Some("127.0.0.1:0".parse().expect("addr")),
         reports_key: Default::default(),
         election: identity.map(|identity| ElectionOptions {
             namespace: env.namespace.clone(),

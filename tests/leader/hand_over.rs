@@ -315,7 +315,7 @@ async fn a_leader_whose_move_came_before_sigterm_finishes_its_report() {
     let (running, shutdown) = operator_reporting_to(&env, &installation_secret(33), &door.url()).await;
     quorum_available(&env, &quorum).await;
     // Open while web-0's elect asks how long its grant stays valid; held from then on.
-    door.open_to(running.reports_addr);
+    door.open_to(running.reports_addr.expect("the reports port is open"));
     let mut web0 = ReportingLeader::start(&env, &quorum, "20s").await;
     door.hold();
     let asked = door.accepted();
@@ -338,7 +338,7 @@ async fn a_leader_whose_move_came_before_sigterm_finishes_its_report() {
         "on SIGTERM with its report in flight: the report was cut short",
     )
     .await;
-    door.open_to(running.reports_addr);
+    door.open_to(running.reports_addr.expect("the reports port is open"));
     web0.exits_having_reported().await;
     handed_over_on_the_report(&env, &running, shown).await;
     stop(running, shutdown).await;

@@ -9,7 +9,13 @@
 {{- end }}
 {{- end }}
 
-{{/* The namespaces whose ServiceAccounts get the holder ClusterRole: holders.namespaces, or
+{{/* Whether every ServiceAccount of the cluster gets the holder ClusterRole: holders.namespaces is null and
+     operator.lockNamespaces is empty (the installation keeps locks in every namespace). */}}
+{{- define "redlock-operator.holders.everywhere" -}}
+{{- and (kindIs "invalid" .Values.holders.namespaces) (empty .Values.operator.lockNamespaces) }}
+{{- end }}
+
+{{/* The namespaces whose ServiceAccounts get the holder ClusterRole by a RoleBinding: holders.namespaces, or
      operator.lockNamespaces when that is null. */}}
 {{- define "redlock-operator.holders.namespaces" -}}
 {{- if kindIs "invalid" .Values.holders.namespaces }}

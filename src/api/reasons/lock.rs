@@ -32,6 +32,27 @@ pub(super) const REASONS: &[Reason] = &[
             every minute).",
     },
     Reason {
+        name: "HolderAsking",
+        shown: Shown::Event {
+            kind: "DistributedLock",
+            warning: false,
+        },
+        meaning: "Every holder shown that had fallen silent asks the active replica for its grant's validity \
+            again (its path to the reports port is back). Nothing to do.",
+    },
+    Reason {
+        name: "HolderNotAsking",
+        shown: Shown::Event {
+            kind: "DistributedLock",
+            warning: true,
+        },
+        meaning: "A leader pod or a granted Job's pod has not asked the active replica how long its grant stays \
+            valid since it was granted (its elect or guard then starts no work), or has stopped asking (it stops \
+            its work on its own clock); the note names the pod and the address it cannot reach. Let the holder's \
+            pods reach the operator's pods on the reports port (handOver.port, 8443): a NetworkPolicy egress \
+            rule, docs/how-to/install.md#networkpolicies; or find what cut the pod off.",
+    },
+    Reason {
         name: "InvalidFenceMargin",
         shown: Shown::Event {
             kind: "DistributedLock",
@@ -291,6 +312,30 @@ pub(super) const REASONS: &[Reason] = &[
         },
         meaning: "The lock is held (a semaphore: at least one permit); the message names each holder and its \
             fencing token.",
+    },
+    Reason {
+        name: "HolderAsking",
+        shown: Shown::Condition {
+            kind: "DistributedLock",
+            condition: "HolderReachesOperator",
+            status: "True",
+        },
+        meaning: "Leader election and Job fencing: every holder shown that is judged (injected by the chart, or \
+            one that asked during its grant) asks the active replica how long its grant stays valid, over the \
+            reports port. The condition is left out while no holder is judged. Nothing to do.",
+    },
+    Reason {
+        name: "HolderNotAsking",
+        shown: Shown::Condition {
+            kind: "DistributedLock",
+            condition: "HolderReachesOperator",
+            status: "False",
+        },
+        meaning: "A holder shown has not asked the active replica how long its grant stays valid within 5 s (or \
+            half the TTL, if longer) and 5 s more of its pod running, so its elect or guard runs no work; or it \
+            asked and then fell silent for that long, so it stops its work on its own clock. The message names \
+            the pods and the address. Let the holder's pods reach the operator's pods on the reports port \
+            (a NetworkPolicy egress rule: docs/how-to/install.md#networkpolicies), or find what cut the pod off.",
     },
     Reason {
         name: "HolderChanged",

@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use super::holder_liveness::asks::HolderAsks;
 use super::queue_tickets::QueueTickets;
 use super::release_wakes::ReleaseWakes;
 use crate::api::DistributedLock;
@@ -17,6 +18,8 @@ pub struct LockControllerState {
     pub hand_over_pin: Option<String>,
     /// The pods that reported so, per given-up grant.
     pub stopped: StoppedPods,
+    /// The asks of grants' holders this replica answered: whether each holder still reaches it.
+    pub asks: HolderAsks,
     /// The tickets of locks waiting in their keys' fair queues.
     pub queue_tickets: QueueTickets,
     /// Locks waiting in their keys' fair queues, woken when the key is released.

@@ -13,6 +13,7 @@ pub mod controller_state;
 pub mod decide;
 pub mod earlier_values;
 pub mod handover;
+pub mod holder_liveness;
 pub mod policy;
 pub mod queue_tickets;
 pub mod reconcile;

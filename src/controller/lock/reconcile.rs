@@ -383,7 +383,16 @@ async fn apply_permits(
     // Status follows the Jobs or pods the lock selects: the queue or candidates the steps above left shown are
     // written again where they changed since (a Job queued while the lock was held, say).
     actions::policy_status::follow(ctx, lock, &policy, shared.keep.fence_margin).await?;
+    // Whether the holders shown still ask the operator: a holder that cannot reach it runs nothing (or has
+    // stopped), which the lock says, and the verdict may change by time alone.
+    let recheck = actions::holder_liveness::follow(ctx, lock, &policy, shared.settings.ttl).await?;
     forget_written(ctx, lock);
+    if let Some(recheck) = recheck {
+        let idle = |action: &Action| *action == Action::requeue(RESYNC) || *action == Action::await_change();
+        if actions.iter().all(idle) {
+            return Ok(Action::requeue(recheck));
+        }
+    }
     if !semaphore && let [only] = actions.as_slice() {
         // A plain lock's one permit says when it is looked at again.
         return Ok(only.clone());

@@ -51,8 +51,8 @@ pub struct ElectionOptions {
 
 pub struct RunOptions {
     pub metrics_addr: SocketAddr,
-    /// Where holders' reports are taken, over TLS.
-    pub reports_addr: SocketAddr,
+    /// Where holders' reports are taken, over TLS; `None`: no reports port is opened.
+    pub reports_addr: Option<SocketAddr>,
     /// The reports port's key: made at start, or read from files.
     pub reports_key: KeySource,
     /// `None`: this process is the only replica and always active.
@@ -124,8 +124,8 @@ pub fn hand_over_url_at(addr: SocketAddr) -> String {
 /// A started operator.
 pub struct Running {
     pub metrics_addr: SocketAddr,
-    /// Where the reports port listens (TLS).
-    pub reports_addr: SocketAddr,
+    /// Where the reports port listens (TLS); `None`: it is not opened.
+    pub reports_addr: Option<SocketAddr>,
     /// The pin of its certificate.
     pub reports_pin: String,
     pub leadership: Arc<Leadership>,
@@ -161,17 +161,22 @@ pub async fn start(
             source,
         })?;
     let metrics_addr = listener.local_addr;
-    let reports_listener = report_channel::server::bind(options.reports_addr)
-        .await
-        .map_err(|source| RunError::Listen {
-            addr: options.reports_addr,
-            source,
-        })?;
-    let reports_addr = reports_listener.local_addr;
-    let hand_over_url = options
-        .hand_over_url
-        .clone()
-        .or_else(|| default_hand_over_url(reports_addr));
+    let reports_listener = match options.reports_addr {
+        Some(addr) => Some(
+            report_channel::server::bind(addr)
+                .await
+                .map_err(|source| RunError::Listen { addr, source })?,
+        ),
+        None => None,
+    };
+    let reports_addr = reports_listener.as_ref().map(|listener| listener.local_addr);
+    let hand_over_url = match reports_addr {
+        Some(addr) => options
+            .hand_over_url
+            .clone()
+            .or_else(|| default_hand_over_url(addr)),
+        None => None,
+    };
     let reports_identity = Identity::new(&options.reports_key, &certificate_names(hand_over_url.as_deref()))?;
     match &hand_over_url {
         Some(url) => {
@@ -244,13 +249,15 @@ pub async fn start(
     });
     let server_task = listener.serve(metrics.clone(), health.clone(), server_stop.clone());
     // With no address shown in status, nobody is told where to report: the port is closed rather than served.
-    let reports_task = hand_over_url.is_some().then(|| {
-        reports_listener.serve_reports(
-            reports_identity.server_config.clone(),
-            lock::reports::endpoint::router(ctx.clone()),
-            server_stop.clone(),
-        )
-    });
+    let reports_task = reports_listener
+        .filter(|_| hand_over_url.is_some())
+        .map(|reports_listener| {
+            reports_listener.serve_reports(
+                reports_identity.server_config.clone(),
+                lock::reports::endpoint::router(ctx.clone()),
+                server_stop.clone(),
+            )
+        });
 
     let lock_health = health.clone();
     let mut lock_watch = watcher::Config::default();

@@ -10,6 +10,7 @@ pub mod acquire;
 pub mod fence;
 pub mod floor_record;
 pub mod give_up;
+pub mod holder_liveness;
 pub mod holding;
 pub mod policy_status;
 pub mod release;

@@ -134,18 +134,26 @@ async fn take_question(State(ctx): State<Arc<Context>>, request: Request) -> Res
     };
     let lref = ObjectRef::<DistributedLock>::new(&question.lock).within(&question.namespace);
     let lock = ctx.locks.get(&lref);
-    let held = ctx.keeper.validity(&PermitRef::new(lref, question.permit));
+    let permit = PermitRef::new(lref, question.permit);
+    let held = ctx.keeper.validity(&permit);
     let facts = Facts {
         active: ctx.leadership.is_leader(),
         lock: lock.as_deref(),
         pin: ctx.lock_controller.hand_over_pin.as_deref(),
         held,
     };
-    let answered = match answer(&question, &facts, Instant::now()) {
-        Ok(left) => ValidityAnswer {
-            remaining_millis: Some(u64::try_from(left.as_millis()).unwrap_or(u64::MAX)),
-            unknown: None,
-        },
+    let now = Instant::now();
+    let answered = match answer(&question, &facts, now) {
+        Ok(left) => {
+            // Told its validity: the holder of this grant reaches the operator (`holder_liveness`).
+            ctx.lock_controller
+                .asks
+                .asked(permit, question.fencing_token, now);
+            ValidityAnswer {
+                remaining_millis: Some(u64::try_from(left.as_millis()).unwrap_or(u64::MAX)),
+                unknown: None,
+            }
+        }
         Err(unknown) => {
             tracing::debug!(reason = unknown.reason(), "a validity question answered unknown");
             ValidityAnswer {
