@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/release.sh [--binary PATH] [--out DIR] [--image-repository REPO]
+# scripts/release.sh [--snapshot] [--binary PATH] [--out DIR] [--image-repository REPO]
 #
 # Builds a release into DIR (default dist/), named after the version of Cargo.toml, which the chart shares:
 #
@@ -10,11 +10,19 @@
 #                                                   tar (scripts/image-archive.py; no daemon, no registry)
 #   redlock-operator-<version>.tgz                  the packaged chart (version and appVersion = <version>), whose
 #                                                   default image is REPO:<version>
-#   CHANGELOG-<version>.md                          the CHANGELOG.md section of <version>
+#   CHANGELOG-<version>.md                          the CHANGELOG.md section of <version> (the release notes)
 #   SHA256SUMS                                      `sha256sum -c SHA256SUMS` checks the four above
 #
 # So that loading the image archive into a cluster's nodes and `helm install` of the .tgz need no --set.
 #
+# A release needs the version released in CHANGELOG.md: a section headed `## <version>` or `## <version> (<date>)`.
+# A section marked unreleased (`## 0.2.0 (unreleased)`) is refused unless --snapshot is given.
+#
+# --snapshot               build a snapshot of <version> at the current commit, whether CHANGELOG.md marks it
+#                          unreleased or not (the test command's release is one): CHANGELOG-<version>.md is then
+#                          titled `<version> (snapshot of <short commit>)` instead of the section's heading
+#                          (`<short commit>, with uncommitted changes` for a changed tree); the files keep the
+#                          names of <version>
 # --binary PATH            package this binary instead of building one; it must be statically linked (the test
 #                          command packages its crt-static debug build). Without it:
 #                            REDLOCK_COMMIT=<HEAD> cargo rustc --locked --release --bin redlock-operator \
@@ -25,10 +33,10 @@
 #                          localhost/redlock-operator, which no public registry serves by mistake); a registry's
 #                          name to publish the archive there (`skopeo copy oci-archive:... docker://REPO:<version>`)
 #
-# Needs bash, python3, tar, gzip, sha256sum and helm (target/tools/bin/helm, installed by scripts/install-tools.sh
-# when missing); cargo without --binary. Not Docker, a registry, or the k8s-node kit. SOURCE_DATE_EPOCH (default:
-# the last commit's time) dates the files of the tarball and the image. Progress on stderr; stdout is the paths
-# written, one per line.
+# Needs bash, python3, tar, gzip, sha256sum and helm: the `helm` on PATH when there is one that runs, else
+# target/tools/bin/helm (installed by scripts/install-tools.sh when missing); it says which it uses. Cargo without
+# --binary. Not Docker, a registry, or the k8s-node kit. SOURCE_DATE_EPOCH (default: the last commit's time) dates
+# the files of the tarball and the image. Progress on stderr; stdout is the paths written, one per line.
 set -euo pipefail
 
 SCRIPT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
@@ -37,19 +45,21 @@ cd "$REPO"
 
 die() { echo "release.sh: $*" >&2; exit 1; }
 say() { echo "release.sh: $*" >&2; }
-usage() { sed -n '2,31p' "$SCRIPT" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+# The comment block at the top of this file, from its second line.
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$SCRIPT" >&2; exit 2; }
 
-BINARY='' OUT=dist IMAGE_REPOSITORY=''
+BINARY='' OUT=dist IMAGE_REPOSITORY='' SNAPSHOT=''
 while [ $# -gt 0 ]; do
   case $1 in
-    --binary | --out | --image-repository) [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value" ;;&
-    --binary) BINARY=$2 ;;
-    --out) OUT=$2 ;;
-    --image-repository) IMAGE_REPOSITORY=$2 ;;
+    --binary | --out | --image-repository) [[ $# -ge 2 && -n ${2:-} ]] || die "$1 needs a value" ;;&
+    --binary) BINARY=$2; shift ;;
+    --out) OUT=$2; shift ;;
+    --image-repository) IMAGE_REPOSITORY=$2; shift ;;
+    --snapshot) SNAPSHOT=1 ;;
     -h | --help) usage ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
-  shift 2
+  shift
 done
 for tool in python3 tar gzip sha256sum; do
   command -v "$tool" >/dev/null 2>&1 || die "$tool is needed"
@@ -74,7 +84,7 @@ print(version, scalar(chart_yaml, "version"), scalar(chart_yaml, "appVersion"), 
 PY
 )
 [ -n "${VERSION:-}" ] || die "could not read the version from Cargo.toml"
-[ "$CHART_VERSION" = "$VERSION" ] && [ "$APP_VERSION" = "$VERSION" ] ||
+[[ $CHART_VERSION == "$VERSION" && $APP_VERSION == "$VERSION" ]] ||
   die "$CHART/Chart.yaml says version $CHART_VERSION, appVersion $APP_VERSION; Cargo.toml says $VERSION: they must agree"
 [ "$DEFAULT_REPOSITORY" != - ] || die "could not read image.repository from $CHART/values.yaml"
 IMAGE_REPOSITORY=${IMAGE_REPOSITORY:-$DEFAULT_REPOSITORY}
@@ -91,6 +101,21 @@ CHANGES=$(awk -v version="$VERSION" '
   /^## / { if (inside) exit; heading = $2; gsub(/^\[|\]$/, "", heading); if (heading == version) inside = 1 }
   inside { print }' CHANGELOG.md)
 [ -n "$CHANGES" ] || die "CHANGELOG.md has no section \"## $VERSION\""
+HEADING=${CHANGES%%$'\n'*}
+if [[ ${HEADING,,} == *unreleased* ]] && [ -z "$SNAPSHOT" ]; then
+  die "CHANGELOG.md marks $VERSION unreleased (\"$HEADING\"): release it there first (\"## $VERSION (<date>)\"), or pass --snapshot"
+fi
+if [ -n "$SNAPSHOT" ]; then
+  # The release notes say what this is: the version's section as of this commit, not the release.
+  if commit=$(git rev-parse --short HEAD 2>/dev/null); then
+    git diff --quiet HEAD 2>/dev/null || commit="$commit, with uncommitted changes"
+  else
+    commit="an unknown commit (no git)"
+  fi
+  TITLE="$VERSION (snapshot of $commit)"
+  if [ "$CHANGES" = "$HEADING" ]; then CHANGES="## $TITLE"; else CHANGES="## $TITLE"$'\n'"${CHANGES#*$'\n'}"; fi
+  say "a snapshot: the release notes are titled \"$TITLE\", not \"${HEADING#\#\# }\""
+fi
 
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
 
@@ -105,7 +130,7 @@ if [ -z "$BINARY" ]; then
   cargo rustc --locked --release --bin redlock-operator -- -C target-feature=+crt-static >&2
   BINARY=${CARGO_TARGET_DIR:-target}/release/redlock-operator
 fi
-[ -f "$BINARY" ] && [ -x "$BINARY" ] || die "no executable at $BINARY"
+[[ -f $BINARY && -x $BINARY ]] || die "no executable at $BINARY"
 # Static: no program interpreter. `file` says "statically linked" or "static-pie linked"; ldd "not a dynamic
 # executable" or "statically linked", depending on the version.
 if ldd "$BINARY" 2>/dev/null | grep -q '=>'; then
@@ -139,8 +164,15 @@ python3 scripts/image-archive.py build --dockerfile Dockerfile --binary "$BINARY
   --out "$OUT/$NAME.image.tar"
 
 # 3. The chart, its default image the archive's (values.yaml's image.repository replaced when another is asked).
-helm=$REPO/target/tools/bin/helm
-"$helm" version --short >/dev/null 2>&1 || scripts/install-tools.sh helm >&2 || die "helm could not be installed"
+# helm: the one on PATH when it runs, else target/tools/bin/helm, installed when missing.
+if helm=$(command -v helm) && "$helm" version --short >/dev/null 2>&1; then
+  say "helm from PATH: $helm"
+else
+  [ -z "$helm" ] || say "the helm on PATH ($helm) does not run: using target/tools/bin/helm"
+  helm=$REPO/target/tools/bin/helm
+  "$helm" version --short >/dev/null 2>&1 || scripts/install-tools.sh helm >&2 || die "helm could not be installed"
+  say "helm from target/tools/bin: $helm"
+fi
 say "packaging the chart ($("$helm" version --short))"
 cp -R "$CHART" "$WORK/chart"
 if [ "$IMAGE_REPOSITORY" != "$DEFAULT_REPOSITORY" ]; then

@@ -176,7 +176,7 @@ elif [ -x "$node_kit/start.sh" ] && [ "$(id -u)" -eq 0 ]; then
   # .tgz), around the static binary linked above.
   phase "the release artifacts (scripts/release.sh) of the test build linked static, loaded into the node"
   operator_binary=$static_binary
-  dist=$(scripts/release.sh --binary "$operator_binary" --out target/dist)
+  dist=$(scripts/release.sh --snapshot --binary "$operator_binary" --out target/dist)
   "$node_kit/load-image.sh" "$node_dir" "$(grep '\.image\.tar$' <<<"$dist")"
   # The in-cluster suite installs that .tgz with its defaults: the image loaded from the archive.
   in_cluster_chart=$(grep '\.tgz$' <<<"$dist")
