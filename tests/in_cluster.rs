@@ -7,11 +7,12 @@
 //! `scripts/build-images.sh` builds as tars to load into the cluster. One test, in phases that share one
 //! installation:
 //!
-//! 1. `helm install` as the README and docs/how-to/install.md say (a fresh namespace; the images, a 30 s `maxTtl`
-//!    and `operator.lockNamespaces` the only values), the quorum Available, the operator Ready, `helm test`.
+//! 1. `helm install` as the README and docs/how-to/install.md say (a fresh namespace; the chart's defaults but
+//!    for what the kit needs, the images loaded under local names, and a 30 s `maxTtl` that shortens the drills'
+//!    quarantines), the quorum Available, the operator Ready, `helm test`.
 //!    Then holders injected by the chart's admission policies (`injected`, first: its drill stops the operator):
-//!    examples/leader-election.yaml and examples/job-fencing.yaml as written, on busybox (no redlock binary), in
-//!    a namespace of their own; a labelled pod without `command` refused; a Job's lock lost (the operator
+//!    examples/leader-election.yaml as written (busybox, no redlock binary) and examples/job-fencing.yaml, in
+//!    a namespace of their own, the leader's path to the reports port cut and healed (`cut_off`); a labelled pod without `command` refused; a Job's lock lost (the operator
 //!    stopped, three masters deleted) and its guard's exit 76 ignored. `REDLOCK_E2E_ONLY=injected` runs the
 //!    installation and this phase alone.
 //! 2. The tutorials' examples applied as written, with the application (image and program) replaced by the app
@@ -31,6 +32,7 @@
 
 mod in_cluster {
     pub mod cluster;
+    pub mod cut_off;
     pub mod drills;
     pub mod holder_phases;
     pub mod injected;
@@ -65,7 +67,8 @@ async fn helm_install_tutorials_failure_drills_and_uninstall() {
     // `REDLOCK_E2E_ONLY=injected`: install, the injected holders' phase, and the cleanup (no uninstall phase).
     let only_injected = std::env::var("REDLOCK_E2E_ONLY").is_ok_and(|only| only == "injected");
 
-    // The chart binds the holder ClusterRole in this namespace at install.
+    // Created before the install as a user would create it after: the chart's default binds the holder
+    // ClusterRole cluster-wide, so nothing is added to the namespace by hand.
     let created = cluster
         .kubectl(&["create", "namespace", &cluster.holders_ns])
         .await;

@@ -18,7 +18,7 @@ use serde_yaml_ng::Value;
 
 use super::cluster::{Cluster, FULLNAME, rolled_out};
 use super::holder_phases::{FollowedLog, apply_in, check_hand_over, installation, jobs_complete};
-use super::manifests::{LEADER_WORK, Manifest, job_work};
+use super::manifests::{Manifest, job_work};
 use super::observe::{Ev, LATE_FENCE, Observer, PROMISES};
 use super::report::{Report, wait_for};
 
@@ -47,6 +47,10 @@ pub async fn run(cluster: &Cluster, report: &Report) {
     observer.set_permits(JOB_LOCK, 1);
     refused_without_command(cluster, report).await;
     if leader(cluster, report, &observer).await {
+        let leading = observer.state().leader();
+        if let Some((pod, _)) = leading {
+            super::cut_off::leader_cut_from_operator(cluster, report, LEADER_LOCK, &pod).await;
+        }
         // The leader pod deleted: its injected `elect` stops the work and reports, and the next pod leads at once.
         check_hand_over(cluster, report, &observer, &cluster.holders_ns, "injected").await;
     }
@@ -173,7 +177,8 @@ spec:
 
 /// examples/leader-election.yaml: the Deployment's pods wrapped, one of them leading.
 async fn leader(cluster: &Cluster, report: &Report, observer: &Observer) -> bool {
-    let manifest = example(cluster, "leader-election.yaml", LEADER_WORK);
+    // As written: busybox, its own command and user (the lock kept by this installation, for shared clusters).
+    let manifest = Manifest::example(&cluster.root, "leader-election.yaml").kept_by(&installation(cluster));
     // The example's workload (a Deployment or a StatefulSet), as `kubectl rollout status` names it.
     let workload = manifest
         .docs
