@@ -28,6 +28,8 @@ mod elect;
 mod hand_over;
 #[path = "leader/semaphore.rs"]
 mod semaphore;
+#[path = "leader/silent.rs"]
+mod silent;
 
 const LABEL: &str = "redlock.io/leader";
 

@@ -15,6 +15,7 @@ use crate::controller::error::Error;
 use crate::controller::keeper::{PermitRef, Retiring};
 use crate::controller::lock::decide::acquisition_in_status;
 use crate::controller::lock::handover::{Release, release_note, shown_until, wait_until, when_to_release};
+use crate::controller::lock::holder_liveness::rule::stopped_by_silence;
 use crate::controller::lock::policy::Policy;
 use crate::controller::lock::releasing::{self, Recorded};
 use crate::controller::lock::status::permits::status_of;
@@ -128,8 +129,9 @@ pub async fn give_up_kept(
     give_up(ctx, lock, &lref, policy, given).await.map(Some)
 }
 
-/// Whether the holder is known to have stopped: a leader that reported so for this grant (`lock::reports`) or
-/// whose Pod object is gone; a Job gone, suspended or finished with no pod of its grant (`token`) left running
+/// Whether the holder is known to have stopped: a leader that reported so for this grant (`lock::reports`), that
+/// asked during it and was silent until every validity told to it ended (`holder_liveness`), or whose Pod object
+/// is gone; a Job gone, suspended or finished with no pod of its grant (`token`) left running
 /// or stopping but those that reported their work stopped. Read directly, not from the caches.
 async fn holder_stopped(
     ctx: &Context,
@@ -140,6 +142,17 @@ async fn holder_stopped(
 ) -> Result<bool, Error> {
     match policy {
         Some(Policy::Leader(_)) if ctx.lock_controller.stopped.has(lref, token, holder) => Ok(true),
+        // It asked during its grant and every validity told to it has ended unanswered: it stopped by then.
+        Some(Policy::Leader(_))
+            if ctx
+                .lock_controller
+                .asks
+                .get(lref, token)
+                .is_some_and(|record| stopped_by_silence(&record, Instant::now())) =>
+        {
+            tracing::info!(lock = %lref.lock, pod = holder, token, "the leader stopped asking and the validity told to it has ended: it has stopped, the key goes now");
+            Ok(true)
+        }
         Some(Policy::Leader(election)) => election.pod_gone(ctx, holder).await,
         Some(Policy::Jobs(queue)) => {
             let reported = ctx.lock_controller.stopped.pods(lref, token);

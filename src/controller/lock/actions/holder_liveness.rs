@@ -61,7 +61,7 @@ pub async fn follow(
         let grants = shown_grants(current);
         let permits: Vec<u32> = grants.iter().map(|(permit, _, _)| *permit).collect();
         asks.keep_only(&lref, &permits);
-        let judged: Vec<(Grant, Silence)> = grants
+        let judged: Vec<(Grant, Silence, Option<Duration>)> = grants
             .iter()
             .map(|(permit, holder, token)| {
                 let (grant, running) = if leader {
@@ -76,10 +76,23 @@ pub async fn follow(
                 } else {
                     Silence::Waiting { check_in: None }
                 };
-                (grant, silence)
+                // A leader silent until the validity told to it ends is moved off then (the election skips it).
+                let moves_in = if leader && running {
+                    rule::silence_ends_in(&record, now)
+                } else {
+                    None
+                };
+                (grant, silence, moves_in)
             })
             .collect();
-        let check_in = judged.iter().filter_map(|(_, silence)| silence.check_in()).min();
+        let check_in = judged
+            .iter()
+            .filter_map(|(_, silence, moves_in)| silence.check_in().into_iter().chain(*moves_in).min())
+            .min();
+        let judged: Vec<(Grant, Silence)> = judged
+            .into_iter()
+            .map(|(grant, silence, _)| (grant, silence))
+            .collect();
         let update = rule::condition(&judged, Some(reports_at));
         let before = current
             .conditions

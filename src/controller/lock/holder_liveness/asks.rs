@@ -1,6 +1,7 @@
 //! The asks this replica answered, per permit: the grant's token, when its holder was first seen able to ask,
-//! and when it last asked. Kept in memory only, for the active replica's own view (a successor starts afresh and
-//! gives every holder the first ask's grace again).
+//! when it last asked and until when it was told its grant stays valid. Kept in memory only, for the active
+//! replica's own view (a successor starts afresh and gives every holder the first ask's grace again, and moves no
+//! lock for a silence it did not see).
 //!
 //! Bounded by the permits held: an ask is recorded only when it was answered with a validity, which needs the
 //! lock's uid and the token of a grant this replica keeps (nothing a client without that knowledge sends adds an
@@ -8,10 +9,14 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::controller::keeper::{LockRef, PermitRef};
+
+/// Beside the drift allowance: timers and scheduling on a loaded node.
+const CLOCK_ROOM: Duration = Duration::from_millis(200);
 
 /// What is known of the asks of one grant's holder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,6 +27,10 @@ pub struct AskRecord {
     pub since: Option<Instant>,
     /// When it last asked and was answered.
     pub last_ask: Option<Instant>,
+    /// The end of the latest validity told to it, on this replica's clock, with room for the holder's clock
+    /// running slow: the holder counts each validity from before it asked and stops before it ends, so once this
+    /// has passed without another answer it has stopped its work (`rule::stopped_by_silence`).
+    pub told_until: Option<Instant>,
 }
 
 impl AskRecord {
@@ -30,6 +39,7 @@ impl AskRecord {
             token,
             since: None,
             last_ask: None,
+            told_until: None,
         }
     }
 }
@@ -37,11 +47,14 @@ impl AskRecord {
 #[derive(Default)]
 pub struct HolderAsks {
     records: Mutex<HashMap<PermitRef, AskRecord>>,
+    /// Pods moved off a lock for their silence, per lock, until when the election leaves them out. An entry is
+    /// made only for a holder this replica granted and judged, so they are bounded by the pods holding locks.
+    set_aside: Mutex<HashMap<(LockRef, String), Instant>>,
 }
 
 impl HolderAsks {
-    /// The holder of `permit`'s grant with `token` asked at `now` and was told its validity.
-    pub fn asked(&self, permit: PermitRef, token: i64, now: Instant) {
+    /// The holder of `permit`'s grant with `token` asked at `now` and was told `told` of validity left.
+    pub fn asked(&self, permit: PermitRef, token: i64, now: Instant, told: Duration) {
         let mut records = self.lock();
         let record = records.entry(permit).or_insert_with(|| AskRecord::new(token));
         if record.token != token {
@@ -49,6 +62,18 @@ impl HolderAsks {
         }
         record.since.get_or_insert(now);
         record.last_ask = Some(now);
+        // A holder's clock may run up to 1 % slow (the engine's drift factor) and its timers fire a little late.
+        let room = told.saturating_add(told / 100).saturating_add(CLOCK_ROOM);
+        let until = now.checked_add(room).unwrap_or(now);
+        record.told_until = record.told_until.max(Some(until));
+    }
+
+    /// The record of `permit`'s grant with `token`, if any, unchanged.
+    pub fn get(&self, permit: &PermitRef, token: i64) -> Option<AskRecord> {
+        self.lock()
+            .get(permit)
+            .filter(|record| record.token == token)
+            .copied()
     }
 
     /// The record of `permit`'s grant with `token`, started at `now` when its holder is `started` (its pod
@@ -73,6 +98,30 @@ impl HolderAsks {
             .retain(|permit, _| permit.lock != *lock || held.contains(&permit.permit));
     }
 
+    /// Leaves `pod` out of `lock`'s election until `until` (and counts it among the holders that ask).
+    pub fn set_aside(&self, lock: &LockRef, pod: &str, until: Instant) {
+        let mut set_aside = self
+            .set_aside
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let entry = set_aside.entry((lock.clone(), pod.to_owned())).or_insert(until);
+        *entry = (*entry).max(until);
+    }
+
+    /// The pods of `lock` left out of its election at `now`; the ended entries of every lock are dropped.
+    pub fn set_aside_of(&self, lock: &LockRef, now: Instant) -> Vec<String> {
+        let mut set_aside = self
+            .set_aside
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        set_aside.retain(|_, until| *until > now);
+        set_aside
+            .keys()
+            .filter(|(of, _)| of == lock)
+            .map(|(_, pod)| pod.clone())
+            .collect()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PermitRef, AskRecord>> {
         self.records
             .lock()
@@ -82,8 +131,6 @@ impl HolderAsks {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use kube::runtime::reflector::ObjectRef;
 
     use super::*;
@@ -101,7 +148,12 @@ mod tests {
         assert_eq!(seen.since, None, "not started: no grace counts yet");
         let seen = asks.look(&permit("web", 0), 7, true, later);
         assert_eq!(seen.since, Some(later));
-        asks.asked(permit("web", 0), 7, later + Duration::from_secs(1));
+        asks.asked(
+            permit("web", 0),
+            7,
+            later + Duration::from_secs(1),
+            Duration::from_secs(9),
+        );
         let seen = asks.look(&permit("web", 0), 7, true, later + Duration::from_secs(2));
         assert_eq!(seen.since, Some(later), "the start stays");
         assert_eq!(seen.last_ask, Some(later + Duration::from_secs(1)));
@@ -114,10 +166,10 @@ mod tests {
     fn an_ask_for_a_new_grant_replaces_the_old_one_and_records_are_dropped_with_their_grants() {
         let asks = HolderAsks::default();
         let now = Instant::now();
-        asks.asked(permit("web", 0), 7, now);
-        asks.asked(permit("web", 0), 9, now + Duration::from_secs(1));
-        asks.asked(permit("web", 1), 3, now);
-        asks.asked(permit("db", 0), 1, now);
+        asks.asked(permit("web", 0), 7, now, Duration::ZERO);
+        asks.asked(permit("web", 0), 9, now + Duration::from_secs(1), Duration::ZERO);
+        asks.asked(permit("web", 1), 3, now, Duration::ZERO);
+        asks.asked(permit("db", 0), 1, now, Duration::ZERO);
         let seen = asks.look(&permit("web", 0), 9, true, now + Duration::from_secs(2));
         assert_eq!(seen.last_ask, Some(now + Duration::from_secs(1)));
         asks.keep_only(&ObjectRef::new("web").within("shop"), &[1]);
@@ -131,6 +183,50 @@ mod tests {
             asks.look(&permit("db", 0), 1, false, now).last_ask,
             Some(now),
             "another lock's records stay"
+        );
+    }
+
+    #[test]
+    fn the_validity_told_is_kept_with_room_for_a_slow_clock_and_never_shrinks() {
+        let asks = HolderAsks::default();
+        let now = Instant::now();
+        asks.asked(permit("web", 0), 7, now, Duration::from_secs(10));
+        let until = asks
+            .get(&permit("web", 0), 7)
+            .and_then(|record| record.told_until);
+        assert_eq!(until, Some(now + Duration::from_millis(10_300)));
+        // A later ask told less (the validity ran down) leaves the later end.
+        asks.asked(
+            permit("web", 0),
+            7,
+            now + Duration::from_secs(1),
+            Duration::from_secs(2),
+        );
+        let kept = asks
+            .get(&permit("web", 0), 7)
+            .and_then(|record| record.told_until);
+        assert_eq!(kept, Some(now + Duration::from_millis(10_300)));
+        assert_eq!(
+            asks.get(&permit("web", 0), 8),
+            None,
+            "another grant's record is not this one's"
+        );
+    }
+
+    #[test]
+    fn a_pod_set_aside_is_left_out_until_its_time_and_only_for_its_lock() {
+        let asks = HolderAsks::default();
+        let now = Instant::now();
+        let web = ObjectRef::new("web").within("shop");
+        asks.set_aside(&web, "web-0", now + Duration::from_secs(30));
+        assert_eq!(asks.set_aside_of(&web, now), ["web-0"]);
+        assert!(
+            asks.set_aside_of(&ObjectRef::new("db").within("shop"), now)
+                .is_empty()
+        );
+        assert!(
+            asks.set_aside_of(&web, now + Duration::from_secs(30)).is_empty(),
+            "ended"
         );
     }
 }

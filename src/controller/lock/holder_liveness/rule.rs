@@ -112,6 +112,40 @@ pub fn judge(record: &AskRecord, expected: bool, bounds: Bounds, now: Instant) -
     }
 }
 
+/// Whether the holder of `record`'s grant has stopped its work for want of answers: it asked during the grant
+/// (so it stops by the validities it is told), and the latest of them has ended. Leadership may then move at
+/// once, as on a report of stopped work: the holder stopped on its own clock before it.
+pub fn stopped_by_silence(record: &AskRecord, now: Instant) -> bool {
+    record.last_ask.is_some() && record.told_until.is_some_and(|until| now >= until)
+}
+
+/// Whether the election must treat the holder of `record`'s grant as unready, though its pod is Running and
+/// Ready: it stopped for want of answers ([`stopped_by_silence`]), or it is a holder that asks (`asks`: injected,
+/// or seen asking before) and has never been answered during this grant past the first ask's grace, so it has
+/// started no work and will not. Its key then goes at once in the first case, after the validity status showed
+/// it in the second (another replica may have answered it before a failover).
+pub fn unready(record: &AskRecord, asks: bool, bounds: Bounds, now: Instant) -> bool {
+    stopped_by_silence(record, now) || judge(record, asks, bounds, now) == Silence::NeverAsked
+}
+
+/// How long a pod moved off for its silence is not elected again for the same lock: long enough for another
+/// candidate to take the lock (it then keeps it), short enough that a lone candidate whose path came back leads
+/// again. Two TTLs, and no less than 30 s.
+pub fn set_aside_for(ttl: Duration) -> Duration {
+    ttl.saturating_mul(2).max(Duration::from_secs(30))
+}
+
+/// When a holder that asked falls [`stopped_by_silence`] if it does not ask again: the lock is looked at then.
+pub fn silence_ends_in(record: &AskRecord, now: Instant) -> Option<Duration> {
+    record.last_ask?;
+    let until = record.told_until?;
+    (until > now).then(|| {
+        until
+            .saturating_duration_since(now)
+            .saturating_add(Duration::from_millis(100))
+    })
+}
+
 /// The condition for the judged holders of a lock; `None`: none is judged (the condition is left out). The
 /// messages change only with who is silent, never with time, so a look writes nothing while nothing changed.
 /// `reports_at`: the reports port's `host:port`, where holders ask.
@@ -179,7 +213,49 @@ mod tests {
             token: 4,
             since: since.map(|at| start + Duration::from_secs(at)),
             last_ask: last_ask.map(|at| start + Duration::from_secs(at)),
+            told_until: last_ask.map(|at| start + Duration::from_secs(at + 8)),
         }
+    }
+
+    #[test]
+    fn a_holder_that_asks_and_is_never_answered_is_unready_after_the_grace_and_one_that_went_silent_too() {
+        let start = Instant::now();
+        let never = record(Some(0), None, start);
+        assert!(!unready(&never, true, BOUNDS, start + Duration::from_secs(10)));
+        assert!(unready(&never, true, BOUNDS, start + Duration::from_secs(11)));
+        assert!(
+            !unready(&never, false, BOUNDS, start + Duration::from_secs(600)),
+            "a custom holder is left as it is"
+        );
+        let silent = record(Some(0), Some(10), start);
+        assert!(!unready(&silent, false, BOUNDS, start + Duration::from_secs(17)));
+        assert!(unready(&silent, false, BOUNDS, start + Duration::from_secs(18)));
+        assert_eq!(set_aside_for(Duration::from_secs(10)), Duration::from_secs(30));
+        assert_eq!(set_aside_for(Duration::from_secs(60)), Duration::from_secs(120));
+    }
+
+    #[test]
+    fn a_holder_that_asked_has_stopped_once_the_validity_told_to_it_has_ended() {
+        let start = Instant::now();
+        let asked = record(Some(0), Some(10), start);
+        let before = start + Duration::from_secs(17);
+        assert!(!stopped_by_silence(&asked, before));
+        assert_eq!(
+            silence_ends_in(&asked, before),
+            Some(Duration::from_millis(1_100))
+        );
+        let after = start + Duration::from_secs(18);
+        assert!(
+            stopped_by_silence(&asked, after),
+            "told until 18 s: stopped by then"
+        );
+        assert_eq!(silence_ends_in(&asked, after), None);
+        let never = record(Some(0), None, start);
+        assert!(
+            !stopped_by_silence(&never, start + Duration::from_secs(600)),
+            "a holder that never asked may stop by status: its silence proves nothing"
+        );
+        assert_eq!(silence_ends_in(&never, start), None);
     }
 
     fn grant(expected: bool) -> Grant {

@@ -98,8 +98,9 @@ impl Policy {
             }
             HolderKind::Identity(holder) => Self::Identity(holder.clone()),
             HolderKind::LeaderElection(election) => {
+                let silent = leader::unready::unready_leaders(ctx, lock, settings.ttl, &permits);
                 let current = permits.into_iter().map(|(holder, _)| holder).collect();
-                Self::Leader(Box::new(Election::observe(ctx, lock, election, current)?))
+                Self::Leader(Box::new(Election::observe(ctx, lock, election, current, silent)?))
             }
             HolderKind::Jobs => {
                 // A plain lock's refused attempt left a ticket in its key's queue: it waits behind another holder.

@@ -148,7 +148,7 @@ async fn take_question(State(ctx): State<Arc<Context>>, request: Request) -> Res
             // Told its validity: the holder of this grant reaches the operator (`holder_liveness`).
             ctx.lock_controller
                 .asks
-                .asked(permit, question.fencing_token, now);
+                .asked(permit, question.fencing_token, now, left);
             ValidityAnswer {
                 remaining_millis: Some(u64::try_from(left.as_millis()).unwrap_or(u64::MAX)),
                 unknown: None,

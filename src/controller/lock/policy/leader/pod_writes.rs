@@ -36,6 +36,9 @@ pub struct Election {
     /// How many permits are held now (spec.permits): `current` may name holders of permits above, left from a
     /// higher count, which are given up.
     open: usize,
+    /// Holders that stopped their work for want of answers (silent past the validity told to them): unready
+    /// to the election, whatever their pods' conditions say.
+    silent: Vec<String>,
     /// Candidates in election order, for status.
     pub candidates: Vec<String>,
     /// The pod that should hold each permit now, where any can.
@@ -50,6 +53,7 @@ impl Election {
         lock: &DistributedLock,
         policy: &LeaderElectionPolicy,
         current: Vec<Option<String>>,
+        silent: Vec<String>,
     ) -> Result<Self, String> {
         let namespace = lock.namespace().unwrap_or_default();
         let selector = Selector::try_from(policy.selector.clone())
@@ -69,6 +73,7 @@ impl Election {
             semaphore: current.len() > 1,
             open: usize::try_from(open_permits(lock)).unwrap_or(1),
             current,
+            silent,
             candidates: Vec::new(),
             chosen: Vec::new(),
         };
@@ -77,6 +82,11 @@ impl Election {
     }
 
     fn elect(&mut self) {
+        for pod in &mut self.pods {
+            if self.silent.contains(&pod.name) {
+                pod.candidate = false;
+            }
+        }
         self.candidates = candidates(&self.pods, &self.preference)
             .iter()
             .map(|pod| pod.name.clone())
