@@ -269,6 +269,11 @@ check "CEL rules: cel-python gives the shared cases of tests/cel-cases.yaml thei
 same_crds() { diff -r crds "$chart/crds" || { echo "to update the chart: cp crds/*.yaml $chart/crds/"; return 1; }; }
 check "chart crds/ identical to crds/" same_crds
 
+expect "masters: their pod template carries no label that changes with the chart's version or commonLabels" \
+  "$out/default.yaml" \
+  "(lambda labels: 'helm.sh/chart' not in labels and 'app.kubernetes.io/version' not in labels
+     and labels.get('app.kubernetes.io/component') == 'redis')(
+     kind('StatefulSet')[0]['spec']['template']['metadata']['labels'])"
 expect "default: 5 masters, RedisQuorum 'default' on them with the generated password" "$out/default.yaml" \
   "len(kind('StatefulSet')) == 1 and kind('StatefulSet')[0]['spec']['replicas'] == 5
    and [q['metadata']['name'] for q in kind('RedisQuorum')] == ['default']

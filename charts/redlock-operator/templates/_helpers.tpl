@@ -34,6 +34,16 @@ app.kubernetes.io/part-of: redlock-operator
 {{- end }}
 {{- end }}
 
+{{/* Labels that never change with the chart's version or commonLabels, for the embedded masters' pod template:
+     a change there restarts every master (each sits out its quarantine, quorum.maxTtl), so only what the masters
+     themselves need goes in it (redis.podLabels, on purpose). */}}
+{{- define "redlock-operator.stableLabels" -}}
+app.kubernetes.io/name: {{ include "redlock-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: redlock-operator
+{{- end }}
+
 {{/* Selector labels of the operator pods. */}}
 {{- define "redlock-operator.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "redlock-operator.name" . }}
