@@ -181,7 +181,7 @@ elif [ -x "$node_kit/start.sh" ] && [ "$(id -u)" -eq 0 ]; then
   # The in-cluster suite installs that .tgz with its defaults: the image loaded from the archive.
   in_cluster_chart=$(grep '\.tgz$' <<<"$dist")
   # The masters', the Job tests' and the tutorials' images (not shipped: the kit's mk-image.sh builds them).
-  K8S_NODE_KIT=$node_kit scripts/build-images.sh target/images --only redis --only busybox --only app \
+  K8S_NODE_KIT=$node_kit scripts/build-images.sh target/images --only redis --only busybox \
     --binary "$operator_binary" --load "$node_dir" >/dev/null
   phase "end-to-end tests against the real node"
   REDLOCK_E2E_KUBECONFIG="$kubeconfig" real_cluster_tests "${e2e_tests[@]}" 2>&1 | tee -a "$log"

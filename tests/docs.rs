@@ -294,3 +294,47 @@ fn links_that_leave_the_repository_are_refused_even_where_their_target_exists() 
     // External pages are not checked here.
     assert!(link_problems(root, &readme, "[d](https://example.org/x)\n").is_empty());
 }
+
+/// Every reference to the operator's own image in the examples and the docs names this release's version, so
+/// that a long-form example applied as written runs the binary the chart installed (not a stale `0.1.0`).
+#[test]
+fn the_examples_and_docs_name_the_operators_image_of_this_version() {
+    let wanted = format!("redlock-operator:{}", env!("CARGO_PKG_VERSION"));
+    let mut files = documents();
+    let examples = Path::new(ROOT).join("examples");
+    let mut stack = vec![examples];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read examples/").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    let mut stale = Vec::new();
+    let mut seen = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        for (number, line) in text.lines().enumerate() {
+            // `localhost/redlock-operator:0.2.0`, `.../redlock-operator:0.1.0`: an image reference with a version.
+            for (at, _) in line.match_indices("redlock-operator:") {
+                let rest = &line[at + "redlock-operator:".len()..];
+                if !rest.starts_with(|c: char| c.is_ascii_digit()) {
+                    continue;
+                }
+                seen += 1;
+                if !line[at..].starts_with(&wanted) {
+                    stale.push(format!("{}:{}: {}", file.display(), number + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(seen > 0, "no example names the operator's image with a version");
+    assert!(
+        stale.is_empty(),
+        "these name another version of the operator's image than {wanted}:\n{}",
+        stale.join("\n")
+    );
+}

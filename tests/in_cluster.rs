@@ -2,10 +2,9 @@
 //!
 //! Against the cluster of `REDLOCK_E2E_KUBECONFIG` (a kind cluster, a development cluster, the project's
 //! single-node cluster), with the images of `REDLOCK_E2E_OPERATOR_IMAGE` (default `localhost/redlock-operator:e2e`),
-//! `REDLOCK_E2E_REDIS_IMAGE` (`localhost/redlock-redis:e2e`) and `REDLOCK_E2E_APP_IMAGE` (`localhost/redlock-app:e2e`:
-//! a shell, `sleep` and the operator's binary, as the docs tell users to build their application images), which
-//! `scripts/build-images.sh` builds as tars to load into the cluster. One test, in phases that share one
-//! installation:
+//! and `REDLOCK_E2E_REDIS_IMAGE` (`localhost/redlock-redis:e2e`), which `scripts/build-images.sh` builds as tars to
+//! load into the cluster, and the examples' own `busybox:1.36` (the same script's `busybox`). One test, in phases
+//! that share one installation:
 //!
 //! 1. `helm install` as the README and docs/how-to/install.md say (a fresh namespace; the chart's defaults but
 //!    for what the kit needs, the images loaded under local names, and a 30 s `maxTtl` that shortens the drills'
@@ -54,13 +53,12 @@ async fn helm_install_tutorials_failure_drills_and_uninstall() {
     let report = Report::new();
     let cluster = Cluster::from_env().await;
     report.step(&format!(
-        "in-cluster suite: release {} in {}, tutorials in {}; images {}, {}, {}",
+        "in-cluster suite: release {} in {}, tutorials in {}; images {}, {}",
         in_cluster::cluster::RELEASE,
         cluster.release_ns,
         cluster.app_ns,
         cluster.operator_image.reference,
         cluster.redis_image.reference,
-        cluster.app_image
     ));
     cluster.remove_leftovers().await;
     let mut cleanup = cluster.cleanup_guard();

@@ -122,7 +122,6 @@ pub struct Cluster {
     pub root: PathBuf,
     pub operator_image: Image,
     pub redis_image: Image,
-    pub app_image: String,
     helm: PathBuf,
     kubectl: PathBuf,
     /// The release's namespace (the docs' `redlock-system`).
@@ -183,7 +182,6 @@ impl Cluster {
                 "REDLOCK_E2E_REDIS_IMAGE",
                 "localhost/redlock-redis:e2e",
             )),
-            app_image: image_from_env("REDLOCK_E2E_APP_IMAGE", "localhost/redlock-app:e2e"),
             root,
             helm,
             kubectl,

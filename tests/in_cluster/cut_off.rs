@@ -1,8 +1,12 @@
-//! Phase 2d's drill of a holder cut off from the operator: the leader pod's egress to the reports port dropped by
-//! iptables in the pod's own network namespace (its node, its kubelet and the other pods run on), as a
-//! NetworkPolicy that forgets the port or a broken route would. The lock shows `HolderReachesOperator=False`
-//! naming the pod and the fix within 15 s (the rule's bound at TTL 10 s is 5 s without an ask, plus a look at the
-//! lock, which the keeper wakes every extension), and `True` again once the path is back.
+//! Phase 2d's drill of a leader cut off from the network: every packet its pod sends but on loopback dropped by
+//! iptables in the pod's own network namespace (its node, its kubelet and the other pods run on; the pod stays
+//! Running and Ready, as with a NetworkPolicy that forgets the reports port, a broken route or a failed CNI):
+//!
+//! - the lock shows `HolderReachesOperator=False` naming the pod and the fix within 15 s, with a Warning Event;
+//! - the cut pod's `elect` stops the work on its own clock, and once every validity told to it has ended the lock
+//!   moves to another pod, whose work starts within the lock's TTL + 5 s of the cut (DESIGN's bound), after the
+//!   cut pod's work stopped, by the kubelet's own log timestamps (one clock, the node's);
+//! - once the path is back, the lock stays with the new leader (one leader), and the condition is `True`.
 //!
 //! Only where the cluster's node is this machine (the project's single-node Kubernetes): elsewhere the pod's
 //! network namespace cannot be entered, and the drill says so instead.
@@ -10,34 +14,38 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use redlock_operator::api::DistributedLock;
 use tokio::process::Command;
 
 use super::cluster::Cluster;
+use super::observe::Observer;
 use super::report::{Report, wait_for};
 
 /// What the issue asks of the condition: shown within this long of the cut.
 const SHOWN_WITHIN: Duration = Duration::from_secs(15);
+/// Beside the lock's TTL, how long the next leader's work may take to start after the cut.
+const MOVED_WITHIN_TTL_PLUS: Duration = Duration::from_secs(5);
 
-pub async fn leader_cut_from_operator(cluster: &Cluster, report: &Report, lock: &str, pod: &str) {
+pub async fn leader_cut_off(cluster: &Cluster, report: &Report, observer: &Observer, lock: &str, pod: &str) {
     report.step(&format!(
-        "2d'. the leader {pod}'s path to the operator's reports port cut (iptables in its network namespace)"
+        "2d'. the leader {pod} cut off from the network (iptables in its network namespace: all but loopback dropped)"
     ));
-    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &cluster.holders_ns);
-    let locks: Api<DistributedLock> = Api::namespaced(cluster.client.clone(), &cluster.holders_ns);
+    let ns = &cluster.holders_ns;
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
+    let locks: Api<DistributedLock> = Api::namespaced(cluster.client.clone(), ns);
     let ip = pods.get(pod).await.ok().and_then(|pod| pod.status?.pod_ip);
-    let port = locks
+    let ttl = locks
         .get(lock)
         .await
         .ok()
-        .and_then(|lock| lock.status?.hand_over_url)
-        .and_then(|url| reports_port(&url));
-    let (Some(ip), Some(port)) = (ip, port) else {
+        .and_then(|lock| redlock_operator::duration::parse(&lock.spec.ttl).ok());
+    let (Some(ip), Some(ttl)) = (ip, ttl) else {
         report.check(
-            "the leader pod's IP and the reports port are known",
+            "the leader pod's IP and the lock's TTL are known",
             false,
-            "no pod IP, or no status.handOverUrl",
+            "no pod IP, or no TTL",
         );
         return;
     };
@@ -47,10 +55,11 @@ pub async fn leader_cut_from_operator(cluster: &Cluster, report: &Report, lock: 
         ));
         return;
     };
-    let rule = ["OUTPUT", "-p", "tcp", "--dport", port.as_str(), "-j", "DROP"];
+    let rule = ["OUTPUT", "!", "-o", "lo", "-j", "DROP"];
+    let cut_at = Timestamp::now();
     let cut = iptables(&netns, "-I", &rule).await;
     if !report.check(
-        &format!("the pod's egress to TCP {port} is dropped in its network namespace {netns}"),
+        &format!("everything the pod sends but on loopback is dropped (network namespace {netns})"),
         cut.is_ok(),
         cut.err().unwrap_or_default(),
     ) {
@@ -82,7 +91,7 @@ pub async fn leader_cut_from_operator(cluster: &Cluster, report: &Report, lock: 
             "get",
             "events",
             "-n",
-            &cluster.holders_ns,
+            ns,
             "--field-selector",
             "reason=HolderNotAsking",
             "-o",
@@ -94,20 +103,111 @@ pub async fn leader_cut_from_operator(cluster: &Cluster, report: &Report, lock: 
         warned.ok && !warned.stdout.trim().is_empty(),
         warned.text(),
     );
-    let healed = iptables(&netns, "-D", &rule).await;
-    report.check(
-        "the path is given back",
-        healed.is_ok(),
-        healed.err().unwrap_or_default(),
+    let bound = ttl.saturating_add(MOVED_WITHIN_TTL_PLUS);
+    let moved = wait_for(
+        "another pod leading",
+        bound.saturating_add(Duration::from_secs(30)),
+        || async { observer.state().leader().filter(|(leader, _)| leader != pod) },
+    )
+    .await;
+    let next = match moved {
+        Ok((next, _)) => next,
+        Err(err) => {
+            report.check("the lock moves to another pod", false, err);
+            heal(cluster, report, &netns, &rule).await;
+            return;
+        }
+    };
+    let started = logged_at(
+        cluster,
+        &next,
+        "leader work started under fencing token",
+        cut_at,
+        30,
+    )
+    .await;
+    let stopped = logged_at(cluster, pod, "the command was stopped", cut_at, 5).await;
+    report.check_result(
+        &format!(
+            "another pod ({next}) leads and its work starts within the TTL + {} s of the cut ({} s)",
+            MOVED_WITHIN_TTL_PLUS.as_secs(),
+            bound.as_secs()
+        ),
+        started.clone().and_then(|started| {
+            let after = Duration::try_from(started.duration_since(cut_at)).unwrap_or_default();
+            let detail = format!("its work started {:.1} s after the cut", after.as_secs_f64());
+            if after <= bound { Ok(detail) } else { Err(detail) }
+        }),
     );
+    report.check_result(
+        "the cut pod's work stopped before the next leader's started (the kubelet's log timestamps)",
+        match (stopped, started) {
+            (Ok(stopped), Ok(started)) if stopped < started => Ok(format!(
+                "stopped {:.1} s after the cut, the next started {:.1} s after",
+                seconds_since(cut_at, stopped),
+                seconds_since(cut_at, started)
+            )),
+            (Ok(stopped), Ok(started)) => Err(format!("stopped at {stopped}, the next started at {started}")),
+            (stopped, started) => Err(format!("stopped: {stopped:?}; started: {started:?}")),
+        },
+    );
+    heal(cluster, report, &netns, &rule).await;
     let back = wait_for("HolderReachesOperator=True", Duration::from_secs(60), || {
         condition(&locks, lock, "True")
     })
     .await;
     report.check_result(
-        "once the path is back, the lock shows HolderReachesOperator=True again",
-        back.map(|message| format!("after {:.1} s: {message}", at.elapsed().as_secs_f64())),
+        "once the path is back, the lock shows HolderReachesOperator=True (the leader asks)",
+        back,
     );
+    // The cut pod follows: a stretch of seconds in which it never leads again (the observer checks "never two").
+    tokio::time::sleep(ttl).await;
+    let leader = observer.state().leader();
+    report.check(
+        &format!("after the path is back, {next} still leads and {pod} follows"),
+        leader.as_ref().is_some_and(|(leader, _)| *leader == next),
+        format!("{leader:?}"),
+    );
+}
+
+async fn heal(cluster: &Cluster, report: &Report, netns: &str, rule: &[&str]) {
+    let healed = iptables(netns, "-D", rule).await;
+    report.check(
+        "the path is given back",
+        healed.is_ok(),
+        healed.err().unwrap_or_default(),
+    );
+    let _ = cluster;
+}
+
+fn seconds_since(from: Timestamp, to: Timestamp) -> f64 {
+    to.duration_since(from).as_secs_f64()
+}
+
+/// When the kubelet logged the first line of `pod` containing `text` after `after` (`kubectl logs
+/// --timestamps`), waiting up to `patience_secs` for it.
+async fn logged_at(
+    cluster: &Cluster,
+    pod: &str,
+    text: &str,
+    after: Timestamp,
+    patience_secs: u64,
+) -> Result<Timestamp, String> {
+    wait_for(
+        &format!("{pod} logging {text:?}"),
+        Duration::from_secs(patience_secs),
+        || async {
+            let logs = cluster
+                .kubectl(&["logs", "--timestamps", pod, "-n", &cluster.holders_ns])
+                .await;
+            logs.stdout
+                .lines()
+                .filter(|line| line.contains(text))
+                .filter_map(|line| line.split_whitespace().next()?.parse::<Timestamp>().ok())
+                .find(|stamp| *stamp > after)
+        },
+    )
+    .await
 }
 
 /// The message of the lock's `HolderReachesOperator` condition, once it has `status`.
@@ -118,13 +218,6 @@ async fn condition(locks: &Api<DistributedLock>, lock: &str, status: &str) -> Op
         .into_iter()
         .find(|condition| condition.type_ == "HolderReachesOperator" && condition.status == status)
         .map(|condition| condition.message)
-}
-
-/// The port of `https://host:port/...`.
-fn reports_port(url: &str) -> Option<String> {
-    let authority = url.strip_prefix("https://")?.split('/').next()?;
-    let (_, port) = authority.rsplit_once(':')?;
-    Some(port.to_owned())
 }
 
 /// The named network namespace (`ip netns`, where the container runtime keeps pods') whose interfaces hold `ip`.

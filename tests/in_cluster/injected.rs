@@ -27,8 +27,6 @@ const JOB_LOCK: &str = "nightly-migration";
 const JOBS: [&str; 3] = ["migrate-orders", "migrate-orders-2", "migrate-orders-3"];
 /// The Job that holds its lock when the masters go.
 const LOST_JOB: &str = "migrate-orders-lost";
-/// The busybox image's processes run as root; the examples want a non-root user.
-const USER: i64 = 65532;
 
 fn busybox() -> String {
     std::env::var("REDLOCK_E2E_JOB_IMAGE")
@@ -49,7 +47,7 @@ pub async fn run(cluster: &Cluster, report: &Report) {
     if leader(cluster, report, &observer).await {
         let leading = observer.state().leader();
         if let Some((pod, _)) = leading {
-            super::cut_off::leader_cut_from_operator(cluster, report, LEADER_LOCK, &pod).await;
+            super::cut_off::leader_cut_off(cluster, report, &observer, LEADER_LOCK, &pod).await;
         }
         // The leader pod deleted: its injected `elect` stops the work and reports, and the next pod leads at once.
         check_hand_over(cluster, report, &observer, &cluster.holders_ns, "injected").await;
@@ -125,26 +123,11 @@ pub async fn run(cluster: &Cluster, report: &Report) {
     );
 }
 
-/// An example as written, with busybox and a shell command as the application, run as a non-root user.
+/// An example as written (busybox, a non-root user), its work replaced by `work` (the suite's, shorter).
 fn example(cluster: &Cluster, name: &str, work: &str) -> Manifest {
-    let mut manifest = Manifest::example(&cluster.root, name)
-        .with_app(&busybox(), work)
-        .kept_by(&installation(cluster));
-    for doc in &mut manifest.docs {
-        let Some(containers) = doc
-            .get_mut("spec")
-            .and_then(|spec| spec.get_mut("template"))
-            .and_then(|template| template.get_mut("spec"))
-            .and_then(|spec| spec.get_mut("containers"))
-            .and_then(Value::as_sequence_mut)
-        else {
-            continue;
-        };
-        for container in containers {
-            container["securityContext"]["runAsUser"] = Value::from(USER);
-        }
-    }
-    manifest
+    Manifest::example(&cluster.root, name)
+        .with_work(work)
+        .kept_by(&installation(cluster))
 }
 
 /// A pod labelled `redlock.io/elect` whose container sets no command is refused, saying what to add.

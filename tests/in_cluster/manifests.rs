@@ -1,6 +1,6 @@
-//! The repository's examples as a user applies them: read from `examples/`, with the placeholder application
-//! (its image and the program it runs under `elect`, the guard or `lock`) replaced by the suite's app image and a
-//! shell command, everything else as written. More Jobs of a queue are copies of the example's Job under other
+//! The repository's examples as a user applies them: read from `examples/` and applied as written (busybox and
+//! their own commands), or, for Jobs whose work must be short for the suite's time, with the work replaced by a
+//! shell command of the suite's (`with_work`). More Jobs of a queue are copies of the example's Job under other
 //! names, as the tutorials say ("create more the same way").
 
 use std::path::Path;
@@ -43,8 +43,9 @@ impl Manifest {
             .unwrap_or_else(|| panic!("the example has no {kind}"))
     }
 
-    /// Every workload's containers run `image`, and `work` (a shell command) as the program after `--`.
-    pub fn with_app(mut self, image: &str, work: &str) -> Self {
+    /// Every workload's containers run `work` (a shell command) as the program after `--`, in the image the
+    /// example names: as written but for how long the work takes.
+    pub fn with_work(mut self, work: &str) -> Self {
         for doc in &mut self.docs {
             if !matches!(doc["kind"].as_str(), Some("Deployment" | "StatefulSet" | "Job")) {
                 continue;
@@ -55,7 +56,6 @@ impl Manifest {
                 continue;
             };
             for container in containers {
-                container["image"] = Value::from(image);
                 if let Some(command) = container.get_mut("command").and_then(Value::as_sequence_mut) {
                     let end = command
                         .iter()
@@ -63,6 +63,26 @@ impl Manifest {
                         .map_or(0, |at| at + 1);
                     command.truncate(end);
                     command.extend(["sh", "-c", work].map(Value::from));
+                }
+            }
+        }
+        self
+    }
+
+    /// The operator's image in the long forms' init containers (`localhost/redlock-operator:<version>`, the
+    /// release archive's name, as the examples say) replaced by `reference` where the cluster has it under another
+    /// name (`REDLOCK_E2E_OPERATOR_IMAGE`); on the project's node the two are the same and nothing changes.
+    pub fn with_operator_image(mut self, reference: &str) -> Self {
+        let shipped = format!("localhost/redlock-operator:{}", env!("CARGO_PKG_VERSION"));
+        for doc in &mut self.docs {
+            let Some(init) = path_mut(doc, &["spec", "template", "spec", "initContainers"])
+                .and_then(Value::as_sequence_mut)
+            else {
+                continue;
+            };
+            for container in init {
+                if container["image"].as_str() == Some(shipped.as_str()) {
+                    container["image"] = Value::from(reference);
                 }
             }
         }
@@ -112,10 +132,6 @@ impl Manifest {
 fn path_mut<'a>(value: &'a mut Value, path: &[&str]) -> Option<&'a mut Value> {
     path.iter().try_fold(value, |value, key| value.get_mut(*key))
 }
-
-/// A leader's work: says which token it runs under, then runs until stopped.
-pub const LEADER_WORK: &str =
-    r#"echo "leader work started under fencing token $REDLOCK_FENCING_TOKEN"; exec sleep 3600"#;
 
 /// A Job's work of `seconds`: says which grant it runs under, works, says it is done.
 pub fn job_work(seconds: u32) -> String {

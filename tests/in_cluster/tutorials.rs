@@ -10,7 +10,7 @@ use redlock_operator::api::{DistributedLock, LockPhase};
 
 use super::cluster::{Cluster, rolled_out};
 use super::holder_phases::{apply_in, check_hand_over, installation, jobs_complete};
-use super::manifests::{LEADER_WORK, Manifest, job_work};
+use super::manifests::{Manifest, job_work};
 use super::observe::Observer;
 use super::report::{Report, wait_for};
 
@@ -99,12 +99,13 @@ async fn first_lock(cluster: &Cluster, report: &Report) -> bool {
     report.check_result("the first lock is Held", held)
 }
 
-/// docs/tutorials/leader-for-a-deployment.md, the long form (examples/leader-election-long-form.yaml: the binary in
-/// the app image, no admission policy involved; the injected form is `injected`'s).
+/// docs/tutorials/leader-for-a-deployment.md, the long form (examples/leader-election-long-form.yaml as written:
+/// busybox, the binary copied in by an init container of the operator's image, no admission policy involved; the
+/// injected form is `injected`'s).
 async fn leader_election(cluster: &Cluster, report: &Report, observer: &Observer) -> bool {
     report.step("2b. a leader for a Deployment, long form (examples/leader-election-long-form.yaml)");
     let manifest = Manifest::example(&cluster.root, "leader-election-long-form.yaml")
-        .with_app(&cluster.app_image, LEADER_WORK);
+        .with_operator_image(&cluster.operator_image.reference);
     if let Err(err) = apply(cluster, manifest).await {
         return report.check("the leader-election example is applied", false, err);
     }
@@ -300,10 +301,12 @@ async fn job_queue_and_semaphore(cluster: &Cluster, report: &Report, observer: &
          (examples/job-semaphore-queue.yaml)",
     );
     let queue = Manifest::example(&cluster.root, "job-fencing-long-form.yaml")
-        .with_app(&cluster.app_image, &job_work(4))
+        .with_work(&job_work(4))
+        .with_operator_image(&cluster.operator_image.reference)
         .with_job_copies(&["migrate-orders-2", "migrate-orders-3"]);
     let semaphore = Manifest::example(&cluster.root, "job-semaphore-queue.yaml")
-        .with_app(&cluster.app_image, &job_work(6))
+        .with_work(&job_work(6))
+        .with_operator_image(&cluster.operator_image.reference)
         .with_job_copies(&["report-amer", "report-apac", "report-emea-2", "report-amer-2"]);
     observer.set_permits(JOB_LOCK, 1);
     observer.set_permits(SEMAPHORE_LOCK, 3);
@@ -423,7 +426,8 @@ async fn job_queue_and_semaphore(cluster: &Cluster, report: &Report, observer: &
 /// One more Job of the queue, whose work runs for an hour: it holds the queue's lock through the drills.
 async fn drill_job(cluster: &Cluster, report: &Report, observer: &Observer) -> bool {
     let manifest = Manifest::example(&cluster.root, "job-fencing-long-form.yaml")
-        .with_app(&cluster.app_image, &job_work(3600))
+        .with_work(&job_work(3600))
+        .with_operator_image(&cluster.operator_image.reference)
         .only_job_named(DRILL_JOB);
     let applied_at = Instant::now();
     if let Err(err) = apply(cluster, manifest).await {
