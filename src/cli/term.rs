@@ -23,6 +23,7 @@ use futures::future::BoxFuture;
 pub use super::held_term::{Term, fence_instant};
 use super::stop_time::{Asked, Basis, Stopping, after_ask, stop_by_wall_clock};
 use super::supervise::{Child, Ended};
+use crate::api::holder_contract::INSTALLATION_ANNOTATION;
 use crate::api::{DistributedLock, LockPhase};
 
 /// A leader's term: [`term_of`], but none once the lock is being deleted. The operator then gives its keys up
@@ -70,8 +71,17 @@ pub async fn current_term(
     stopping: &Stopping,
 ) -> Option<(Term, Instant)> {
     let mut told = None;
+    let waiting_since = Instant::now();
+    let mut said_unkept = false;
     loop {
         let candidate = terms.borrow_and_update().clone();
+        if candidate.is_none() && !said_unkept && waiting_since.elapsed() >= UNKEPT_AFTER {
+            // A lock nobody keeps is a silent wait otherwise: said once, with where to look.
+            if let Some(note) = unkept_note(latest.borrow().as_deref()) {
+                eprintln!("redlock-operator {}: {note}", stopping.tool);
+                said_unkept = true;
+            }
+        }
         // A term that is only short of time now may have been refreshed by then.
         let mut pause = Duration::from_millis(200);
         if let Some(current) = candidate {
@@ -96,6 +106,31 @@ pub async fn current_term(
             () = tokio::time::sleep(pause) => {}
         }
     }
+}
+
+/// How long a holder waits for its lock to show any status before it says why it may never.
+const UNKEPT_AFTER: Duration = Duration::from_secs(15);
+
+/// What a holder that has waited [`UNKEPT_AFTER`] without a term says of its lock: nothing while an installation
+/// keeps it (another holder has it, or it is being acquired).
+fn unkept_note(lock: Option<&DistributedLock>) -> Option<String> {
+    let Some(lock) = lock else {
+        return Some(format!(
+            "the lock is not seen after {} s: it does not exist in this namespace, or this pod's ServiceAccount may not read it",
+            UNKEPT_AFTER.as_secs()
+        ));
+    };
+    let claimed = lock
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|annotations| annotations.contains_key(INSTALLATION_ANNOTATION));
+    (lock.status.is_none() || !claimed).then(|| {
+        format!(
+            "the lock has no status after {} s: no installation of redlock-operator keeps it (its namespace is not in any installation's operator.lockNamespaces, or it matches no operator.lockSelector); nothing starts until one does",
+            UNKEPT_AFTER.as_secs()
+        )
+    })
 }
 
 /// A new term's stop time: asked (`Err`: why not, and when to ask again), or from the wall clock where status
@@ -381,6 +416,22 @@ mod tests {
         lock
     }
 
+    #[test]
+    fn a_lock_no_installation_keeps_is_said_so_and_a_kept_one_is_not() {
+        assert!(unkept_note(None).is_some_and(|note| note.contains("does not exist")));
+        let mut lock = DistributedLock::new(
+            "web",
+            serde_json::from_value(serde_json::json!({
+                "holder": { "identity": "x" }
+            }))
+            .unwrap(),
+        );
+        assert!(unkept_note(Some(&lock)).is_some_and(|note| note.contains("no installation")));
+        lock.metadata.annotations =
+            Some([(INSTALLATION_ANNOTATION.to_owned(), "redlock/redlock".to_owned())].into());
+        lock.status = Some(crate::api::DistributedLockStatus::default());
+        assert_eq!(unkept_note(Some(&lock)), None);
+    }
     #[test]
     fn only_a_held_lock_naming_this_pod_is_a_term() {
         let at = Timestamp::from_second(1_000).unwrap();

@@ -320,10 +320,14 @@ async fn masters_down(cluster: &Cluster, report: &Report, observer: &Observer, h
     );
 }
 
-/// `helm upgrade` with one harmless value changed (the operator's log format): the operator pods roll, the
-/// masters stay, no lock is lost and no token changes.
+/// `helm upgrade` with a harmless value changed (the operator's log format) and the holder binding narrowed to the
+/// tutorials' namespace (`holders.namespaces`, as the security page suggests): the operator pods roll, the
+/// masters stay, no lock is lost and no token changes; then a labelled pod in the namespace left out is refused
+/// at admission by the API server's authorizer, with the `helm upgrade` that lets it in.
 async fn helm_upgrade(cluster: &Cluster, report: &Report, observer: &Observer, held: &Held) {
-    report.step("3c. helm upgrade (operator.logFormat=text) while the locks are held");
+    report.step(
+        "3c. helm upgrade (operator.logFormat=text, holders.namespaces narrowed to the tutorials') while the locks are held",
+    );
     let before = settled(cluster, observer, held, Duration::from_secs(60)).await;
     report.note(&format!("before: {before:?}"));
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &cluster.release_ns);
@@ -341,8 +345,12 @@ async fn helm_upgrade(cluster: &Cluster, report: &Report, observer: &Observer, h
     );
     let since = Instant::now();
     share_the_cluster(cluster, report, false).await;
+    let narrowed = format!("holders.namespaces={{{}}}", cluster.app_ns);
     let upgraded = cluster
-        .helm_release("upgrade", &["--set", "operator.logFormat=text"])
+        .helm_release(
+            "upgrade",
+            &["--set", "operator.logFormat=text", "--set", &narrowed],
+        )
         .await;
     share_the_cluster(cluster, report, true).await;
     if !report.check("helm upgrade succeeds", upgraded.ok, upgraded.brief()) {
@@ -387,5 +395,38 @@ async fn helm_upgrade(cluster: &Cluster, report: &Report, observer: &Observer, h
             masters_after.len(),
             masters_before == masters_after
         ),
+    );
+    refused_where_holders_cannot_read(cluster, report).await;
+}
+
+/// After the narrowing, a pod labelled `redlock.io/elect` in the namespace left out cannot read its lock: refused,
+/// naming the value that lets it in (the chart's holder-validation policy asks the API server's authorizer).
+async fn refused_where_holders_cannot_read(cluster: &Cluster, report: &Report) {
+    let pod = r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: cannot-read-its-lock
+  labels:
+    redlock.io/elect: web-leader
+spec:
+  containers:
+    - name: app
+      image: busybox:1.36
+      command: ["sh", "-c", "sleep 3600"]
+      securityContext:
+        runAsUser: 65532
+"#;
+    let created = cluster
+        .kubectl_stdin(&["create", "-n", &cluster.holders_ns, "-f", "-"], pod)
+        .await;
+    let said = created.text();
+    let fix = format!(
+        "--set holders.namespaces={{{},{}}}",
+        cluster.app_ns, cluster.holders_ns
+    );
+    report.check(
+        "a labelled pod whose ServiceAccount may not watch its locks is refused, naming the helm upgrade that fixes it",
+        !created.ok && said.contains("may not watch the DistributedLocks of namespace") && said.contains(&fix),
+        said,
     );
 }

@@ -32,6 +32,7 @@ pub async fn run(cluster: &Cluster, report: &Report, observer: &Observer) -> Hel
     let identity = first_lock(cluster, report).await;
     let leader = leader_election(cluster, report, observer).await;
     job_queue_and_semaphore(cluster, report, observer).await;
+    leader_semaphore(cluster, report).await;
     let job = drill_job(cluster, report, observer).await;
     Held {
         identity,
@@ -291,6 +292,109 @@ async fn hand_over(cluster: &Cluster, report: &Report, observer: &Observer) {
     }
     let rolled = rolled_out(cluster, "deployment/web", &cluster.app_ns, 60).await;
     report.check("the Deployment is back to three pods", rolled.ok, rolled.text());
+}
+
+/// docs/tutorials/semaphore.md's leader semaphore (examples/leader-semaphore.yaml as written: five busybox workers
+/// of a StatefulSet, three permits), in the injected holders' namespace, apart from the tutorials' observer (which
+/// promises one leader per lock): `kubectl get dlock` shows HELD 3/3, three pods carry the leader label with the
+/// permits 0, 1 and 2, and each runs its work. Removed afterwards.
+async fn leader_semaphore(cluster: &Cluster, report: &Report) {
+    report.step("2e. a leader semaphore (examples/leader-semaphore.yaml as written)");
+    let ns = &cluster.holders_ns;
+    let manifest = Manifest::example(&cluster.root, "leader-semaphore.yaml")
+        .with_operator_image(&cluster.operator_image.reference)
+        .kept_by(&installation(cluster));
+    if let Err(err) = apply_in(cluster, ns, &manifest).await {
+        report.check("the leader-semaphore example is applied", false, err);
+        return;
+    }
+    let locks: Api<DistributedLock> = Api::namespaced(cluster.client.clone(), ns);
+    let held = wait_for("shard-owners HELD 3/3", Duration::from_secs(120), || {
+        let locks = locks.clone();
+        async move {
+            let status = locks.get("shard-owners").await.ok()?.status?;
+            (status.held.as_deref() == Some("3/3")).then(|| {
+                status
+                    .holders
+                    .iter()
+                    .map(|held| {
+                        format!(
+                            "permit {} {} token {}",
+                            held.permit, held.holder, held.fencing_token
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+        }
+    })
+    .await;
+    report.check_result("the leader semaphore shows HELD 3/3", held);
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(cluster.client.clone(), ns);
+    let leaders = wait_for(
+        "three labelled pods with permits 0-2",
+        Duration::from_secs(30),
+        || {
+            let pods = pods.clone();
+            async move {
+                let listed = pods
+                    .list(&kube::api::ListParams::default().labels("app=shard-worker,redlock.io/leader"))
+                    .await
+                    .ok()?;
+                let mut permits: Vec<(String, String)> = listed
+                    .items
+                    .iter()
+                    .map(|pod| {
+                        let permit = pod
+                            .annotations()
+                            .get("redlock.io/permit")
+                            .cloned()
+                            .unwrap_or_default();
+                        (permit, pod.name_any())
+                    })
+                    .collect();
+                permits.sort();
+                let numbers: Vec<&str> = permits.iter().map(|(permit, _)| permit.as_str()).collect();
+                (numbers == ["0", "1", "2"]).then_some(permits)
+            }
+        },
+    )
+    .await;
+    let working = match &leaders {
+        Ok(leaders) => {
+            let mut all = true;
+            for (_, pod) in leaders {
+                let logs = cluster.kubectl(&["logs", pod, "-n", ns]).await;
+                all &= logs.stdout.contains("leader work started under fencing token");
+            }
+            all
+        }
+        Err(_) => false,
+    };
+    report.check(
+        "three pods lead, one per permit (0, 1, 2), and each runs its shard's work",
+        working,
+        format!("{leaders:?}"),
+    );
+    let removed = cluster
+        .kubectl(&[
+            "delete",
+            "-n",
+            ns,
+            "--wait=true",
+            "--timeout=90s",
+            "statefulset/shard-worker",
+            "dlock/shard-owners",
+            "serviceaccount/shard-worker",
+            "role/shard-worker-elect",
+            "rolebinding/shard-worker-elect",
+        ])
+        .await;
+    report.check(
+        "the leader semaphore's objects are removed",
+        removed.ok,
+        removed.text(),
+    );
 }
 
 /// docs/tutorials/job-queue.md, the long form (examples/job-fencing-long-form.yaml, three Jobs) and
