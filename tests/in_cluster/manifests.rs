@@ -89,6 +89,30 @@ impl Manifest {
         self
     }
 
+    /// `from` replaced by `to` in every container's environment values: the part of an example the user is told to
+    /// change for another release name or namespace (examples/job-semaphore.yaml's masters).
+    pub fn with_env_replaced(mut self, from: &str, to: &str) -> Self {
+        for doc in &mut self.docs {
+            let Some(containers) =
+                path_mut(doc, &["spec", "template", "spec", "containers"]).and_then(Value::as_sequence_mut)
+            else {
+                continue;
+            };
+            for container in containers {
+                let Some(env) = container.get_mut("env").and_then(Value::as_sequence_mut) else {
+                    continue;
+                };
+                for variable in env {
+                    if let Some(value) = variable.get("value").and_then(Value::as_str) {
+                        let replaced = value.replace(from, to);
+                        variable["value"] = Value::from(replaced);
+                    }
+                }
+            }
+        }
+        self
+    }
+
     /// Every DistributedLock annotated as kept by `installation` (`redlock.io/installation`), as the operator
     /// itself annotates a lock it claims: on a cluster where other operators watch every namespace (other tests'),
     /// the first installation to look at a new lock keeps it, and this one would lose the race now and then.

@@ -4,11 +4,12 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, ResourceExt};
 use redlock_operator::api::holder_contract::INSTALLATION_ANNOTATION;
 use redlock_operator::api::{DistributedLock, LockPhase};
 
-use super::cluster::{Cluster, rolled_out};
+use super::cluster::{Cluster, FULLNAME, rolled_out};
 use super::holder_phases::{apply_in, check_hand_over, installation, jobs_complete};
 use super::manifests::{Manifest, job_work};
 use super::observe::Observer;
@@ -33,6 +34,7 @@ pub async fn run(cluster: &Cluster, report: &Report, observer: &Observer) -> Hel
     let leader = leader_election(cluster, report, observer).await;
     job_queue_and_semaphore(cluster, report, observer).await;
     leader_semaphore(cluster, report).await;
+    lock_command_semaphore(cluster, report).await;
     let job = drill_job(cluster, report, observer).await;
     Held {
         identity,
@@ -395,6 +397,125 @@ async fn leader_semaphore(cluster: &Cluster, report: &Report) {
         removed.ok,
         removed.text(),
     );
+}
+
+/// examples/job-semaphore.yaml: ten Jobs' pods, five at a time, under `redlock-operator lock --permits 3` on the
+/// embedded masters, as its header says to run it (the masters' password copied into the namespace's Secret
+/// `redis-password`; the masters' addresses those of this release's namespace, which the header says to change;
+/// each pod's work shortened). By the kubelet's log timestamps, never more than three work at once, each under a
+/// permit 0-2, and all ten complete. Removed afterwards.
+async fn lock_command_semaphore(cluster: &Cluster, report: &Report) {
+    report.step("2f. a Job semaphore of the lock command (examples/job-semaphore.yaml)");
+    let ns = &cluster.holders_ns;
+    let secrets: Api<Secret> = Api::namespaced(cluster.client.clone(), &cluster.release_ns);
+    let password = secrets
+        .get(&format!("{FULLNAME}-redis-auth"))
+        .await
+        .ok()
+        .and_then(|secret| secret.data?.get("password").cloned());
+    let Some(password) = password else {
+        report.check("the masters' password Secret is read", false, "no data.password");
+        return;
+    };
+    let copy = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("redis-password".to_owned()),
+            ..Default::default()
+        },
+        data: Some([("password".to_owned(), password)].into()),
+        ..Default::default()
+    };
+    let copied = Api::<Secret>::namespaced(cluster.client.clone(), ns)
+        .create(&kube::api::PostParams::default(), &copy)
+        .await;
+    if !report.check(
+        "the masters' password is copied into the Secret redis-password, as the header says",
+        copied.is_ok(),
+        copied.err().map(|err| err.to_string()).unwrap_or_default(),
+    ) {
+        return;
+    }
+    let manifest = Manifest::example(&cluster.root, "job-semaphore.yaml")
+        .with_work(&job_work(3))
+        .with_operator_image(&cluster.operator_image.reference)
+        .with_env_replaced(".redlock-system.svc", &format!(".{}.svc", cluster.release_ns));
+    if let Err(err) = apply_in(cluster, ns, &manifest).await {
+        report.check("the lock-command semaphore example is applied", false, err);
+        return;
+    }
+    let done = cluster
+        .kubectl(&[
+            "wait",
+            "--for=condition=complete",
+            "job/warehouse-reports",
+            "-n",
+            ns,
+            "--timeout=180s",
+        ])
+        .await;
+    report.check("its ten pods complete", done.ok, done.text());
+    let logs = cluster
+        .kubectl(&[
+            "logs",
+            "-n",
+            ns,
+            "-l",
+            "batch.kubernetes.io/job-name=warehouse-reports",
+            "--timestamps",
+            "--prefix",
+            "--tail=-1",
+            "--max-log-requests=20",
+        ])
+        .await;
+    report.check_result("never more than three work at once, each under a permit 0-2", at_most_three(&logs.stdout));
+    let removed = cluster
+        .kubectl(&[
+            "delete",
+            "-n",
+            ns,
+            "--wait=true",
+            "--timeout=90s",
+            "job/warehouse-reports",
+            "secret/redis-password",
+        ])
+        .await;
+    report.check("the lock-command semaphore's objects are removed", removed.ok, removed.text());
+}
+
+/// From `kubectl logs --prefix --timestamps` of the semaphore's pods: the most that worked at once (between a
+/// pod's `work started` and its `work done`, on the node's one clock), which must be 3 at most, and the permits.
+fn at_most_three(logs: &str) -> Result<String, String> {
+    let mut edges: Vec<(k8s_openapi::jiff::Timestamp, i32)> = Vec::new();
+    let mut permits = std::collections::BTreeSet::new();
+    for line in logs.lines() {
+        // `[pod/<name>/<container>] <timestamp> <text>`
+        let mut words = line.split_whitespace();
+        let (Some(_), Some(stamp)) = (words.next(), words.next()) else {
+            continue;
+        };
+        let Ok(at) = stamp.parse::<k8s_openapi::jiff::Timestamp>() else {
+            continue;
+        };
+        if line.contains("work started:") {
+            edges.push((at, 1));
+            if let Some(permit) = line.split(" permit ").nth(1).and_then(|rest| rest.split_whitespace().next()) {
+                permits.insert(permit.to_owned());
+            }
+        } else if line.contains("work done") {
+            edges.push((at, -1));
+        }
+    }
+    let started = edges.iter().filter(|(_, edge)| *edge == 1).count();
+    // At one instant, ends before starts: a permit handed over is not two at once.
+    edges.sort();
+    let (mut now, mut most) = (0, 0);
+    for (_, edge) in &edges {
+        now += edge;
+        most = most.max(now);
+    }
+    let detail = format!("{started} works started, at most {most} at once, permits {permits:?}");
+    let permits_ok = permits.iter().all(|permit| ["0", "1", "2"].contains(&permit.as_str()));
+    if started >= 10 && most <= 3 && permits_ok { Ok(detail) } else { Err(detail) }
 }
 
 /// docs/tutorials/job-queue.md, the long form (examples/job-fencing-long-form.yaml, three Jobs) and
