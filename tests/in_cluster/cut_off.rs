@@ -152,7 +152,14 @@ pub async fn leader_cut_off(cluster: &Cluster, report: &Report, observer: &Obser
         },
     );
     // What the cut pod's elect says once, with the fix: it asks for its grant again and cannot reach the port.
-    let said = logged_at(cluster, pod, "cannot reach the active replica's reports port", cut_at, 30).await;
+    let said = logged_at(
+        cluster,
+        pod,
+        "cannot reach the active replica's reports port",
+        cut_at,
+        30,
+    )
+    .await;
     report.check_result(
         "the cut pod's elect says once that it cannot reach the reports port, with the NetworkPolicy fix",
         said.map(|at| format!("{:.1} s after the cut", seconds_since(cut_at, at))),

@@ -467,7 +467,10 @@ async fn lock_command_semaphore(cluster: &Cluster, report: &Report) {
             "--max-log-requests=20",
         ])
         .await;
-    report.check_result("never more than three work at once, each under a permit 0-2", at_most_three(&logs.stdout));
+    report.check_result(
+        "never more than three work at once, each under a permit 0-2",
+        at_most_three(&logs.stdout),
+    );
     let removed = cluster
         .kubectl(&[
             "delete",
@@ -479,7 +482,11 @@ async fn lock_command_semaphore(cluster: &Cluster, report: &Report) {
             "secret/redis-password",
         ])
         .await;
-    report.check("the lock-command semaphore's objects are removed", removed.ok, removed.text());
+    report.check(
+        "the lock-command semaphore's objects are removed",
+        removed.ok,
+        removed.text(),
+    );
 }
 
 /// From `kubectl logs --prefix --timestamps` of the semaphore's pods: the most that worked at once (between a
@@ -498,7 +505,11 @@ fn at_most_three(logs: &str) -> Result<String, String> {
         };
         if line.contains("work started:") {
             edges.push((at, 1));
-            if let Some(permit) = line.split(" permit ").nth(1).and_then(|rest| rest.split_whitespace().next()) {
+            if let Some(permit) = line
+                .split(" permit ")
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+            {
                 permits.insert(permit.to_owned());
             }
         } else if line.contains("work done") {
@@ -514,8 +525,14 @@ fn at_most_three(logs: &str) -> Result<String, String> {
         most = most.max(now);
     }
     let detail = format!("{started} works started, at most {most} at once, permits {permits:?}");
-    let permits_ok = permits.iter().all(|permit| ["0", "1", "2"].contains(&permit.as_str()));
-    if started >= 10 && most <= 3 && permits_ok { Ok(detail) } else { Err(detail) }
+    let permits_ok = permits
+        .iter()
+        .all(|permit| ["0", "1", "2"].contains(&permit.as_str()));
+    if started >= 10 && most <= 3 && permits_ok {
+        Ok(detail)
+    } else {
+        Err(detail)
+    }
 }
 
 /// docs/tutorials/job-queue.md, the long form (examples/job-fencing-long-form.yaml, three Jobs) and
