@@ -5,10 +5,11 @@
 //!
 //! Bounded by the permits held: an ask is recorded only when it was answered with a validity, which needs the
 //! lock's uid and the token of a grant this replica keeps (nothing a client without that knowledge sends adds an
-//! entry), and one entry per permit is kept, replaced when the grant's token changes.
+//! entry), and one entry per permit is kept, replaced when the grant's token changes. Kept by lock, so that each
+//! look at a lock costs its own permits, not every lock's.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -44,22 +45,23 @@ impl AskRecord {
     }
 }
 
+/// The records of one lock's grants, by permit.
+type LockRecords = BTreeMap<u32, AskRecord>;
+
 #[derive(Default)]
 pub struct HolderAsks {
-    records: Mutex<HashMap<PermitRef, AskRecord>>,
+    /// By lock, so that a look at one lock touches its own permits only, whatever the number of locks.
+    records: Mutex<HashMap<LockRef, LockRecords>>,
     /// Pods moved off a lock for their silence, per lock, until when the election leaves them out. An entry is
     /// made only for a holder this replica granted and judged, so they are bounded by the pods holding locks.
-    set_aside: Mutex<HashMap<(LockRef, String), Instant>>,
+    set_aside: Mutex<HashMap<LockRef, Vec<(String, Instant)>>>,
 }
 
 impl HolderAsks {
     /// The holder of `permit`'s grant with `token` asked at `now` and was told `told` of validity left.
     pub fn asked(&self, permit: PermitRef, token: i64, now: Instant, told: Duration) {
-        let mut records = self.lock();
-        let record = records.entry(permit).or_insert_with(|| AskRecord::new(token));
-        if record.token != token {
-            *record = AskRecord::new(token);
-        }
+        let mut records = self.records();
+        let record = record_of(&mut records, &permit, token);
         record.since.get_or_insert(now);
         record.last_ask = Some(now);
         // A holder's clock may run up to 1 % slow (the engine's drift factor) and its timers fire a little late.
@@ -70,8 +72,9 @@ impl HolderAsks {
 
     /// The record of `permit`'s grant with `token`, if any, unchanged.
     pub fn get(&self, permit: &PermitRef, token: i64) -> Option<AskRecord> {
-        self.lock()
-            .get(permit)
+        self.records()
+            .get(&permit.lock)?
+            .get(&permit.permit)
             .filter(|record| record.token == token)
             .copied()
     }
@@ -79,13 +82,8 @@ impl HolderAsks {
     /// The record of `permit`'s grant with `token`, started at `now` when its holder is `started` (its pod
     /// running) and no ask of this grant is known yet.
     pub fn look(&self, permit: &PermitRef, token: i64, started: bool, now: Instant) -> AskRecord {
-        let mut records = self.lock();
-        let record = records
-            .entry(permit.clone())
-            .or_insert_with(|| AskRecord::new(token));
-        if record.token != token {
-            *record = AskRecord::new(token);
-        }
+        let mut records = self.records();
+        let record = record_of(&mut records, permit, token);
         if started {
             record.since.get_or_insert(now);
         }
@@ -94,39 +92,72 @@ impl HolderAsks {
 
     /// Every record of `lock` whose permit is not in `held` (its grant ended, or the lock went).
     pub fn keep_only(&self, lock: &LockRef, held: &[u32]) {
-        self.lock()
-            .retain(|permit, _| permit.lock != *lock || held.contains(&permit.permit));
+        let mut records = self.records();
+        if let Some(of_lock) = records.get_mut(lock) {
+            of_lock.retain(|permit, _| held.contains(permit));
+            if of_lock.is_empty() {
+                records.remove(lock);
+            }
+        }
     }
 
     /// Leaves `pod` out of `lock`'s election until `until` (and counts it among the holders that ask).
     pub fn set_aside(&self, lock: &LockRef, pod: &str, until: Instant) {
-        let mut set_aside = self
-            .set_aside
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let entry = set_aside.entry((lock.clone(), pod.to_owned())).or_insert(until);
-        *entry = (*entry).max(until);
+        let mut set_aside = self.set_aside_entries();
+        // Rare (a holder found silent): the ended entries of every lock go here, deleted locks' included.
+        let now = Instant::now();
+        set_aside.retain(|_, pods| {
+            pods.retain(|(_, ends)| *ends > now);
+            !pods.is_empty()
+        });
+        let pods = set_aside.entry(lock.clone()).or_default();
+        match pods.iter_mut().find(|(name, _)| name == pod) {
+            Some((_, ends)) => *ends = (*ends).max(until),
+            None => pods.push((pod.to_owned(), until)),
+        }
     }
 
-    /// The pods of `lock` left out of its election at `now`; the ended entries of every lock are dropped.
+    /// The pods of `lock` left out of its election at `now`.
     pub fn set_aside_of(&self, lock: &LockRef, now: Instant) -> Vec<String> {
-        let mut set_aside = self
-            .set_aside
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        set_aside.retain(|_, until| *until > now);
-        set_aside
-            .keys()
-            .filter(|(of, _)| of == lock)
-            .map(|(_, pod)| pod.clone())
-            .collect()
+        self.set_aside_entries()
+            .get(lock)
+            .map(|pods| {
+                pods.iter()
+                    .filter(|(_, ends)| *ends > now)
+                    .map(|(pod, _)| pod.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PermitRef, AskRecord>> {
+    fn records(&self) -> MutexGuard<'_, HashMap<LockRef, LockRecords>> {
         self.records
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+
+    fn set_aside_entries(&self) -> MutexGuard<'_, HashMap<LockRef, Vec<(String, Instant)>>> {
+        self.set_aside
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// `permit`'s record in `records`, a new one where none is kept for the grant with `token`.
+fn record_of<'a>(
+    records: &'a mut HashMap<LockRef, LockRecords>,
+    permit: &PermitRef,
+    token: i64,
+) -> &'a mut AskRecord {
+    let record = records
+        .entry(permit.lock.clone())
+        .or_default()
+        .entry(permit.permit)
+        .or_insert_with(|| AskRecord::new(token));
+    if record.token != token {
+        *record = AskRecord::new(token);
+    }
+    record
 }
 
 #[cfg(test)]
