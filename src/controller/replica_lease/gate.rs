@@ -15,6 +15,9 @@ pub struct Leadership {
     deadline_ms: AtomicU64,
     /// This replica was active and has seen no other replica take over since: it may keep extending what it holds.
     no_successor_seen: AtomicBool,
+    /// How many times this replica became the leader: what it learnt in an earlier term (another replica may have
+    /// been active in between) is not taken for this one's.
+    terms: AtomicU64,
     changes: watch::Sender<bool>,
 }
 
@@ -25,6 +28,7 @@ impl Leadership {
             base: Instant::now(),
             deadline_ms: AtomicU64::new(0),
             no_successor_seen: AtomicBool::new(false),
+            terms: AtomicU64::new(0),
             changes,
         })
     }
@@ -34,6 +38,7 @@ impl Leadership {
         let leadership = Self::new();
         leadership.deadline_ms.store(u64::MAX, Ordering::SeqCst);
         leadership.no_successor_seen.store(true, Ordering::SeqCst);
+        leadership.terms.store(1, Ordering::SeqCst);
         leadership.changes.send_replace(true);
         leadership
     }
@@ -56,6 +61,11 @@ impl Leadership {
         !self.is_leader() && self.no_successor_seen.load(Ordering::SeqCst)
     }
 
+    /// This replica's current (or last) term as the leader, counted from 1; 0 before the first.
+    pub fn term(&self) -> u64 {
+        self.terms.load(Ordering::SeqCst)
+    }
+
     /// Becomes true when this replica becomes the leader, false when it stops.
     pub fn subscribe(&self) -> watch::Receiver<bool> {
         self.changes.subscribe()
@@ -67,6 +77,10 @@ impl Leadership {
 
     pub(super) fn extend_until(&self, until: Instant) {
         let lapsed = !self.is_leader();
+        if lapsed {
+            // Before the deadline moves: whoever sees this replica leading sees the new term.
+            self.terms.fetch_add(1, Ordering::SeqCst);
+        }
         self.deadline_ms
             .store(self.millis(until).max(1), Ordering::SeqCst);
         self.no_successor_seen.store(true, Ordering::SeqCst);
@@ -112,6 +126,26 @@ mod tests {
             "no renewal: no writes, without waiting for any task"
         );
         assert!(Leadership::always().is_leader());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_time_leadership_is_gained_a_new_term_begins_and_renewals_keep_it() {
+        let leadership = Leadership::new();
+        assert_eq!(leadership.term(), 0);
+        leadership.extend_until(Instant::now() + Duration::from_secs(3));
+        leadership.extend_until(Instant::now() + Duration::from_secs(6));
+        assert_eq!(leadership.term(), 1, "a renewal is the same term");
+        leadership.step_down();
+        leadership.extend_until(Instant::now() + Duration::from_secs(3));
+        assert_eq!(leadership.term(), 2);
+        tokio::time::advance(Duration::from_secs(4)).await;
+        leadership.extend_until(Instant::now() + Duration::from_secs(3));
+        assert_eq!(
+            leadership.term(),
+            3,
+            "after a lapse too: another replica may have led meanwhile"
+        );
+        assert_eq!(Leadership::always().term(), 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -147,7 +147,7 @@ async fn holder_stopped(
             if ctx
                 .lock_controller
                 .asks
-                .get(lref, token)
+                .get(lref, (token, ctx.leadership.term()))
                 .is_some_and(|record| stopped_by_silence(&record, Instant::now())) =>
         {
             tracing::info!(lock = %lref.lock, pod = holder, token, "the leader stopped asking and the validity told to it has ended: it has stopped, the key goes now");

@@ -55,6 +55,7 @@ pub async fn follow(
     let namespace = lock.namespace().unwrap_or_default();
     let bounds = Bounds::for_ttl(ttl);
     let stamp = stamp_now(lock);
+    let term = ctx.leadership.term();
     let mut outcome = None;
     write_latest_status(ctx, lock, |current| {
         let now = Instant::now();
@@ -69,7 +70,12 @@ pub async fn follow(
                 } else {
                     job_grant(ctx, &namespace, holder, *token)
                 };
-                let record = asks.look(&PermitRef::new(lref.clone(), *permit), *token, running, now);
+                let record = asks.look(
+                    &PermitRef::new(lref.clone(), *permit),
+                    (*token, term),
+                    running,
+                    now,
+                );
                 // A holder whose pod is not running is not asked of: the policy deals with a pod gone.
                 let silence = if running {
                     rule::judge(&record, grant.expected, bounds, now)

@@ -24,6 +24,9 @@ const CLOCK_ROOM: Duration = Duration::from_millis(200);
 pub struct AskRecord {
     /// The grant's fencing token: a new grant starts a new record.
     pub token: i64,
+    /// This replica's term as the leader when the record was made (`Leadership::term`): another replica may have
+    /// answered the holder between two terms, so a new term starts a new record.
+    pub term: u64,
     /// When its holder was first seen able to ask (its pod running); `None`: not yet.
     pub since: Option<Instant>,
     /// When it last asked and was answered.
@@ -35,9 +38,10 @@ pub struct AskRecord {
 }
 
 impl AskRecord {
-    fn new(token: i64) -> Self {
+    fn new(token: i64, term: u64) -> Self {
         Self {
             token,
+            term,
             since: None,
             last_ask: None,
             told_until: None,
@@ -59,9 +63,9 @@ pub struct HolderAsks {
 
 impl HolderAsks {
     /// The holder of `permit`'s grant with `token` asked at `now` and was told `told` of validity left.
-    pub fn asked(&self, permit: PermitRef, token: i64, now: Instant, told: Duration) {
+    pub fn asked(&self, permit: PermitRef, (token, term): (i64, u64), now: Instant, told: Duration) {
         let mut records = self.records();
-        let record = record_of(&mut records, &permit, token);
+        let record = record_of(&mut records, &permit, token, term);
         record.since.get_or_insert(now);
         record.last_ask = Some(now);
         // A holder's clock may run up to 1 % slow (the engine's drift factor) and its timers fire a little late.
@@ -70,20 +74,26 @@ impl HolderAsks {
         record.told_until = record.told_until.max(Some(until));
     }
 
-    /// The record of `permit`'s grant with `token`, if any, unchanged.
-    pub fn get(&self, permit: &PermitRef, token: i64) -> Option<AskRecord> {
+    /// The record of `permit`'s grant with `token` made in `term`, if any, unchanged.
+    pub fn get(&self, permit: &PermitRef, (token, term): (i64, u64)) -> Option<AskRecord> {
         self.records()
             .get(&permit.lock)?
             .get(&permit.permit)
-            .filter(|record| record.token == token)
+            .filter(|record| record.token == token && record.term == term)
             .copied()
     }
 
     /// The record of `permit`'s grant with `token`, started at `now` when its holder is `started` (its pod
     /// running) and no ask of this grant is known yet.
-    pub fn look(&self, permit: &PermitRef, token: i64, started: bool, now: Instant) -> AskRecord {
+    pub fn look(
+        &self,
+        permit: &PermitRef,
+        (token, term): (i64, u64),
+        started: bool,
+        now: Instant,
+    ) -> AskRecord {
         let mut records = self.records();
-        let record = record_of(&mut records, permit, token);
+        let record = record_of(&mut records, permit, token, term);
         if started {
             record.since.get_or_insert(now);
         }
@@ -143,19 +153,20 @@ impl HolderAsks {
     }
 }
 
-/// `permit`'s record in `records`, a new one where none is kept for the grant with `token`.
+/// `permit`'s record in `records`, a new one where none is kept for the grant with `token` in `term`.
 fn record_of<'a>(
     records: &'a mut HashMap<LockRef, LockRecords>,
     permit: &PermitRef,
     token: i64,
+    term: u64,
 ) -> &'a mut AskRecord {
     let record = records
         .entry(permit.lock.clone())
         .or_default()
         .entry(permit.permit)
-        .or_insert_with(|| AskRecord::new(token));
-    if record.token != token {
-        *record = AskRecord::new(token);
+        .or_insert_with(|| AskRecord::new(token, term));
+    if record.token != token || record.term != term {
+        *record = AskRecord::new(token, term);
     }
     record
 }
@@ -175,43 +186,51 @@ mod tests {
         let asks = HolderAsks::default();
         let start = Instant::now();
         let later = start + Duration::from_secs(3);
-        let seen = asks.look(&permit("web", 0), 7, false, start);
+        let seen = asks.look(&permit("web", 0), (7, 1), false, start);
         assert_eq!(seen.since, None, "not started: no grace counts yet");
-        let seen = asks.look(&permit("web", 0), 7, true, later);
+        let seen = asks.look(&permit("web", 0), (7, 1), true, later);
         assert_eq!(seen.since, Some(later));
         asks.asked(
             permit("web", 0),
-            7,
+            (7, 1),
             later + Duration::from_secs(1),
             Duration::from_secs(9),
         );
-        let seen = asks.look(&permit("web", 0), 7, true, later + Duration::from_secs(2));
+        let seen = asks.look(&permit("web", 0), (7, 1), true, later + Duration::from_secs(2));
         assert_eq!(seen.since, Some(later), "the start stays");
         assert_eq!(seen.last_ask, Some(later + Duration::from_secs(1)));
         // A new grant starts afresh.
-        let seen = asks.look(&permit("web", 0), 8, false, later + Duration::from_secs(3));
-        assert_eq!(seen, AskRecord::new(8));
+        let seen = asks.look(&permit("web", 0), (8, 1), false, later + Duration::from_secs(3));
+        assert_eq!(seen, AskRecord::new(8, 1));
     }
 
     #[test]
     fn an_ask_for_a_new_grant_replaces_the_old_one_and_records_are_dropped_with_their_grants() {
         let asks = HolderAsks::default();
         let now = Instant::now();
-        asks.asked(permit("web", 0), 7, now, Duration::ZERO);
-        asks.asked(permit("web", 0), 9, now + Duration::from_secs(1), Duration::ZERO);
-        asks.asked(permit("web", 1), 3, now, Duration::ZERO);
-        asks.asked(permit("db", 0), 1, now, Duration::ZERO);
-        let seen = asks.look(&permit("web", 0), 9, true, now + Duration::from_secs(2));
+        asks.asked(permit("web", 0), (7, 1), now, Duration::ZERO);
+        asks.asked(
+            permit("web", 0),
+            (9, 1),
+            now + Duration::from_secs(1),
+            Duration::ZERO,
+        );
+        asks.asked(permit("web", 1), (3, 1), now, Duration::ZERO);
+        asks.asked(permit("db", 0), (1, 1), now, Duration::ZERO);
+        let seen = asks.look(&permit("web", 0), (9, 1), true, now + Duration::from_secs(2));
         assert_eq!(seen.last_ask, Some(now + Duration::from_secs(1)));
         asks.keep_only(&ObjectRef::new("web").within("shop"), &[1]);
-        assert_eq!(asks.look(&permit("web", 0), 9, false, now), AskRecord::new(9));
         assert_eq!(
-            asks.look(&permit("web", 1), 3, false, now).last_ask,
+            asks.look(&permit("web", 0), (9, 1), false, now),
+            AskRecord::new(9, 1)
+        );
+        assert_eq!(
+            asks.look(&permit("web", 1), (3, 1), false, now).last_ask,
             Some(now),
             "kept: still held"
         );
         assert_eq!(
-            asks.look(&permit("db", 0), 1, false, now).last_ask,
+            asks.look(&permit("db", 0), (1, 1), false, now).last_ask,
             Some(now),
             "another lock's records stay"
         );
@@ -221,27 +240,42 @@ mod tests {
     fn the_validity_told_is_kept_with_room_for_a_slow_clock_and_never_shrinks() {
         let asks = HolderAsks::default();
         let now = Instant::now();
-        asks.asked(permit("web", 0), 7, now, Duration::from_secs(10));
+        asks.asked(permit("web", 0), (7, 1), now, Duration::from_secs(10));
         let until = asks
-            .get(&permit("web", 0), 7)
+            .get(&permit("web", 0), (7, 1))
             .and_then(|record| record.told_until);
         assert_eq!(until, Some(now + Duration::from_millis(10_300)));
         // A later ask told less (the validity ran down) leaves the later end.
         asks.asked(
             permit("web", 0),
-            7,
+            (7, 1),
             now + Duration::from_secs(1),
             Duration::from_secs(2),
         );
         let kept = asks
-            .get(&permit("web", 0), 7)
+            .get(&permit("web", 0), (7, 1))
             .and_then(|record| record.told_until);
         assert_eq!(kept, Some(now + Duration::from_millis(10_300)));
         assert_eq!(
-            asks.get(&permit("web", 0), 8),
+            asks.get(&permit("web", 0), (8, 1)),
             None,
             "another grant's record is not this one's"
         );
+    }
+
+    #[test]
+    fn a_record_of_an_earlier_term_is_not_this_terms() {
+        let asks = HolderAsks::default();
+        let now = Instant::now();
+        asks.asked(permit("web", 0), (7, 1), now, Duration::from_secs(10));
+        assert!(asks.get(&permit("web", 0), (7, 1)).is_some());
+        assert_eq!(
+            asks.get(&permit("web", 0), (7, 2)),
+            None,
+            "another replica may have answered in between"
+        );
+        let fresh = asks.look(&permit("web", 0), (7, 2), false, now);
+        assert_eq!(fresh, AskRecord::new(7, 2));
     }
 
     #[test]

@@ -211,6 +211,7 @@ mod tests {
     fn record(since: Option<u64>, last_ask: Option<u64>, start: Instant) -> AskRecord {
         AskRecord {
             token: 4,
+            term: 1,
             since: since.map(|at| start + Duration::from_secs(at)),
             last_ask: last_ask.map(|at| start + Duration::from_secs(at)),
             told_until: last_ask.map(|at| start + Duration::from_secs(at + 8)),

@@ -146,9 +146,12 @@ async fn take_question(State(ctx): State<Arc<Context>>, request: Request) -> Res
     let answered = match answer(&question, &facts, now) {
         Ok(left) => {
             // Told its validity: the holder of this grant reaches the operator (`holder_liveness`).
-            ctx.lock_controller
-                .asks
-                .asked(permit, question.fencing_token, now, left);
+            ctx.lock_controller.asks.asked(
+                permit,
+                (question.fencing_token, ctx.leadership.term()),
+                now,
+                left,
+            );
             ValidityAnswer {
                 remaining_millis: Some(u64::try_from(left.as_millis()).unwrap_or(u64::MAX)),
                 unknown: None,

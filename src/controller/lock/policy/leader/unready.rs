@@ -29,10 +29,11 @@ pub fn unready_leaders(
     let namespace = lock.namespace().unwrap_or_default();
     let now = Instant::now();
     let bounds = Bounds::for_ttl(ttl);
+    let term = ctx.leadership.term();
     let mut left_out = asks.set_aside_of(&lref, now);
     for ((holder, token), permit) in permits.iter().zip(0u32..) {
         let Some(holder) = holder else { continue };
-        let Some(record) = asks.get(&PermitRef::new(lref.clone(), permit), *token) else {
+        let Some(record) = asks.get(&PermitRef::new(lref.clone(), permit), (*token, term)) else {
             continue;
         };
         let asking = left_out.contains(holder)
