@@ -440,6 +440,9 @@ check_rejects "validator rejects an admission policy that lets an unsuspended Jo
 check_rejects "validator rejects an admission policy that lets a user unsuspend a labelled Job" \
   "a user unsuspends a labelled Job): expected deny, got allow" \
   validate_mutated "variables.byOperator || variables.lock == '' || !variables.wasSuspended" "true"
+check_rejects "validator rejects admission policies that take any ServiceAccount for an operator" \
+  "a ServiceAccount without the verb grant" \
+  validate_mutated ".check('grant').allowed()" ".check('grant').allowed() || true"
 check_rejects "validator rejects an admission policy that lets a user label a running Job" \
   "a user labels a running Job): expected deny, got allow" \
   validate_mutated "variables.lock == variables.oldLock ||" "true ||"

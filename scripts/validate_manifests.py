@@ -284,7 +284,33 @@ def go_duration(value):
 
 
 CEL = celpy.Environment()
-CEL_FUNCTIONS = {"duration": go_duration}
+# The API server's `authorizer` in admission CEL, for the chart's check that a request comes from an operator
+# (`redlock-operator.byAnOperator`): the users below are allowed the verb `grant` on redlock.io's distributedlocks
+# (two releases' operators and a human cluster admin, who has `*`); nobody else is allowed anything.
+THIS_OPERATOR = "system:serviceaccount:redlock:redlock-redlock-operator"
+OTHER_OPERATOR = "system:serviceaccount:team2:team2-redlock-operator"
+STAR_ADMIN = "kubernetes-admin"
+NO_GRANT_SA = "system:serviceaccount:shop:default"
+GRANT_HOLDERS = {THIS_OPERATOR, OTHER_OPERATOR, STAR_ADMIN}
+
+
+def _authorizer_step(field):
+    def step(target, value):
+        result = celpy.celtypes.MapType(target)
+        result[celpy.celtypes.StringType(field)] = value
+        return result
+    return step
+
+
+def _authorizer_allowed(check):
+    get = lambda key: str(check.get(celpy.celtypes.StringType(key), ""))  # noqa: E731
+    return celpy.celtypes.BoolType(get("user") in GRANT_HOLDERS and get("verb") == "grant"
+                                   and get("group") == "redlock.io" and get("resource") == "distributedlocks")
+
+
+CEL_FUNCTIONS = {"duration": go_duration, "group": _authorizer_step("group"),
+                 "resource": _authorizer_step("resource"), "namespace": _authorizer_step("namespace"),
+                 "check": _authorizer_step("verb"), "allowed": _authorizer_allowed}
 
 
 def cel_eval(expression, activation):
@@ -464,8 +490,8 @@ def admission_decision(policy, obj, old=None, username="system:admin", params=No
             selector_matches(constraints["objectSelector"], o["metadata"].get("labels") or {})
             for o in filter(None, (obj, old))):
         return None
-    activation = {"object": obj, "oldObject": old, "params": params,
-                  "request": {"operation": operation, "userInfo": {"username": username}}}
+    activation = {"object": obj, "oldObject": old, "params": params, "authorizer": {"user": username},
+                  "request": {"operation": operation, "namespace": "shop", "userInfo": {"username": username}}}
     variables = celpy.celtypes.MapType()
     for variable in spec.get("variables") or []:
         activation["variables"] = variables
@@ -512,11 +538,7 @@ def check_admission_policy(policy):
             body["spec"]["suspend"] = suspend
         return body
 
-    operator = next((str(cel_eval(v["expression"], {})) for v in spec.get("variables") or []
-                     if v["name"] == "operator"), "")
-    if not operator.startswith("system:serviceaccount:"):
-        errors.append(f"the policy's operator variable is not a ServiceAccount user name: {operator!r}")
-        return errors
+    operator = THIS_OPERATOR
     lock = {"redlock.io/lock": "nightly-report"}
     other = {"redlock.io/lock": "other-lock"}
     plain = {"app": "x"}
@@ -537,6 +559,13 @@ def check_admission_policy(policy):
         ("a user edits a running labelled Job", job(lock, False), job(lock, False), "user", "allow"),
         ("the operator labels a running Job", job(lock, False), job(plain, False), operator, "allow"),
         ("a user unsuspends an unlabelled Job", job(plain, False), job(plain, True), "user", "skip"),
+        # Two releases in one cluster: the other's operator lets the Jobs of its locks run past this policy.
+        ("another installation's operator unsuspends a labelled Job", job(lock, False), job(lock, True),
+         OTHER_OPERATOR, "allow"),
+        ("a ServiceAccount without the verb grant unsuspends a labelled Job", job(lock, False), job(lock, True),
+         NO_GRANT_SA, "deny"),
+        ("a cluster admin (verbs *) unsuspends a labelled Job", job(lock, False), job(lock, True), STAR_ADMIN,
+         "deny"),
     ]
     for name, sample, old, user, expected in cases:
         try:
@@ -556,10 +585,7 @@ def check_fenced_objects_policy(policy):
     """The fenced-objects policy against sample ConfigMap updates, evaluated once per lock of the namespace as the
     API server does with a paramRef selector: refused when any lock's evaluation refuses."""
     errors = []
-    operator = next((c["expression"].split("'")[1] for c in policy["spec"].get("matchConditions") or []
-                     if "request.userInfo.username" in c["expression"]), "")
-    if not operator.startswith("system:serviceaccount:"):
-        return [f"the fenced-objects policy does not exempt the operator's ServiceAccount: {operator!r}"]
+    operator = THIS_OPERATOR
 
     def cm(lock=None, token=None):
         meta = {"name": "sample", "labels": {"redlock.io/fenced-by": lock} if lock else {"app": "x"}}
@@ -589,6 +615,9 @@ def check_fenced_objects_policy(policy):
         ("another lock's higher token does not matter", cm("work", "5"), cm("work", "5"), [other, work], "user",
          "allow"),
         ("the operator's write", cm("work"), cm("work", "5"), locks, operator, "skip"),
+        ("another installation's operator's write", cm("work"), cm("work", "5"), locks, OTHER_OPERATOR, "skip"),
+        ("a ServiceAccount without the verb grant", cm("work"), cm("work", "5"), locks, NO_GRANT_SA, "deny"),
+        ("a cluster admin (verbs *) without a token", cm("work"), cm("work", "5"), locks, STAR_ADMIN, "deny"),
         ("an unlabelled object", cm(), cm(), locks, "user", "skip"),
     ]
     for name, sample, old, params, user, expected in cases:

@@ -18,15 +18,16 @@
 //!    image and a shell command: the README's first lock, a leader for a Deployment (`elect`), a Job queue (the
 //!    guard) and a Job semaphore of three permits; a cooperating leader's hand-over measured.
 //! 3. Failure drills: the active operator pod force-deleted; one, two, then three masters deleted (an empty master
-//!    sits out its quarantine); `helm upgrade` while locks are held.
+//!    sits out its quarantine); `helm upgrade` while locks are held; a second release beside the first, its Job
+//!    queue run while a Job of the first's runs (`second_release`).
 //! 4. Uninstalling as docs/how-to/install.md#uninstall says: the locks deleted while the operator runs (each holder
 //!    fenced), `helm uninstall` (it leaves what the page lists, nothing more), the rest removed, the namespaces gone.
 //!
 //! Throughout, watches check what the docs promise: never two leaders, never more Jobs running than permits,
 //! tokens rising per lock and permit, fences before the validity shown. A failed check does not stop the phases
 //! after it; the test fails at the end with the list. On a cluster shared with other operators, the locks carry
-//! the release's `redlock.io/installation` annotation from the start, and the chart's Job admission policy binding
-//! and its `redisquorums/status` rule are narrowed to the suite while it runs (`install::share_the_cluster`).
+//! the release's `redlock.io/installation` annotation from the start; the chart is installed as it is, and a
+//! second release beside it (`second_release`) runs its own Jobs while the first's run.
 //! Run it with `cargo test --test in_cluster -- --ignored --test-threads=1` (docs/contributing/testing.md).
 
 mod in_cluster {
@@ -39,6 +40,7 @@ mod in_cluster {
     pub mod manifests;
     pub mod observe;
     pub mod report;
+    pub mod second_release;
     pub mod tutorials;
     pub mod uninstall;
 }
@@ -84,6 +86,7 @@ async fn helm_install_tutorials_failure_drills_and_uninstall() {
         let observer = Observer::start(&cluster.client, &cluster.app_ns);
         let held = in_cluster::tutorials::run(&cluster, &report, &observer).await;
         in_cluster::drills::run(&cluster, &report, &observer, &held).await;
+        in_cluster::second_release::run(&cluster, &report).await;
         in_cluster::observe::summarize(&report, &observer);
         in_cluster::uninstall::run(&cluster, &report, &observer).await;
         // The release binds the holder ClusterRole there (a `helm upgrade` needs it until the uninstall).

@@ -608,3 +608,143 @@ async fn a_lock_deleted_while_it_waits_leaves_the_keys_queue() {
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }
+
+/// Issue 56: a second release beside the first, its quorum's Secrets in its own namespace. The first release
+/// looks at the second's namespace too (as one without `lockNamespaces` looks at every namespace), but cannot
+/// read that quorum's Secrets: it leaves the second's lock unclaimed (an Event says why), and once the second
+/// release keeps the quorum available it leaves the quorum's status alone. Before, the first claimed the lock at
+/// first sight and kept it `QuorumNotReady` for ever, and the quorum's status flapped between the two verdicts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_on_another_releases_quorum_is_left_to_that_release_and_so_is_the_quorums_status() {
+    let password = "team2-password";
+    let theirs = RedisCluster::start_with(3, |_| support::redis_server::Options {
+        password: Some(password.to_owned()),
+        ..Default::default()
+    })
+    .expect("masters");
+    let ours = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let team2 = OtherNamespace::create(&env, "team2").await;
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "team2-redis" }, "stringData": { "password": password }
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(env.client.clone(), &team2.name)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("secret");
+    let their_quorum = env.unique("team2");
+    let endpoints: Vec<String> = theirs
+        .urls()
+        .iter()
+        .map(|url| url.replace(&format!(":{password}@"), ""))
+        .collect();
+    env.create_quorum_from(serde_json::json!({
+        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": their_quorum },
+        "spec": { "endpoints": endpoints, "maxTtl": MAX_TTL,
+                  "auth": { "secretNamespace": team2.name, "secretName": "team2-redis" } }
+    }))
+    .await;
+    let our_quorum = env.unique("q");
+    env.create_quorum(&our_quorum, &ours.urls(), MAX_TTL).await;
+    team2
+        .locks(&env)
+        .create(
+            &PostParams::default(),
+            &identity_lock("theirs", &their_quorum, "team2-batch", None),
+        )
+        .await
+        .expect("their lock");
+    env.create_lock("ours", &our_quorum, "batch", TTL).await;
+
+    // The first release alone: its own lock held, the second's left unclaimed, and the quorum it cannot use shown
+    // so (no other installation keeps it available).
+    let (first, first_shutdown) = operator_of_installation(&env, &installation_secret(51), "ops/first").await;
+    lock_where(&env, "ours", "the first release's lock held", |lock| {
+        phase(lock) == Some(LockPhase::Held)
+    })
+    .await;
+    object_where(
+        &env.quorums(),
+        &their_quorum,
+        "the quorum refused by the first release",
+        |quorum| {
+            available_condition(quorum).is_some_and(|(_, reason, _)| reason == "SecretNamespaceNotAllowed")
+        },
+    )
+    .await;
+    let note = eventually("the first release's Event on the lock it leaves", || async {
+        let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(env.client.clone(), &team2.name)
+            .list(&Default::default())
+            .await
+            .ok()?;
+        events.items.into_iter().find_map(|event| {
+            (event.reason.as_deref() == Some("LeftForAnotherInstallation")).then_some(event.note)?
+        })
+    })
+    .await;
+    assert!(note.contains(&format!("`{}`", team2.name)), "{note}");
+    let left = team2.locks(&env).get("theirs").await.expect("their lock");
+    assert_eq!(
+        left.annotations().get("redlock.io/installation"),
+        None,
+        "claimed by the first release"
+    );
+    assert!(
+        left.status.is_none(),
+        "the first release wrote the status of a lock it does not keep"
+    );
+
+    // The second release: it reads its namespace's Secrets, claims and holds its lock.
+    let scope = LockScope {
+        namespaces: vec![team2.name.clone()],
+        selector: None,
+        quorum_selector: env.quorum_selector(None),
+    };
+    let (second, second_shutdown) =
+        operator_reading_secrets_in(&env, &installation_secret(52), "team2/second", scope, &team2.name).await;
+    let held = held_lock(&team2.locks(&env), "theirs").await;
+    assert_eq!(
+        held.annotations()
+            .get("redlock.io/installation")
+            .map(String::as_str),
+        Some("team2/second")
+    );
+    object_where(
+        &env.quorums(),
+        &their_quorum,
+        "the quorum available by the second release",
+        |quorum| available_condition(quorum).is_some_and(|(status, _, _)| status == "True"),
+    )
+    .await;
+    // Several health checks of both (every 500 ms): the first release no longer writes its verdict over the
+    // second's, and neither lock moves.
+    let token = held.status.as_ref().and_then(|status| status.fencing_token);
+    throughout(
+        std::time::Duration::from_secs(4),
+        std::time::Duration::from_millis(200),
+        || async {
+            let quorum = env.quorums().get(&their_quorum).await.expect("quorum");
+            let shown = available_condition(&quorum);
+            assert!(
+                shown.as_ref().is_some_and(|(status, _, _)| status == "True"),
+                "{shown:?}"
+            );
+            let lock = team2.locks(&env).get("theirs").await.expect("lock");
+            assert_eq!(phase(&lock), Some(LockPhase::Held), "{:?}", lock.status);
+            assert_eq!(
+                lock.status.as_ref().and_then(|status| status.fencing_token),
+                token
+            );
+        },
+    )
+    .await;
+    assert!(
+        second.keeper.len() == 1 && first.keeper.len() == 1,
+        "each release keeps its own lock"
+    );
+    stop(first, first_shutdown).await;
+    stop(second, second_shutdown).await;
+    team2.cleanup(&env).await;
+    env.cleanup(&[&their_quorum, &our_quorum]).await;
+}

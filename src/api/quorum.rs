@@ -138,8 +138,10 @@ fn default_max_ttl() -> String {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct QuorumAuth {
-    /// Deprecated and optional: the Secret is always read from the operator's Secrets namespace (its own, or
-    /// `--secrets-namespace`). When set, it must name that namespace, or the quorum is not used.
+    /// Optional: the Secret is always read from the operator's Secrets namespace (its own, or
+    /// `--secrets-namespace`). When set, it must name that namespace, or the quorum is not used; it also tells
+    /// another installation of the operator (another Secrets namespace) that the quorum is not its own, so that it
+    /// leaves the quorum's status and locks to this one (the chart sets it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63))]
     pub secret_namespace: Option<String>,
@@ -163,8 +165,8 @@ fn default_password_key() -> String {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct QuorumTls {
-    /// Deprecated and optional, like `auth.secretNamespace`: when set, it must name the operator's Secrets
-    /// namespace.
+    /// Optional, like `auth.secretNamespace`: when set, it must name the operator's Secrets namespace (and tells
+    /// another installation the quorum is not its own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63))]
     pub ca_secret_namespace: Option<String>,

@@ -433,7 +433,7 @@ pub async fn operator_with_client(
     secret: &[u8],
     identity: Option<&str>,
 ) -> (Running, CancellationToken) {
-    operator_of(env, client, secret, identity, None, None).await
+    operator_of(env, client, secret, identity, None, None, None).await
 }
 
 /// [`operator`] showing `hand_over_url` in status as where holders report their work stopped (a door in front of
@@ -450,6 +450,7 @@ pub async fn operator_reporting_to(
         None,
         None,
         Some(hand_over_url.to_owned()),
+        None,
     )
     .await
 }
@@ -467,6 +468,7 @@ pub async fn operator_of_installation(
         secret,
         None,
         Some((installation, env.default_scope())),
+        None,
         None,
     )
     .await
@@ -486,6 +488,28 @@ pub async fn operator_scoped(
         None,
         Some((installation, scope)),
         None,
+        None,
+    )
+    .await
+}
+
+/// [`operator_scoped`] reading quorum Secrets from `secrets_namespace` (another than the test's namespace): a
+/// second release's operator, whose quorums' Secrets are in its own namespace.
+pub async fn operator_reading_secrets_in(
+    env: &Env,
+    secret: &[u8],
+    installation: &str,
+    scope: LockScope,
+    secrets_namespace: &str,
+) -> (Running, CancellationToken) {
+    operator_of(
+        env,
+        env.operator_client(),
+        secret,
+        None,
+        Some((installation, scope)),
+        None,
+        Some(secrets_namespace),
     )
     .await
 }
@@ -497,6 +521,7 @@ async fn operator_of(
     identity: Option<&str>,
     installation: Option<(&str, LockScope)>,
     hand_over_url: Option<String>,
+    secrets_namespace: Option<&str>,
 ) -> (Running, CancellationToken) {
     let (installation, scope) = match installation {
         Some((name, scope)) => (Some(name.to_owned()), scope),
@@ -518,7 +543,7 @@ async fn operator_of(
         }),
         secret: InstallationSecret::from_bytes(secret).expect("secret"),
         health_interval: Duration::from_millis(500),
-        secrets_namespace: env.namespace.clone(),
+        secrets_namespace: secrets_namespace.map_or_else(|| env.namespace.clone(), str::to_owned),
         instance: identity.unwrap_or("single").to_owned(),
         installation,
         scope,

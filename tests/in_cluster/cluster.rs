@@ -320,12 +320,22 @@ impl Cluster {
     /// Uninstalls a release in `namespace` if there is one, clears its locks' finalizers and deletes it, without
     /// waiting: what the suite does after itself.
     pub async fn remove_namespace_now(&self, namespace: &str) {
-        let _ = self
-            .helm(
-                &["uninstall", RELEASE, "-n", namespace, "--wait=false"],
-                Duration::from_secs(60),
-            )
-            .await;
+        // The suite's release, or the second release beside it (phase 3d), whichever the namespace has.
+        for release in [RELEASE, super::second_release::RELEASE] {
+            let _ = self
+                .helm(
+                    &[
+                        "uninstall",
+                        release,
+                        "-n",
+                        namespace,
+                        "--wait=false",
+                        "--ignore-not-found",
+                    ],
+                    Duration::from_secs(60),
+                )
+                .await;
+        }
         self.clear_lock_finalizers(namespace);
         let _ = self
             .kubectl(&[

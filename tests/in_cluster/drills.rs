@@ -13,7 +13,7 @@ use kube::{Api, ResourceExt};
 use redlock_operator::api::RedisQuorum;
 
 use super::cluster::{Cluster, FULLNAME, rolled_out};
-use super::install::{active_replica, share_the_cluster};
+use super::install::active_replica;
 use super::observe::{Ev, Observer};
 use super::report::{Report, wait_for};
 use super::tutorials::{DRILL_JOB, Held, IDENTITY_LOCK, JOB_LOCK, LEADER_LOCK, wait_held};
@@ -344,7 +344,6 @@ async fn helm_upgrade(cluster: &Cluster, report: &Report, observer: &Observer, h
             .unwrap_or_default(),
     );
     let since = Instant::now();
-    share_the_cluster(cluster, report, false).await;
     let narrowed = format!("holders.namespaces={{{}}}", cluster.app_ns);
     let upgraded = cluster
         .helm_release(
@@ -352,7 +351,6 @@ async fn helm_upgrade(cluster: &Cluster, report: &Report, observer: &Observer, h
             &["--set", "operator.logFormat=text", "--set", &narrowed],
         )
         .await;
-    share_the_cluster(cluster, report, true).await;
     if !report.check("helm upgrade succeeds", upgraded.ok, upgraded.brief()) {
         return;
     }

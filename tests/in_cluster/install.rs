@@ -5,7 +5,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::Api;
 use redlock_operator::api::RedisQuorum;
 
@@ -34,9 +33,7 @@ pub async fn install(cluster: &Cluster, report: &Report) -> bool {
     if !report.check("helm install succeeds", installed.ok, installed.brief()) {
         return false;
     }
-    share_the_cluster(cluster, report, true).await;
-
-    let quorum = wait_for_quorum(cluster, report, started).await;
+    let quorum = wait_for_quorum(cluster, report, "default", started).await;
     let operator = wait_for_operator(cluster, started).await;
     report.check_result(
         "the operator's two replicas are Ready and one holds the Lease",
@@ -51,109 +48,26 @@ pub async fn install(cluster: &Cluster, report: &Report) -> bool {
     true
 }
 
-/// Two of the chart's cluster-wide objects reach beyond `operator.lockNamespaces`, and other tests run their own
-/// operators on the shared cluster meanwhile (both reported as defects of the chart):
-/// - the ValidatingAdmissionPolicy binding applies to every namespace: no other installation can unsuspend a Job
-///   labelled `redlock.io/lock` (only this release's ServiceAccount may); narrowed to the suite's namespace;
-/// - the operator reconciles every RedisQuorum of the cluster and writes its status and Events (other tests'
-///   quorums on their machine's loopback show `Down` from a pod, and flap against their own operators' writes);
-///   the ClusterRole's `redisquorums/status` rule is narrowed to the quorum `default` while the suite runs
-///   ([`share_the_cluster`] with `false` gives the rule back as the chart has it, before `helm upgrade`).
-///
-/// These are the suite's only deviations from the chart as installed.
-pub async fn share_the_cluster(cluster: &Cluster, report: &Report, narrow: bool) {
-    if narrow {
-        let binding = format!("{FULLNAME}-suspended-jobs");
-        let patch = serde_json::json!({
-            "spec": { "matchResources": { "namespaceSelector": { "matchExpressions": [
-                { "key": "kubernetes.io/metadata.name", "operator": "In", "values": [cluster.app_ns] }
-            ] } } }
-        })
-        .to_string();
-        let patched = cluster
-            .kubectl(&[
-                "patch",
-                "validatingadmissionpolicybinding",
-                &binding,
-                "--type=merge",
-                "-p",
-                &patch,
-            ])
-            .await;
-        report.note(&format!(
-            "the Job admission policy binding {binding} narrowed to {} (it applies cluster-wide): {}",
-            cluster.app_ns,
-            if patched.ok {
-                "done".to_owned()
-            } else {
-                patched.text()
-            }
-        ));
-    }
-    let roles: Api<ClusterRole> = Api::all(cluster.client.clone());
-    let rules = roles
-        .get(FULLNAME)
-        .await
-        .ok()
-        .and_then(|role| role.rules)
-        .unwrap_or_default();
-    let Some(at) = rules
-        .iter()
-        .position(|rule| rule.resources.as_deref() == Some(&["redisquorums/status".to_owned()][..]))
-    else {
-        report.note("the ClusterRole has no rule for redisquorums/status to narrow");
-        return;
-    };
-    let narrowed = rules[at].resource_names.is_some();
-    let patch = match (narrow, narrowed) {
-        (true, false) => {
-            serde_json::json!([{ "op": "add", "path": format!("/rules/{at}/resourceNames"), "value": ["default"] }])
-        }
-        (false, true) => {
-            serde_json::json!([{ "op": "remove", "path": format!("/rules/{at}/resourceNames") }])
-        }
-        _ => return,
-    };
-    let patched = cluster
-        .kubectl(&[
-            "patch",
-            "clusterrole",
-            FULLNAME,
-            "--type=json",
-            "-p",
-            &patch.to_string(),
-        ])
-        .await;
-    report.note(&format!(
-        "the ClusterRole's redisquorums/status rule {}: {}",
-        if narrow {
-            "narrowed to the quorum default (the operator writes every quorum's status)"
-        } else {
-            "given back as the chart has it"
-        },
-        if patched.ok {
-            "done".to_owned()
-        } else {
-            patched.text()
-        }
-    ));
-}
-
-async fn wait_for_quorum(cluster: &Cluster, report: &Report, started: Instant) -> bool {
+/// Waits for the RedisQuorum `name` to be Available with ELIGIBLE reaching REQUIRED, as the install page says.
+pub async fn wait_for_quorum(cluster: &Cluster, report: &Report, name: &str, started: Instant) -> bool {
     let quorums: Api<RedisQuorum> = Api::all(cluster.client.clone());
-    let available = wait_for("RedisQuorum default Available", Duration::from_secs(180), || {
-        let quorums = quorums.clone();
-        async move {
-            let quorum = quorums.get("default").await.ok()?;
-            let status = quorum.status?;
-            let available = status
-                .conditions
-                .iter()
-                .any(|condition| condition.type_ == "Available" && condition.status == "True");
-            let (eligible, required) = (status.eligible?, status.required?);
-            (available && eligible >= required).then(|| format!("{eligible}/{required} masters eligible"))
-        }
-    })
+    let available = wait_for(
+        &format!("RedisQuorum {name} Available"),
+        Duration::from_secs(180),
+        || {
+            let quorums = quorums.clone();
+            async move {
+                let quorum = quorums.get(name).await.ok()?;
+                let status = quorum.status?;
+                let available = status
+                    .conditions
+                    .iter()
+                    .any(|condition| condition.type_ == "Available" && condition.status == "True");
+                let (eligible, required) = (status.eligible?, status.required?);
+                (available && eligible >= required).then(|| format!("{eligible}/{required} masters eligible"))
+            }
+        },
+    )
     .await
     .map(|seen| {
         format!(
@@ -162,7 +76,7 @@ async fn wait_for_quorum(cluster: &Cluster, report: &Report, started: Instant) -
         )
     });
     report.check_result(
-        "the RedisQuorum default becomes Available (ELIGIBLE reaches REQUIRED)",
+        &format!("the RedisQuorum {name} becomes Available (ELIGIBLE reaches REQUIRED)"),
         available,
     )
 }

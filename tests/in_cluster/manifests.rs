@@ -125,6 +125,16 @@ impl Manifest {
         self
     }
 
+    /// Every DistributedLock on the RedisQuorum `quorum`: a second release's, whose quorum has another name.
+    pub fn on_quorum(mut self, quorum: &str) -> Self {
+        for doc in &mut self.docs {
+            if doc["kind"].as_str() == Some("DistributedLock") {
+                doc["spec"]["quorum"] = Value::from(quorum);
+            }
+        }
+        self
+    }
+
     /// Adds copies of the example's Job named `names`.
     pub fn with_job_copies(mut self, names: &[&str]) -> Self {
         let job = self.find("Job").clone();

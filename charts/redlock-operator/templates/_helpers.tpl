@@ -153,3 +153,27 @@ app.kubernetes.io/component: test
 {{- .Values.redis.readinessDelaySeconds | int }}
 {{- end }}
 {{- end }}
+
+{{/* CEL: the request comes from a redlock operator, of this installation or of another one in the cluster: a
+     ServiceAccount allowed the verb `grant` on the request namespace's DistributedLocks (each release's ClusterRole
+     gives it to its operator; no user or built-in role names it, only a `*` does). By this rather than by this
+     release's ServiceAccount name, two releases' admission policies agree on who may let a Job run or write past a
+     fence: each operator keeps its own locks (the redlock.io/installation annotation), and neither's policies
+     refuse the other's writes. */}}
+{{- define "redlock-operator.byAnOperator" -}}
+request.userInfo.username.startsWith('system:serviceaccount:') && authorizer.group('redlock.io').resource('distributedlocks').namespace(request.namespace).check('grant').allowed()
+{{- end }}
+
+{{/* The admission policy bindings' namespaceSelector: the namespaces of operator.lockNamespaces when it is set
+     (the installation keeps no lock elsewhere, so its policies act nowhere else), nothing otherwise. */}}
+{{- define "redlock-operator.policyNamespaceSelector" -}}
+{{- with .Values.operator.lockNamespaces -}}
+matchResources:
+  namespaceSelector:
+    matchExpressions:
+      - key: kubernetes.io/metadata.name
+        operator: In
+        values:
+          {{- toYaml . | nindent 10 }}
+{{- end }}
+{{- end }}

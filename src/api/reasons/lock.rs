@@ -137,6 +137,16 @@ pub(super) const REASONS: &[Reason] = &[
             installation claim it.",
     },
     Reason {
+        name: "LeftForAnotherInstallation",
+        shown: Shown::Event {
+            kind: "DistributedLock",
+            warning: false,
+        },
+        meaning: "This installation does not claim the lock: its quorum reads Secrets from a namespace this \
+            installation does not read, so the installation whose Secrets namespace that is keeps it; said once \
+            per process. With no such installation, move the quorum's Secrets to this one's Secrets namespace.",
+    },
+    Reason {
         name: "Lost",
         shown: Shown::Event {
             kind: "DistributedLock",

@@ -12,6 +12,7 @@ use kube::runtime::events::EventType;
 use crate::api::DistributedLock;
 use crate::api::holder_contract::{FINALIZER, INSTALLATION_ANNOTATION};
 use crate::controller::context::Context;
+use crate::controller::engines::problem::QuorumProblem;
 use crate::controller::error::Error;
 
 /// Who keeps a lock, as its annotation says.
@@ -35,6 +36,48 @@ pub fn keeper_of<'a>(lock: &'a DistributedLock, ours: &str) -> Keeper<'a> {
         None | Some("") => Keeper::Unclaimed,
         Some(name) if name == ours => Keeper::Ours,
         Some(name) => Keeper::Other(name),
+    }
+}
+
+/// What this installation knows of an unclaimed lock's quorum, for [`claim_step`].
+#[derive(Debug)]
+pub enum QuorumSeen<'a> {
+    /// Its engine is built: this installation can hold locks on it.
+    Ready,
+    /// The quorum exists (or the quorum cache is still syncing) and its engine is not built yet.
+    Building,
+    /// No such quorum among those this installation looks at.
+    Missing,
+    /// It cannot be used by this installation, for this reason.
+    Unusable(&'a QuorumProblem),
+}
+
+/// What to do with an unclaimed lock before any other step.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ClaimStep {
+    Claim,
+    /// Wait for the quorum's engine: claimed before this installation knows whether it can use the quorum, a
+    /// lock of a second release's quorum went to the first release (it looks at every namespace), which could not
+    /// read that quorum's Secrets, and was stuck there (issue 56).
+    WaitForQuorum,
+    /// The quorum's Secrets are in a namespace this installation does not read: the installation that reads them
+    /// is the one to keep the lock. The message says so on the lock, once.
+    LeaveUnclaimed(String),
+}
+
+/// Whether to claim an unclaimed lock on `quorum`, by what this installation knows of the quorum. A quorum that
+/// does not exist, or is unusable for a reason of its own (a Secret missing, a bad spec), is claimed: this
+/// installation then says so in the lock's status, as a lone installation must. Pure.
+pub fn claim_step(quorum: &str, seen: QuorumSeen<'_>) -> ClaimStep {
+    match seen {
+        QuorumSeen::Ready | QuorumSeen::Missing => ClaimStep::Claim,
+        QuorumSeen::Building => ClaimStep::WaitForQuorum,
+        QuorumSeen::Unusable(QuorumProblem::SecretNamespaceNotAllowed {
+            requested, allowed, ..
+        }) => ClaimStep::LeaveUnclaimed(format!(
+            "not claimed: RedisQuorum `{quorum}` reads its Secrets from namespace `{requested}`, and this installation reads Secrets only from `{allowed}`; the installation whose Secrets namespace is `{requested}` keeps this lock (if there is none, move the quorum's Secrets to `{allowed}`)"
+        )),
+        QuorumSeen::Unusable(_) => ClaimStep::Claim,
     }
 }
 
@@ -94,6 +137,24 @@ pub async fn claim(lock: &DistributedLock, ctx: &Context) -> Result<bool, Error>
     }
 }
 
+/// Leaves an unclaimed lock to the installation that can use its quorum, saying so once per process (an Event on
+/// the lock, a log line).
+pub async fn leave_unclaimed(lock: &DistributedLock, ctx: &Context, note: String) {
+    let key = format!("{}/{}", lock.namespace().unwrap_or_default(), lock.name_any());
+    let first = ctx
+        .lock_controller
+        .left_alone
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(key.clone());
+    if !first {
+        return;
+    }
+    tracing::info!(lock = %key, installation = %ctx.installation, "{note}");
+    ctx.publish(lock, EventType::Normal, "LeftForAnotherInstallation", note)
+        .await;
+}
+
 /// Leaves a lock another installation keeps alone, saying so once per process: an Event on the lock, a log line,
 /// the metric `redlock_foreign_locks_total`.
 pub async fn leave_alone(lock: &DistributedLock, ctx: &Context, other: &str) {
@@ -131,6 +192,30 @@ mod tests {
             "spec": { "holder": { "identity": "x" } }
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_lock_is_claimed_only_once_its_quorum_is_known_and_not_another_installations() {
+        assert_eq!(claim_step("q", QuorumSeen::Ready), ClaimStep::Claim);
+        assert_eq!(claim_step("q", QuorumSeen::Missing), ClaimStep::Claim);
+        assert_eq!(claim_step("q", QuorumSeen::Building), ClaimStep::WaitForQuorum);
+        let missing = QuorumProblem::SecretNotFound {
+            namespace: "redlock".into(),
+            name: "s".into(),
+        };
+        assert_eq!(claim_step("q", QuorumSeen::Unusable(&missing)), ClaimStep::Claim);
+        let elsewhere = QuorumProblem::SecretNamespaceNotAllowed {
+            field: "spec.auth.secretNamespace",
+            requested: "team2".into(),
+            allowed: "redlock".into(),
+        };
+        let ClaimStep::LeaveUnclaimed(note) = claim_step("q", QuorumSeen::Unusable(&elsewhere)) else {
+            panic!("claimed a lock of another installation's quorum");
+        };
+        assert!(
+            note.contains("`q`") && note.contains("`team2`") && note.contains("`redlock`"),
+            "{note}"
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ use kube::{Resource, ResourceExt};
 
 use super::actions::holding::{DueRefresh, refresh_permits};
 use super::actions::{self, Target, give_up};
-use super::claim::{self, Keeper, keeper_of};
+use super::claim::{self, ClaimStep, Keeper, QuorumSeen, keeper_of};
 use super::decide::{LockAction, Wanted, acquisition_in_status, current_holder, decide, known_floor};
 use super::handover::Release;
 use super::policy::{Policy, Turn};
@@ -57,6 +57,17 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
     match keeper_of(&lock, &ctx.installation) {
         Keeper::Ours => {}
         Keeper::Unclaimed => {
+            if lock.meta().deletion_timestamp.is_none() {
+                match claim_step_for(&lock, &ctx) {
+                    ClaimStep::Claim => {}
+                    ClaimStep::WaitForQuorum => return Ok(Action::requeue(QUORUM_ENGINE_RETRY)),
+                    ClaimStep::LeaveUnclaimed(note) => {
+                        claim::leave_unclaimed(&lock, &ctx, note).await;
+                        // The quorum reconciler wakes the lock when the quorum's engine changes.
+                        return Ok(Action::requeue(RESYNC));
+                    }
+                }
+            }
             if !claim::claim(&lock, &ctx).await? {
                 // Changed since it was read: its next version (another installation's claim, perhaps) decides.
                 return Ok(Action::requeue(CLAIM_RETRY));
@@ -99,6 +110,19 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         Err(finalizer::Error::ApplyFailed(err) | finalizer::Error::CleanupFailed(err)) => Err(err),
         Err(other) => Err(Error::Finalizer(Box::new(other))),
     }
+}
+
+/// Whether to claim unclaimed `lock` now, by what this installation knows of its quorum.
+fn claim_step_for(lock: &DistributedLock, ctx: &Context) -> ClaimStep {
+    let quorum = &lock.spec.quorum;
+    let lookup = ctx.engines.lookup(quorum);
+    let seen = match &lookup {
+        QuorumLookup::Ready(_) => QuorumSeen::Ready,
+        QuorumLookup::Missing if ctx.quorum_exists(quorum) != Some(false) => QuorumSeen::Building,
+        QuorumLookup::Missing => QuorumSeen::Missing,
+        QuorumLookup::Unusable(problem) => QuorumSeen::Unusable(problem),
+    };
+    claim::claim_step(quorum, seen)
 }
 
 pub fn error_policy(lock: Arc<DistributedLock>, error: &Error, ctx: Arc<Context>) -> Action {

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::config::{QuorumSecrets, engine_config};
 use super::secret_reads::read_secrets;
-use super::status::{QuorumEvent, healthy_status, unusable_status};
+use super::status::{QuorumEvent, healthy_status, kept_by_another_installation, unusable_status};
 use crate::api::conditions::Stamp;
 use crate::api::{RedisQuorum, RedisQuorumStatus};
 use crate::controller::context::Context;
@@ -41,6 +41,10 @@ pub async fn reconcile(quorum: Arc<RedisQuorum>, ctx: Arc<Context>) -> Result<Ac
             ctx.engines.set(&name, QuorumLookup::Unusable(problem.clone()));
             if was_usable {
                 ctx.wake_locks_on(&name);
+            }
+            if kept_by_another_installation(&previous, &problem, quorum.meta().generation) {
+                tracing::debug!(quorum = %name, %problem, "another installation keeps this quorum available: its status is left to it");
+                return Ok(Action::requeue(ctx.health_interval));
             }
             let status = unusable_status(&previous, &problem, stamp(&quorum));
             ctx.metrics

@@ -131,6 +131,22 @@ pub fn unusable_status(
     status
 }
 
+/// Whether the quorum's Secrets are outside this installation's Secrets namespace while its status shows it
+/// available for its current spec: another installation (the release whose namespace holds the Secrets) uses it
+/// and writes its status. Writing `SecretNamespaceNotAllowed` over that made the status flap between the two
+/// installations' verdicts; the lock controller leaves such a quorum's locks to that installation too
+/// (`claim::claim_step`). A quorum no other installation keeps available (a lone installation, a fresh quorum,
+/// a changed spec) still shows the problem. Pure.
+pub fn kept_by_another_installation(
+    previous: &RedisQuorumStatus,
+    problem: &QuorumProblem,
+    generation: Option<i64>,
+) -> bool {
+    matches!(problem, QuorumProblem::SecretNamespaceNotAllowed { .. })
+        && previous.observed_generation == generation
+        && conditions::is_true(&previous.conditions, "Available")
+}
+
 /// `wall_now` plus `left`, clamped to the latest time a timestamp can show: a quarantine is bounded by the
 /// quorum's maxTtl, but status must not be where an unbounded one (a quorum admitted before the bound) panics.
 fn wall_after(wall_now: Timestamp, left: Duration) -> Timestamp {
@@ -183,6 +199,37 @@ fn describe_not_voting(nodes: &[NodeStatus]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quorum_another_installation_keeps_available_is_left_to_it() {
+        let elsewhere = QuorumProblem::SecretNamespaceNotAllowed {
+            field: "spec.auth.secretNamespace",
+            requested: "team2".into(),
+            allowed: "redlock".into(),
+        };
+        let stamp = Stamp {
+            generation: Some(3),
+            now: Timestamp::from_second(1_000_000).unwrap(),
+        };
+        let nodes = [node("redis://a", NodeHealth::Up)];
+        let (available, _) = healthy_status(&RedisQuorumStatus::default(), &nodes, 1, Instant::now(), stamp);
+        assert!(kept_by_another_installation(&available, &elsewhere, Some(3)));
+        // A spec changed since (the other installation has not looked at it yet), a quorum never shown
+        // available, one shown unusable, another problem: this installation says what it sees.
+        assert!(!kept_by_another_installation(&available, &elsewhere, Some(4)));
+        assert!(!kept_by_another_installation(
+            &RedisQuorumStatus::default(),
+            &elsewhere,
+            Some(3)
+        ));
+        let refused = unusable_status(&available, &elsewhere, stamp);
+        assert!(!kept_by_another_installation(&refused, &elsewhere, Some(3)));
+        let missing = QuorumProblem::SecretNotFound {
+            namespace: "redlock".into(),
+            name: "s".into(),
+        };
+        assert!(!kept_by_another_installation(&available, &missing, Some(3)));
+    }
 
     fn node(endpoint: &str, health: NodeHealth) -> NodeStatus {
         NodeStatus {
