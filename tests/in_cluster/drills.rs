@@ -320,6 +320,38 @@ async fn masters_down(cluster: &Cluster, report: &Report, observer: &Observer, h
     );
 }
 
+/// docs/how-to/upgrading.md#apply-the-crds-first: the release's CRDs file (beside the chart's .tgz the suite
+/// installs; the repository's `crds/` for a chart folder) applied server-side over the CRDs Helm installed. First
+/// without `--force-conflicts`, to see whether Helm's field manager conflicts (reported, not required: it does when
+/// a field's value changed since the install), then as the page says, which must succeed.
+async fn apply_crds_as_the_upgrade_page_says(cluster: &Cluster, report: &Report) {
+    let chart = std::path::PathBuf::from(cluster.chart());
+    let release_file = chart
+        .to_str()
+        .and_then(|path| path.strip_suffix(".tgz"))
+        .map(|stem| std::path::PathBuf::from(format!("{stem}-crds.yaml")))
+        .filter(|file| file.exists());
+    let crds = release_file.unwrap_or_else(|| cluster.root.join("crds"));
+    let crds = crds.display().to_string();
+    let plain = cluster.kubectl(&["apply", "--server-side", "-f", &crds]).await;
+    report.note(&format!(
+        "kubectl apply --server-side -f {crds} (without --force-conflicts): {}",
+        if plain.ok {
+            "applied, no conflict".to_owned()
+        } else {
+            plain.text()
+        }
+    ));
+    let forced = cluster
+        .kubectl(&["apply", "--server-side", "--force-conflicts", "-f", &crds])
+        .await;
+    report.check(
+        "the release's CRDs apply over Helm's as the upgrade page says (kubectl apply --server-side --force-conflicts)",
+        forced.ok,
+        forced.text(),
+    );
+}
+
 /// `helm upgrade` with a harmless value changed (the operator's log format) and the holder binding narrowed to the
 /// tutorials' namespace (`holders.namespaces`, as the security page suggests): the operator pods roll, the
 /// masters stay, no lock is lost and no token changes; then a labelled pod in the namespace left out is refused
@@ -343,6 +375,7 @@ async fn helm_upgrade(cluster: &Cluster, report: &Report, observer: &Observer, h
             .map(|list| list.items)
             .unwrap_or_default(),
     );
+    apply_crds_as_the_upgrade_page_says(cluster, report).await;
     let since = Instant::now();
     let narrowed = format!("holders.namespaces={{{}}}", cluster.app_ns);
     let upgraded = cluster

@@ -131,12 +131,13 @@ pub fn unusable_status(
     status
 }
 
-/// Whether the quorum's Secrets are outside this installation's Secrets namespace while its status shows it
-/// available for its current spec: another installation (the release whose namespace holds the Secrets) uses it
-/// and writes its status. Writing `SecretNamespaceNotAllowed` over that made the status flap between the two
-/// installations' verdicts; the lock controller leaves such a quorum's locks to that installation too
-/// (`claim::claim_step`). A quorum no other installation keeps available (a lone installation, a fresh quorum,
-/// a changed spec) still shows the problem. Pure.
+/// Whether the quorum's Secrets are outside this installation's Secrets namespace while its status, for its
+/// current spec, shows another verdict than that: another installation (the release whose namespace holds the
+/// Secrets) reads them and writes the status (available, or not for its masters: either way not this one's
+/// problem). Writing `SecretNamespaceNotAllowed` over it made the status flap between the two installations'
+/// verdicts; the lock controller leaves such a quorum's locks to that installation too (`claim::claim_step`). A
+/// quorum nobody else has a verdict on (a lone installation, a fresh quorum, a changed spec) still shows the
+/// problem. Pure.
 pub fn kept_by_another_installation(
     previous: &RedisQuorumStatus,
     problem: &QuorumProblem,
@@ -144,7 +145,10 @@ pub fn kept_by_another_installation(
 ) -> bool {
     matches!(problem, QuorumProblem::SecretNamespaceNotAllowed { .. })
         && previous.observed_generation == generation
-        && conditions::is_true(&previous.conditions, "Available")
+        && previous
+            .conditions
+            .iter()
+            .any(|condition| condition.type_ == "Available" && condition.reason != problem.reason())
 }
 
 /// `wall_now` plus `left`, clamped to the latest time a timestamp can show: a quarantine is bounded by the
@@ -214,8 +218,13 @@ mod tests {
         let nodes = [node("redis://a", NodeHealth::Up)];
         let (available, _) = healthy_status(&RedisQuorumStatus::default(), &nodes, 1, Instant::now(), stamp);
         assert!(kept_by_another_installation(&available, &elsewhere, Some(3)));
-        // A spec changed since (the other installation has not looked at it yet), a quorum never shown
-        // available, one shown unusable, another problem: this installation says what it sees.
+        // The other installation's verdict that the masters are down is its own too.
+        let down = [node("redis://a", NodeHealth::Down)];
+        let (unavailable, _) = healthy_status(&available, &down, 1, Instant::now(), stamp);
+        assert!(!conditions::is_true(&unavailable.conditions, "Available"));
+        assert!(kept_by_another_installation(&unavailable, &elsewhere, Some(3)));
+        // A spec changed since (the other installation has not looked at it yet), a quorum never looked at, one
+        // shown with this very problem, another problem: this installation says what it sees.
         assert!(!kept_by_another_installation(&available, &elsewhere, Some(4)));
         assert!(!kept_by_another_installation(
             &RedisQuorumStatus::default(),
