@@ -104,18 +104,26 @@ export REDLOCK_STATIC_BINARY
 # namespaces and at the RedisQuorums labelled as its own (tests/e2e/mod.rs, Env::default_scope). The tests that
 # change what the whole cluster shares (the CRDs' rules, the fenced-objects policy, a second installation from the
 # README's path that looks at everything) run first, alone, one at a time (`cluster_wide`, a nextest filter).
-cluster_wide='binary(cel_cases) | binary(fenced_objects) | binary(readme_local_path) | binary(tenancy) | test(=bad_lock_specs_are_reported_as_conditions)'
+# A test's name starts with the module (the former test file) it is in: `tenancy::...` in the binary `operator`.
+cluster_wide='test(/^(cel_cases|fenced_objects|readme_local_path|tenancy)::/) | test(=operator_faults::bad_lock_specs_are_reported_as_conditions)'
+# The end-to-end suites, run again below against other kinds of API: these modules of the binaries `operator` and
+# `docs` (readme_local_path).
+e2e_tests=(--test operator --test docs)
+e2e_filter='test(/^(operator|operator_faults|leader|jobs|tenancy|fencing_tokens|cel_cases|readme_local_path|fenced_objects)::/)'
 if cargo nextest --version >/dev/null 2>&1; then
   run_tests() {
     local threads=$1
     shift
     cargo nextest run --locked --no-fail-fast --test-threads "$threads" "$@"
   }
-  # real_cluster_tests ARGS...: the tests ARGS selects, against the cluster of REDLOCK_E2E_KUBECONFIG.
+  # The end-to-end tests (e2e_tests, e2e_filter), against the cluster of REDLOCK_E2E_KUBECONFIG.
+  e2e_run() { # THREADS
+    run_tests "$1" "${e2e_tests[@]}" -E "$e2e_filter"
+  }
   real_cluster_tests() {
     local status=0
-    run_tests 1 "$@" -E "$cluster_wide" || status=$?
-    run_tests 4 "$@" -E "not ($cluster_wide)" || status=$?
+    run_tests 1 "${e2e_tests[@]}" -E "($e2e_filter) & ($cluster_wide)" || status=$?
+    run_tests 4 "${e2e_tests[@]}" -E "($e2e_filter) & not ($cluster_wide)" || status=$?
     return "$status"
   }
 else
@@ -124,13 +132,16 @@ else
     shift
     cargo test --locked --no-fail-fast "$@"
   }
-  # One binary at a time, and inside each the tests take turns (tests/e2e/mod.rs, REAL_CLUSTER_TURN).
+  # cargo test takes no filter expression: the end-to-end runs take the whole binaries (the product checker's and
+  # the docs' tests too). One binary at a time, and inside each the tests take turns (tests/e2e/mod.rs,
+  # REAL_CLUSTER_TURN).
+  e2e_run() {
+    run_tests "$1" "${e2e_tests[@]}"
+  }
   real_cluster_tests() {
-    run_tests 1 "$@"
+    run_tests 1 "${e2e_tests[@]}"
   }
 fi
-# The end-to-end suites, run again below against other kinds of API.
-e2e_tests=(--test operator --test operator_faults --test leader --test jobs --test tenancy --test fencing_tokens --test cel_cases --test readme_local_path --test fenced_objects)
 # Built first in a phase of its own, so that the table tells building from testing (what a warm rerun skips).
 phase "building the tests"
 cargo test --locked --no-run
@@ -142,7 +153,7 @@ run_tests 6 2>&1 | tee "$log"
 # A failing test prints its seed; REDLOCK_E2E_SEED repeats the random choices. Six at a time: those delays are
 # waits, not work (four kept the cores 0.7 busy).
 phase "end-to-end tests against the realistic test API server"
-REDLOCK_E2E_REALISTIC=1 run_tests 6 "${e2e_tests[@]}" 2>&1 | tee -a "$log"
+REDLOCK_E2E_REALISTIC=1 e2e_run 6 2>&1 | tee -a "$log"
 # The end-to-end tests once more in their real-cluster mode (REDLOCK_E2E_KUBECONFIG), then the in-cluster suite
 # (the chart installed with the operator's image, `helm test`, the tutorials with real pods, failure drills), on
 # the first of: the cluster REDLOCK_E2E_KUBECONFIG names (a user's, kind for example: load the images first, see
@@ -153,7 +164,7 @@ node_kit=${REDLOCK_K8S_NODE_KIT:-$PWD/../shared/k8s-node}
 # refused by the chart's fenced-objects policy, and its negative control without the policy.
 fenced_proof() { # KUBECONFIG
   phase "the paused holder against a real API server's fenced-objects policy"
-  REDLOCK_E2E_KUBECONFIG="$1" run_tests 1 --test operator_safety paused 2>&1 | tee -a "$log"
+  REDLOCK_E2E_KUBECONFIG="$1" run_tests 1 --test operator paused 2>&1 | tee -a "$log"
 }
 in_cluster_suite() { # KUBECONFIG
   phase "the in-cluster suite"
@@ -162,7 +173,7 @@ in_cluster_suite() { # KUBECONFIG
 }
 if [ -n "${REDLOCK_E2E_KUBECONFIG:-}" ]; then
   phase "end-to-end tests against the cluster of REDLOCK_E2E_KUBECONFIG"
-  real_cluster_tests "${e2e_tests[@]}" 2>&1 | tee -a "$log"
+  real_cluster_tests 2>&1 | tee -a "$log"
   fenced_proof "$REDLOCK_E2E_KUBECONFIG"
   [ "${REDLOCK_E2E_IN_CLUSTER:-1}" = 0 ] || in_cluster_suite "$REDLOCK_E2E_KUBECONFIG"
 elif [ -x "$node_kit/start.sh" ] && [ "$(id -u)" -eq 0 ]; then
@@ -184,7 +195,7 @@ elif [ -x "$node_kit/start.sh" ] && [ "$(id -u)" -eq 0 ]; then
   K8S_NODE_KIT=$node_kit scripts/build-images.sh target/images --only redis --only busybox \
     --binary "$operator_binary" --load "$node_dir" >/dev/null
   phase "end-to-end tests against the real node"
-  REDLOCK_E2E_KUBECONFIG="$kubeconfig" real_cluster_tests "${e2e_tests[@]}" 2>&1 | tee -a "$log"
+  REDLOCK_E2E_KUBECONFIG="$kubeconfig" real_cluster_tests 2>&1 | tee -a "$log"
   fenced_proof "$kubeconfig"
   in_cluster_suite "$kubeconfig"
   "$node_kit/stop.sh" "$node_dir" >target/k8s-node-stop.log 2>&1
@@ -204,7 +215,7 @@ else
     cat target/stand-in-cluster.log >&2
     exit 1
   fi
-  REDLOCK_E2E_KUBECONFIG="$kubeconfig" real_cluster_tests "${e2e_tests[@]}" 2>&1 | tee -a "$log"
+  REDLOCK_E2E_KUBECONFIG="$kubeconfig" real_cluster_tests 2>&1 | tee -a "$log"
   kill "$stand_in"
   cleanup=""
 fi

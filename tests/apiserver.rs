@@ -3,12 +3,13 @@
 //!
 //! The tests are in `tests/apiserver/`, one module a concern; this file holds what they share.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
+use crate::support::apiserver::realism::{Jitter, Realism, seed_from};
+use crate::support::apiserver::{PodGc, TestApiServer};
+use crate::support::fixtures::{identity_lock as lock, install_crds};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::batch::v1::Job;
@@ -25,9 +26,6 @@ use kube::{Client, CustomResourceExt, Resource, ResourceExt};
 use redlock_operator::api::{DistributedLock, RedisQuorum};
 use redlock_operator::telemetry::events::{Event as RecorderEvent, EventType, Recorder, Reporter};
 use serde_json::json;
-use support::apiserver::realism::{Jitter, Realism, seed_from};
-use support::apiserver::{PodGc, TestApiServer};
-use support::fixtures::{identity_lock as lock, install_crds};
 use tokio::time::Instant;
 
 const UPPER_BOUND: Duration = Duration::from_secs(10);

@@ -2,16 +2,14 @@
 //! (tests/readme_local_path.rs runs kubectl itself): discovery, the OpenAPI v3 documents kubectl reads before
 //! `apply`, `fieldValidation=Strict` on custom resources, and the Table format of `kubectl get`.
 
-mod support;
-
+use crate::support::apiserver::TestApiServer;
+use crate::support::fixtures::{identity_lock as lock, install_crds};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams, PostParams, ValidationDirective};
 use kube::core::GroupVersionKind;
 use kube::{Client, CustomResourceExt, Discovery};
 use redlock_operator::api::{DistributedLock, RedisQuorum};
 use serde_json::{Value, json};
-use support::apiserver::TestApiServer;
-use support::fixtures::{identity_lock as lock, install_crds};
 
 const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
 

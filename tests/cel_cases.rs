@@ -3,10 +3,7 @@
 //! check evaluates the same cases with cel-python (`scripts/validate_manifests.py --cel-cases`), so the two
 //! evaluators, and the API server they stand for, must give every rule the same verdict.
 
-mod e2e;
-mod support;
-
-use e2e::*;
+use crate::e2e::*;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
 use kube::core::{ApiResource, DynamicObject};

@@ -3,18 +3,18 @@
 //!
 //! The tests are in `tests/engine/`, one module a concern; this file holds what they share.
 
-mod support;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::fault_proxy::{Direction, FaultProxy};
+use crate::support::forgotten_tokens::{
+    Refusal, assert_above_the_last_token, masters_that_forgot_the_last_token,
+};
+use crate::support::redis_server::{RedisCluster, raw_get};
 use redlock_operator::redlock::{
     AcquireError, AcquireOptions, ExtendError, FailureKind, KeepPolicy, LockValue, LossReason, NodeHealth,
     NodeOutcome, Redlock, RedlockConfig, counter_key,
 };
-use support::fault_proxy::{Direction, FaultProxy};
-use support::forgotten_tokens::{Refusal, assert_above_the_last_token, masters_that_forgot_the_last_token};
-use support::redis_server::{RedisCluster, raw_get};
 use tokio::time::Instant;
 
 /// Masters started by the tests have uptime 0, so with the default max TTL they would sit in quarantine for a

@@ -5,17 +5,15 @@
 //! "Arrived" is made certain before the next waiter starts: every master shows the waiter queued. No test
 //! asserts how long anything took.
 
-mod support;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::fault_proxy::{Direction, FaultProxy};
+use crate::support::redis_server::RedisCluster;
 use redlock_operator::redlock::{
     AcquireError, AcquireOptions, Lease, LockValue, NodeOutcome, Redlock, RedlockConfig, Waiter, queue_keys,
     released_channel,
 };
-use support::fault_proxy::{Direction, FaultProxy};
-use support::redis_server::RedisCluster;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 

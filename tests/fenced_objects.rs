@@ -4,19 +4,16 @@
 //! holding a lock: an object labelled `redlock.io/fenced-by` takes an update only with a fencing token not lower
 //! than the lock's and the object's own.
 
-mod e2e;
-mod support;
-
 use std::path::{Path, PathBuf};
 
-use e2e::*;
+use crate::e2e::*;
+use crate::support::fenced_policy::{example_binary, install_policy, remove_policy};
+use crate::support::redis_server::RedisCluster;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::core::ObjectMeta;
 use redlock_operator::api::LockPhase;
 use redlock_operator::controller::run::Running;
-use support::fenced_policy::{example_binary, install_policy, remove_policy};
-use support::redis_server::RedisCluster;
 use tokio_util::sync::CancellationToken;
 
 const TTL: &str = "2s";

@@ -4,16 +4,13 @@
 //! On the in-process test API server, or a real cluster with `REDLOCK_E2E_KUBECONFIG`. Assertions are on order
 //! and outcomes only, never on timing.
 
-mod e2e;
-mod support;
-
 use std::time::Duration;
 
-use e2e::*;
+use crate::e2e::*;
+use crate::support::redis_server::RedisCluster;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use redlock_operator::api::LockPhase;
-use support::redis_server::RedisCluster;
 
 const TTL: &str = "2s";
 const MAX_TTL: &str = "2s";

@@ -1,12 +1,10 @@
 //! The test harnesses themselves: a fault the safety checker relies on must really happen.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::fault_proxy::{Direction, FaultProxy};
+use crate::support::redis_server::{Options, RedisServer};
 use redis::aio::MultiplexedConnection;
-use support::fault_proxy::{Direction, FaultProxy};
-use support::redis_server::{Options, RedisServer};
 use tokio::time::Instant;
 
 async fn connect(url: &str) -> redis::RedisResult<MultiplexedConnection> {

@@ -1,25 +1,22 @@
 //! End-to-end Job fencing: one Job at a time per lock, in queue order, granted with its fencing token,
 //! handed over on completion or deletion, suspended before the lock's validity ends when the lock is lost,
 //! and never run with a stale token. On the in-process API server a simulated Job controller and kubelet run the
-//! Jobs (`support::job_controller`); with `REDLOCK_E2E_KUBECONFIG` the same tests run on a real cluster, whose
+//! Jobs (`crate::support::job_controller`); with `REDLOCK_E2E_KUBECONFIG` the same tests run on a real cluster, whose
 //! Job controller and kubelets run them (their pods need the image `REDLOCK_E2E_JOB_IMAGE`, `busybox:1.36` by
 //! default). Throughout, the tests check on the pods themselves that no two grants ever run at once.
 
-mod e2e;
-mod support;
-
 use std::time::Duration;
 
-use e2e::*;
+use crate::e2e::*;
+use crate::support::fault_proxy::FaultProxy;
+use crate::support::job_controller::FakeJobRuntime;
+use crate::support::redis_server::{RedisCluster, raw_command, raw_get};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use redlock_operator::api::LockPhase;
 use redlock_operator::controller::run::Running;
-use support::fault_proxy::FaultProxy;
-use support::job_controller::FakeJobRuntime;
-use support::redis_server::{RedisCluster, raw_command, raw_get};
 use tokio_util::sync::CancellationToken;
 
 fn jobs(env: &Env) -> Api<Job> {

@@ -1,25 +1,22 @@
 //! End-to-end leader election: the operator labels one pod of a set as the leader, moves the label when the
 //! leader goes, removes it before the lock's validity ends when the lock is lost, and the `elect` helper runs
 //! a command only on the leader. The tests play the kubelet: pods are bound to the test's own node, registered
-//! and kept Ready with no kubelet behind it (`support::node`), and their status is set through the status
+//! and kept Ready with no kubelet behind it (`crate::support::node`), and their status is set through the status
 //! subresource — the same on the test server and on a real cluster.
 //!
 //! Here the election itself and what the topics share; `elect` runs the helper as a pod's process, `hand_over`
 //! the reports of stopped work and the keys given up, `semaphore` leader semaphores.
 
-mod e2e;
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use e2e::*;
+use crate::e2e::*;
+use crate::support::redis_server::RedisCluster;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use redlock_operator::api::LockPhase;
 use redlock_operator::controller::run::Running;
-use support::redis_server::RedisCluster;
 use tokio::time::Instant;
 
 #[path = "leader/elect.rs"]

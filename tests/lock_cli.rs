@@ -8,13 +8,12 @@ mod fenced_store;
 mod fresh_attempts;
 #[path = "lock_cli/static_binary.rs"]
 mod static_binary;
-mod support;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use support::redis_server::RedisCluster;
+use crate::support::redis_server::RedisCluster;
 
 const BIN: &str = env!("CARGO_BIN_EXE_redlock-operator");
 
@@ -403,7 +402,7 @@ fn deletes_to_hung_masters_survive_the_exit_of_lock() {
             .iter()
             .filter(|url| {
                 runtime
-                    .block_on(support::redis_server::raw_get(url, key))
+                    .block_on(crate::support::redis_server::raw_get(url, key))
                     .is_some()
             })
             .count();
@@ -505,7 +504,7 @@ fn a_quarantined_quorum_says_when_a_majority_can_vote() {
 #[test]
 fn the_password_can_come_from_a_file() {
     let password = "p@ss:w/rd %1";
-    let cluster = RedisCluster::start_with(3, |_| support::redis_server::Options {
+    let cluster = RedisCluster::start_with(3, |_| crate::support::redis_server::Options {
         password: Some(password.to_owned()),
         ..Default::default()
     })

@@ -2,16 +2,13 @@
 //! the in-process test API server — or a real cluster when `REDLOCK_E2E_KUBECONFIG` names a kubeconfig — and
 //! real Redis masters with real faults.
 
-mod e2e;
-mod support;
-
 use std::time::Duration;
 
-use e2e::*;
+use crate::e2e::*;
+use crate::support::redis_server::RedisCluster;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
 use redlock_operator::api::LockPhase;
-use support::redis_server::RedisCluster;
 use tokio::time::Instant;
 
 /// Lock and quorum settings of most tests: short, so that quarantine and expiry take seconds.

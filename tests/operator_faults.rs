@@ -1,15 +1,12 @@
 //! End-to-end, bad input and faults: every one ends in a condition or Event a user can act on, with backoff
 //! instead of a hot loop, and no panic.
 
-mod e2e;
-mod support;
-
 use std::time::Duration;
 
-use e2e::*;
+use crate::e2e::*;
+use crate::support::redis_server::{Options, RedisCluster};
 use kube::api::{Patch, PatchParams, PostParams};
 use redlock_operator::api::{DistributedLock, LockPhase, RedisQuorum};
-use support::redis_server::{Options, RedisCluster};
 use tokio::time::Instant;
 
 fn reason(lock: &DistributedLock, type_: &str) -> Option<String> {
@@ -361,7 +358,7 @@ async fn api_errors_and_conflicts_are_retried_with_backoff_and_tokens_stay_monot
 async fn holders_on(masters: &RedisCluster, key: &str) -> Vec<Option<String>> {
     let mut holders = Vec::new();
     for url in masters.urls() {
-        let value = support::redis_server::raw_get(&url, key).await;
+        let value = crate::support::redis_server::raw_get(&url, key).await;
         holders.push(value.and_then(|value| value.split('|').next().map(str::to_owned)));
     }
     holders

@@ -3,19 +3,14 @@
 //! holders' beliefs of one key overlap, tokens rise, and no stale write was accepted. With
 //! `REDLOCK_E2E_KUBECONFIG`, the first cluster is that real cluster.
 
-mod e2e;
-#[path = "support/product_safety/mod.rs"]
-mod product_safety;
-mod support;
-
 use std::time::Duration;
 
-use product_safety::Scenario;
-use product_safety::controls::Outcome;
-use product_safety::permits::Bounds;
-use product_safety::protected::{ProtectedResource, stale_writes_accepted};
-use product_safety::{DEFAULT_TTL, quarantine};
-use support::history::{Interval, Repeats, find_overlaps, find_token_regressions, transitions};
+use crate::product_safety::Scenario;
+use crate::product_safety::controls::Outcome;
+use crate::product_safety::permits::Bounds;
+use crate::product_safety::protected::{ProtectedResource, stale_writes_accepted};
+use crate::product_safety::{DEFAULT_TTL, quarantine};
+use crate::support::history::{Interval, Repeats, find_overlaps, find_token_regressions, transitions};
 use tokio::time::Instant;
 
 fn belief(key: &str, holder: &str, start: u64, end: u64, token: i64) -> Interval {
@@ -49,7 +44,7 @@ fn overlaps_are_counted_against_the_bound_per_key() {
 
 #[test]
 fn holders_and_forced_faults_are_told_apart_by_their_names() {
-    use product_safety::rules::{floor_of, forced_fault, is_job_holder, is_leader_holder};
+    use crate::product_safety::rules::{floor_of, forced_fault, is_job_holder, is_leader_holder};
     assert!(is_job_holder("east/jobs-0-first-01"));
     assert!(!is_job_holder("east/leader-0-3"));
     assert!(is_leader_holder("west/leader-1-2"));
@@ -69,7 +64,7 @@ fn holders_and_forced_faults_are_told_apart_by_their_names() {
 
 #[test]
 fn a_semaphore_is_checked_per_permit_and_per_key() {
-    use product_safety::permits::{excess_holders, key_of, most_at_once, permit_resource};
+    use crate::product_safety::permits::{excess_holders, key_of, most_at_once, permit_resource};
     assert_eq!(permit_resource("shared:a", 0), "shared:a");
     assert_eq!(key_of(&permit_resource("shared:a", 2)), "shared:a");
     assert_eq!(key_of("shared:a"), "shared:a");
@@ -169,7 +164,7 @@ async fn the_operator_under_a_nemesis_never_lets_two_holders_act() {
         ..Scenario::default()
     };
     let seed = scenario.seed;
-    let report = product_safety::run(scenario).await;
+    let report = crate::product_safety::run(scenario).await;
     println!("seed {seed}: {report}");
     assert!(report.is_safe(), "seed {seed}: {report}");
     assert!(report.transitions_total() >= 2, "nothing was ever held: {report}");
@@ -185,9 +180,9 @@ async fn the_operator_under_a_nemesis_never_lets_two_holders_act() {
 /// completion (waited for after the nemesis, healed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn semaphores_of_three_under_a_nemesis_never_have_a_fourth_holder() {
-    use product_safety::semaphore::{FIRST_QUEUE, PERMITS, scenario};
+    use crate::product_safety::semaphore::{FIRST_QUEUE, PERMITS, scenario};
     let seed = Scenario::seed_from_env();
-    let report = product_safety::run(scenario(seed, Duration::from_secs(90))).await;
+    let report = crate::product_safety::run(scenario(seed, Duration::from_secs(90))).await;
     println!("seed {seed}: {report}");
     assert!(report.is_safe(), "seed {seed}: {report}");
     let forced = report.forced.join("; ");
@@ -215,7 +210,7 @@ async fn semaphores_of_three_under_a_nemesis_never_have_a_fourth_holder() {
 /// holds its permit modulo three, must be caught; its clean twin (`--permits 3`) must pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checker_catches_a_client_that_counts_permits_wrongly() {
-    let (seed, outcome) = caught(product_safety::semaphore::miscounting_client).await;
+    let (seed, outcome) = caught(crate::product_safety::semaphore::miscounting_client).await;
     let clean = outcome.clean.as_ref().expect("the clean twin ran");
     assert!(clean.is_safe(), "seed {seed}: {outcome}");
     assert!(
@@ -229,7 +224,7 @@ async fn the_checker_catches_a_client_that_counts_permits_wrongly() {
 /// takes the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checker_catches_job_pods_without_the_guard_in_a_failover_longer_than_the_ttl() {
-    use product_safety::guard_controls::failover_run;
+    use crate::product_safety::guard_controls::failover_run;
     caught(|seed| async move {
         Outcome {
             name: "unguarded-jobs",
@@ -246,7 +241,7 @@ async fn the_checker_catches_job_pods_without_the_guard_in_a_failover_longer_tha
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guarded_job_pods_stop_on_their_own_clock_through_a_failover_longer_than_the_ttl() {
     let seed = Scenario::seed_from_env();
-    let report = product_safety::guard_controls::failover_run(seed, true).await;
+    let report = crate::product_safety::guard_controls::failover_run(seed, true).await;
     println!("seed {seed}: {report}");
     assert!(report.is_safe(), "seed {seed}: {report}");
     assert!(report.transitions_total() >= 2, "seed {seed}: {report}");
@@ -260,7 +255,7 @@ async fn guarded_job_pods_stop_on_their_own_clock_through_a_failover_longer_than
 /// overlap), because it counts what the active replica tells it on its own clock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guarded_job_pods_with_skewed_wall_clocks_stop_before_the_validity_ends() {
-    use product_safety::guard_controls::{Skew, skewed_run};
+    use crate::product_safety::guard_controls::{Skew, skewed_run};
     let seed = Scenario::seed_from_env();
     for skew in [Skew::Behind, Skew::Ahead] {
         let report = skewed_run(seed, skew, false).await;
@@ -286,8 +281,8 @@ async fn the_checker_catches_guards_that_trust_a_wall_clock_behind_the_operators
 /// exited as `guard` does, runs in `cargo bench --bench operator_safety`; every other run here reports that way.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checker_catches_a_report_sent_before_the_work_stopped() {
-    use product_safety::guard::Reports;
-    use product_safety::guard_controls::deletion_run;
+    use crate::product_safety::guard::Reports;
+    use crate::product_safety::guard_controls::deletion_run;
     caught(|seed| async move {
         Outcome {
             name: "report-before-stop",
@@ -304,7 +299,7 @@ async fn the_checker_catches_a_report_sent_before_the_work_stopped() {
 /// API server refuses it. The checker finds nothing, and the refusal is the paused holder's own write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_paused_past_its_validity_is_refused_by_the_api_server() {
-    use product_safety::fenced::{Policy, paused_holder_run};
+    use crate::product_safety::fenced::{Policy, paused_holder_run};
     let _alone = one_fenced_run_at_a_time().await;
     let seed = Scenario::seed_from_env();
     let (report, pauses) = paused_holder_run(seed, Policy::Installed, 2).await;
@@ -331,7 +326,7 @@ async fn a_holder_paused_past_its_validity_is_refused_by_the_api_server() {
 /// successor's, and the checker (which reads the API server's order of the writes) must catch it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_checker_catches_a_paused_holders_write_without_the_fenced_objects_policy() {
-    use product_safety::fenced::{Policy, paused_holder_run};
+    use crate::product_safety::fenced::{Policy, paused_holder_run};
     let _alone = one_fenced_run_at_a_time().await;
     let (_, outcome) = caught(|seed| async move {
         let (broken, pauses) = paused_holder_run(seed, Policy::Absent, 2).await;
@@ -370,7 +365,7 @@ async fn one_fenced_run_at_a_time() -> Option<tokio::sync::MutexGuard<'static, (
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_leader_lock_stops_its_leader_before_another_cluster_leads() {
     let seed = Scenario::seed_from_env();
-    let report = product_safety::findings::leader_lock_deleted(seed).await;
+    let report = crate::product_safety::findings::leader_lock_deleted(seed).await;
     println!("seed {seed}: {report}");
     assert!(report.is_safe(), "seed {seed}: {report}");
 }
@@ -387,7 +382,7 @@ async fn caught<F: Future<Output = Outcome>>(run: impl FnOnce(u64) -> F) -> (u64
 
 /// An operator control with its switch on.
 async fn operator_control(control: redlock_operator::negative_controls::Control) {
-    caught(|seed| product_safety::controls::run_broken(control, seed)).await;
+    caught(|seed| crate::product_safety::controls::run_broken(control, seed)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -424,7 +419,7 @@ async fn the_clean_twins_of_the_controls_pass() {
         Control::NoFloorRecord,
         Control::ReleaseAtOnce,
     ] {
-        let clean = product_safety::controls::run_clean(control, seed).await;
+        let clean = crate::product_safety::controls::run_clean(control, seed).await;
         println!("seed {seed}: clean twin of {}: {clean}", control.name());
         assert!(
             clean.is_safe(),
@@ -433,9 +428,9 @@ async fn the_clean_twins_of_the_controls_pass() {
         );
         assert!(clean.transitions_total() >= 2, "seed {seed}: {clean}");
     }
-    let clean = product_safety::guard_controls::deletion_run(
+    let clean = crate::product_safety::guard_controls::deletion_run(
         seed,
-        product_safety::guard::Reports::AfterTheWorkStopped,
+        crate::product_safety::guard::Reports::AfterTheWorkStopped,
     )
     .await;
     println!("seed {seed}: clean twin of report-before-stop: {clean}");
@@ -445,7 +440,7 @@ async fn the_clean_twins_of_the_controls_pass() {
 #[test]
 fn token_regressions_after_a_majority_of_masters_forgot_are_reported_apart_unless_a_floor_record_saw_the_token()
  {
-    let recorder = product_safety::recorder::Recorder::default();
+    let recorder = crate::product_safety::recorder::Recorder::default();
     let now = Instant::now();
     let at = |ms: i64| {
         if ms < 0 {
@@ -472,7 +467,7 @@ fn token_regressions_after_a_majority_of_masters_forgot_are_reported_apart_unles
     let keys = ["k".to_owned()];
     let check = || {
         let window = (at(-200), at(80_000));
-        product_safety::checker::check(
+        crate::product_safety::checker::check(
             &recorder,
             &keys,
             window,
@@ -507,7 +502,7 @@ fn token_regressions_after_a_majority_of_masters_forgot_are_reported_apart_unles
 /// by the grant, so it does not know the token either.
 #[test]
 fn a_master_quarantined_at_the_earlier_grant_counts_as_not_knowing_its_token() {
-    let recorder = product_safety::recorder::Recorder::default();
+    let recorder = crate::product_safety::recorder::Recorder::default();
     let now = Instant::now();
     let belief = |holder: &str, after: Duration, token: i64| Interval {
         resource: "k".into(),
@@ -524,8 +519,8 @@ fn a_master_quarantined_at_the_earlier_grant_counts_as_not_knowing_its_token() {
     let keys = ["k".to_owned()];
     let far = Duration::from_secs(60);
     recorder.belief(belief("outside/b", far, 2));
-    let report = |recorder: &product_safety::recorder::Recorder| {
-        product_safety::checker::check(
+    let report = |recorder: &crate::product_safety::recorder::Recorder| {
+        crate::product_safety::checker::check(
             recorder,
             &keys,
             (now, now + far + far),
@@ -545,7 +540,7 @@ fn a_master_quarantined_at_the_earlier_grant_counts_as_not_knowing_its_token() {
 
 #[test]
 fn the_operators_fences_are_read_from_its_log_lines() {
-    use product_safety::fences::{Fence, Fences, parse};
+    use crate::product_safety::fences::{Fence, Fences, parse};
     let log = "\
 2026-11-27T01:00:00.100Z  WARN reconcile{lock=ns/a}:permit{permit=2}: lock lost reason=the lock could not be extended in time (3 of 5 masters x=1) looked_at_after_fence_time_ms=12 fence_write_ms=310 validity_left_ms=278
 2026-11-27T01:00:00.200Z  WARN reconcile{lock=ns/b}: lock lost reason=taken over

@@ -14,8 +14,6 @@
 //! last block shuts them down, and if the test fails before that, a guard shuts down each one it saw start (by
 //! its run id, so that nothing else listening on a reused port is touched), and kills the operator.
 
-mod support;
-
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::process::CommandExt;
@@ -23,10 +21,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::apiserver::TestApiServer;
+use crate::support::redis_server::free_port;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use support::apiserver::TestApiServer;
-use support::redis_server::free_port;
 
 const BIN: &str = env!("CARGO_BIN_EXE_redlock-operator");
 const MARK: &str = "<!-- local-path: ";
@@ -419,7 +417,7 @@ fn namespace(shell: &Shell) -> String {
 /// terminal A's `lock` stopping its command and exiting 76 (lock lost); the clean-up.
 fn pause_a_holder_tutorial(shell: &mut Shell, master_ports: &[u16]) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    support::fenced_policy::helm(root);
+    crate::support::fenced_policy::helm(root);
     let text = std::fs::read_to_string(root.join("docs/tutorials/pause-a-holder.md")).expect("the tutorial");
     let mut blocks = marked_blocks(&text);
     let marks: Vec<&str> = blocks.iter().map(|block| block.mark.as_str()).collect();

@@ -5,18 +5,15 @@
 //!
 //! Against the in-process test API server, which counts the TokenReviews it answers.
 
-mod e2e;
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use e2e::*;
+use crate::e2e::*;
+use crate::support::forged_reports::{Tally, flood, forged_jwt, post};
+use crate::support::redis_server::RedisCluster;
 use kube::api::ListParams;
 use redlock_operator::controller::lock::reports::budget::OTHER_PER_SECOND;
-use support::forged_reports::{Tally, flood, forged_jwt, post};
-use support::redis_server::RedisCluster;
 use tokio::time::Instant;
 
 const LABEL: &str = "redlock.io/leader";

@@ -2,11 +2,9 @@
 //! overlap and tokens strictly increase under random faults, and the checker is shown able to fail by negative
 //! controls.
 
-mod support;
-
 use std::time::Duration;
 
-use support::safety::{
+use crate::support::safety::{
     Grant, Workload, fast_clocks, find_overlaps, find_token_regressions, majority_restart_tokens, random_run,
     restart_majority_while_held, run_without_faults, slow_rememberers_tokens,
 };

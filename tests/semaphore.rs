@@ -1,15 +1,15 @@
 //! Counting semaphores in the engine (issue 23): one of N permits, each its own Redlock key with its own fencing
 //! counter, against real `redis-server` masters.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::forgotten_tokens::{
+    Refusal, assert_above_the_last_token, masters_that_forgot_the_last_token,
+};
+use crate::support::redis_server::{RedisCluster, raw_command, raw_get};
 use redlock_operator::redlock::{
     AcquireError, AcquireOptions, FailureKind, LockValue, Redlock, RedlockConfig, counter_key, permit_key,
 };
-use support::forgotten_tokens::{Refusal, assert_above_the_last_token, masters_that_forgot_the_last_token};
-use support::redis_server::{RedisCluster, raw_command, raw_get};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(30);

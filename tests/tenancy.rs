@@ -2,15 +2,12 @@
 //! a leader label naming a selector key, a Secret in another namespace, a lock squatting another namespace's
 //! key — against the in-process test API server, or a real cluster when `REDLOCK_E2E_KUBECONFIG` is set.
 
-mod e2e;
-mod support;
-
-use e2e::*;
+use crate::e2e::*;
+use crate::support::redis_server::RedisCluster;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use redlock_operator::api::{DistributedLock, LockPhase, RedisQuorum};
-use support::redis_server::RedisCluster;
 
 const TTL: &str = "2s";
 const MAX_TTL: &str = "2s";
@@ -617,7 +614,7 @@ async fn a_lock_deleted_while_it_waits_leaves_the_keys_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_on_another_releases_quorum_is_left_to_that_release_and_so_is_the_quorums_status() {
     let password = "team2-password";
-    let theirs = RedisCluster::start_with(3, |_| support::redis_server::Options {
+    let theirs = RedisCluster::start_with(3, |_| crate::support::redis_server::Options {
         password: Some(password.to_owned()),
         ..Default::default()
     })

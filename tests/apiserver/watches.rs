@@ -144,7 +144,7 @@ async fn reflector_converges_with_list_watch() {
 #[tokio::test]
 async fn reflector_converges_in_the_typical_realistic_mode() {
     let seed = seed_from(
-        std::env::var(support::apiserver::realism::SEED_ENV)
+        std::env::var(crate::support::apiserver::realism::SEED_ENV)
             .ok()
             .as_deref(),
     );

@@ -410,7 +410,7 @@ async fn kept_lock_signals_loss_before_validity_ends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passwords_and_tls_are_honoured_and_failures_are_explained() {
-    use support::redis_server::{Options, TlsFiles};
+    use crate::support::redis_server::{Options, TlsFiles};
     let certs_dir = tempfile::tempdir().expect("tempdir");
     let tls = TlsFiles::generate(certs_dir.path()).expect("certificates");
     let cluster = RedisCluster::start_with(3, |_| Options {
@@ -484,8 +484,8 @@ async fn passwords_and_tls_are_honoured_and_failures_are_explained() {
 /// Passwords from a RedisQuorum's Secret go into the URL percent-encoded; the master must see them decoded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_secrets_with_url_metacharacters_authenticate() {
+    use crate::support::redis_server::Options;
     use redlock_operator::controller::quorum::config::{QuorumSecrets, engine_config};
-    use support::redis_server::Options;
     let password = "p@ss:w/rd%?#";
     let cluster = RedisCluster::start_with(1, |_| Options {
         password: Some(password.into()),

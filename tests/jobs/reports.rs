@@ -2,7 +2,7 @@
 //! the server whose certificate status pins (issue 39).
 
 use super::*;
-use support::report_door::Impostor;
+use crate::support::report_door::Impostor;
 
 /// Issue 29: a guarded Job pod that reports its work stopped lets its key go at once. Deleting the lock
 /// suspends the Job; its pod is deleted (the test plays the kubelet and sends the guard SIGTERM), the guard stops

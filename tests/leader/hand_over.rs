@@ -4,7 +4,7 @@
 
 use super::elect::{ReportingLeader, spawn_elect};
 use super::*;
-use support::report_door::{Impostor, ReportDoor};
+use crate::support::report_door::{Impostor, ReportDoor};
 
 /// The lock's status.handOverUrl with its certificate pin, and the key waiting with `token` (its holder and
 /// release time), once status records it as given up.

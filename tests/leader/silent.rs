@@ -5,7 +5,7 @@
 
 use super::elect::ReportingLeader;
 use super::*;
-use support::report_door::ReportDoor;
+use crate::support::report_door::ReportDoor;
 
 /// web-0's asks are held at a door from a moment on (as a NetworkPolicy or a cut route would): its command stops,
 /// then web-1 leads; web-0's command had stopped by the time status showed web-1, and the condition named web-0

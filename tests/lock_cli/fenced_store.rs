@@ -7,8 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use super::support::redis_server::RedisServer;
 use super::{SHORT, lock, run, start_cluster, stderr};
+use crate::support::redis_server::RedisServer;
 
 fn recipe(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
