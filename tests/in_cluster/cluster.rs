@@ -233,6 +233,15 @@ impl Cluster {
         self.helm(&args, Duration::from_secs(180)).await
     }
 
+    /// [`Cluster::helm_release`] with another chart (a .tgz of another version, say).
+    pub async fn helm_release_of(&self, verb: &str, chart: &str, extra: &[&str]) -> Output {
+        let values = self.values();
+        let mut args = vec![verb, RELEASE, chart, "-n", self.release_ns.as_str()];
+        args.extend(values.iter().map(String::as_str));
+        args.extend(extra);
+        self.helm(&args, Duration::from_secs(180)).await
+    }
+
     /// Runs each kubectl command in turn: together, whether all succeeded and what they printed.
     pub async fn kubectl_each(&self, commands: &[Vec<&str>]) -> Output {
         let mut all = Output {

@@ -12,7 +12,7 @@ use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use redlock_operator::api::RedisQuorum;
 
-use super::cluster::{Cluster, FULLNAME, rolled_out};
+use super::cluster::{Cluster, FULLNAME, RELEASE, rolled_out};
 use super::install::active_replica;
 use super::observe::{Ev, Observer};
 use super::report::{Report, wait_for};
@@ -352,14 +352,21 @@ async fn apply_crds_as_the_upgrade_page_says(cluster: &Cluster, report: &Report)
     );
 }
 
-/// `helm upgrade` with a harmless value changed (the operator's log format) and the holder binding narrowed to the
-/// tutorials' namespace (`holders.namespaces`, as the security page suggests): the operator pods roll, the
-/// masters stay, no lock is lost and no token changes; then a labelled pod in the namespace left out is refused
-/// at admission by the API server's authorizer, with the `helm upgrade` that lets it in.
+/// `helm upgrade` to the next version of the chart (the same tree packaged as the next patch version, as a
+/// release of it would be: every object's `helm.sh/chart` label changes) with a harmless value changed (the
+/// operator's log format) and the holder binding narrowed to the tutorials' namespace (`holders.namespaces`, as
+/// the security page suggests): the operator pods roll, the masters stay (not one restarted, all five voting
+/// throughout), no lock is lost and no token changes; a labelled pod in the namespace left out is refused at
+/// admission by the API server's authorizer, with the `helm upgrade` that lets it in. Then `helm rollback` to the
+/// installed revision, the same checks.
 async fn helm_upgrade(cluster: &Cluster, report: &Report, observer: &Observer, held: &Held) {
     report.step(
-        "3c. helm upgrade (operator.logFormat=text, holders.namespaces narrowed to the tutorials') while the locks are held",
+        "3c. helm upgrade to the next chart version (operator.logFormat=text, holders.namespaces narrowed to the \
+         tutorials') while the locks are held, then helm rollback",
     );
+    let Some(next_chart) = next_version_chart(cluster, report).await else {
+        return;
+    };
     let before = settled(cluster, observer, held, Duration::from_secs(60)).await;
     report.note(&format!("before: {before:?}"));
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &cluster.release_ns);
@@ -378,13 +385,19 @@ async fn helm_upgrade(cluster: &Cluster, report: &Report, observer: &Observer, h
     apply_crds_as_the_upgrade_page_says(cluster, report).await;
     let since = Instant::now();
     let narrowed = format!("holders.namespaces={{{}}}", cluster.app_ns);
+    let watch = QuorumWatch::start(cluster);
     let upgraded = cluster
-        .helm_release(
+        .helm_release_of(
             "upgrade",
+            &next_chart,
             &["--set", "operator.logFormat=text", "--set", &narrowed],
         )
         .await;
-    if !report.check("helm upgrade succeeds", upgraded.ok, upgraded.brief()) {
+    if !report.check(
+        "helm upgrade to the next chart version succeeds",
+        upgraded.ok,
+        upgraded.brief(),
+    ) {
         return;
     }
     let rolled = rolled_out(
@@ -419,15 +432,156 @@ async fn helm_upgrade(cluster: &Cluster, report: &Report, observer: &Observer, h
     );
     report.check(
         "helm upgrade restarts no master",
-        masters_before == masters_after,
+        masters_before == masters_after && restarts(&pods, &masters).await == Some(0),
         format!(
-            "{} masters before, {} after, same pods: {}",
+            "{} masters before, {} after, same pods: {}, containers restarted: {:?}",
             masters_before.len(),
             masters_after.len(),
-            masters_before == masters_after
+            masters_before == masters_after,
+            restarts(&pods, &masters).await
         ),
     );
     refused_where_holders_cannot_read(cluster, report).await;
+
+    let since = Instant::now();
+    let rolled_back = cluster
+        .helm(
+            &["rollback", RELEASE, "1", "-n", &cluster.release_ns, "--wait"],
+            Duration::from_secs(180),
+        )
+        .await;
+    report.check(
+        "helm rollback to the installed revision succeeds",
+        rolled_back.ok,
+        rolled_back.brief(),
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    check_kept(
+        report,
+        observer,
+        held,
+        "helm rollback: no lock lost, no token changed",
+        since,
+    );
+    let masters_back = uids(
+        pods.list(&masters)
+            .await
+            .map(|list| list.items)
+            .unwrap_or_default(),
+    );
+    let lowest = watch.stop().await;
+    report.check(
+        "helm rollback restarts no master, and all five vote throughout the upgrade and the rollback",
+        masters_before == masters_back && restarts(&pods, &masters).await == Some(0) && lowest == Some(5),
+        format!(
+            "same pods: {}, containers restarted: {:?}, lowest eligible seen: {lowest:?} (of 5, 3 required)",
+            masters_before == masters_back,
+            restarts(&pods, &masters).await
+        ),
+    );
+}
+
+/// The container restarts of the masters' pods, summed.
+async fn restarts(pods: &Api<Pod>, masters: &ListParams) -> Option<i32> {
+    let list = pods.list(masters).await.ok()?;
+    Some(
+        list.items
+            .iter()
+            .flat_map(|pod| {
+                pod.status
+                    .iter()
+                    .flat_map(|status| status.container_statuses.iter().flatten())
+            })
+            .map(|container| container.restart_count)
+            .sum(),
+    )
+}
+
+/// The chart the suite installed, packaged as the next patch version (`helm package --version`): what an upgrade
+/// to the next release changes in every object (its `helm.sh/chart` label), with the image the suite loaded.
+async fn next_version_chart(cluster: &Cluster, report: &Report) -> Option<String> {
+    let version = env!("CARGO_PKG_VERSION");
+    let mut parts: Vec<u64> = version.split('.').filter_map(|part| part.parse().ok()).collect();
+    if let Some(patch) = parts.last_mut() {
+        *patch += 1;
+    }
+    let next = parts.iter().map(u64::to_string).collect::<Vec<_>>().join(".");
+    let work = cluster.root.join("target/in-cluster-next-chart");
+    let _ = std::fs::remove_dir_all(&work);
+    let source = std::path::PathBuf::from(cluster.chart());
+    let folder = if source.is_dir() {
+        source
+    } else {
+        let unpacked = std::fs::create_dir_all(&work).is_ok()
+            && std::process::Command::new("tar")
+                .arg("-xzf")
+                .arg(&source)
+                .arg("-C")
+                .arg(&work)
+                .status()
+                .is_ok_and(|status| status.success());
+        if !unpacked {
+            report.check("the installed chart unpacks", false, source.display().to_string());
+            return None;
+        }
+        work.join("redlock-operator")
+    };
+    let destination = work.join("next");
+    let packaged = cluster
+        .helm(
+            &[
+                "package",
+                &folder.display().to_string(),
+                "--version",
+                &next,
+                "--destination",
+                &destination.display().to_string(),
+            ],
+            Duration::from_secs(60),
+        )
+        .await;
+    let chart = destination.join(format!("redlock-operator-{next}.tgz"));
+    report
+        .check(
+            &format!("the chart packaged as the next version, {next}"),
+            packaged.ok && chart.exists(),
+            packaged.brief(),
+        )
+        .then(|| chart.display().to_string())
+}
+
+/// The lowest `eligible` the quorum `default` showed while it ran, read every half second.
+struct QuorumWatch {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Option<i32>>,
+}
+
+impl QuorumWatch {
+    fn start(cluster: &Cluster) -> Self {
+        let quorums: Api<RedisQuorum> = Api::all(cluster.client.clone());
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut lowest: Option<i32> = None;
+            while !*stopped.borrow() {
+                if let Some(eligible) = quorums
+                    .get("default")
+                    .await
+                    .ok()
+                    .and_then(|quorum| quorum.status?.eligible)
+                {
+                    lowest = Some(lowest.map_or(eligible, |lowest| lowest.min(eligible)));
+                }
+                let _ = tokio::time::timeout(Duration::from_millis(500), stopped.changed()).await;
+            }
+            lowest
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) -> Option<i32> {
+        let _ = self.stop.send(true);
+        self.task.await.ok().flatten()
+    }
 }
 
 /// After the narrowing, a pod labelled `redlock.io/elect` in the namespace left out cannot read its lock: refused,
