@@ -61,16 +61,17 @@ async fn wait_for(
     what: &str,
     mut check: impl AsyncFnMut() -> Result<bool, BoxError>,
 ) -> Result<Instant, BoxError> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if check().await? {
-            return Ok(Instant::now());
-        }
-        if Instant::now() > deadline {
-            return Err(format!("timed out waiting for {what}").into());
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let seen = support::poll::until(
+        Duration::from_secs(60),
+        Duration::from_millis(2),
+        async || match check().await {
+            Ok(true) => Some(Ok(Instant::now())),
+            Ok(false) => None,
+            Err(err) => Some(Err(err)),
+        },
+    )
+    .await;
+    seen.map_err(|_| -> BoxError { format!("timed out waiting for {what}").into() })?
 }
 
 fn percentile(samples: &mut [f64], quantile: f64) -> f64 {

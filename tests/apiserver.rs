@@ -82,11 +82,12 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let deadline = Instant::now() + UPPER_BOUND;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::support::poll::until(UPPER_BOUND, Duration::from_millis(20), || {
+        let checked = check();
+        async move { checked.await.then_some(()) }
+    })
+    .await
+    .unwrap_or_else(|waited| panic!("timed out waiting for {what} ({waited:?})"));
 }
 
 fn names<K: ResourceExt>(items: impl IntoIterator<Item = K>) -> Vec<String> {

@@ -30,6 +30,15 @@
 //! second release beside it (`second_release`) runs its own Jobs while the first's run.
 //! Run it with `cargo test --test in_cluster -- --ignored --test-threads=1` (docs/contributing/testing.md).
 
+// The shared polling helper (the in-cluster suite includes nothing else of tests/support); its blocking form is
+// for the tests' plain threads.
+#[path = "support/poll.rs"]
+#[expect(
+    dead_code,
+    reason = "until_blocking: every wait of the in-cluster suite is async"
+)]
+mod poll;
+
 mod in_cluster {
     pub mod cluster;
     pub mod cut_off;

@@ -239,10 +239,10 @@ fn wait_for(child: &mut Child, deadline: Duration) -> Option<ExitStatus> {
 
 /// Polls `check` until it holds, at most `deadline`.
 fn eventually(what: &str, deadline: Duration, mut check: impl FnMut() -> bool) {
-    let until = Instant::now() + deadline;
-    while !check() {
-        assert!(Instant::now() < until, "{what}: not within {deadline:?}");
-        std::thread::sleep(Duration::from_millis(50));
+    if crate::support::poll::until_blocking(deadline, Duration::from_millis(50), || check().then_some(()))
+        .is_err()
+    {
+        panic!("{what}: not within {deadline:?}");
     }
 }
 

@@ -662,14 +662,9 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + patience;
-    loop {
-        if let Some(value) = probe().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::support::poll::until(patience, Duration::from_millis(20), async || probe().await)
+        .await
+        .unwrap_or_else(|waited| panic!("timed out waiting for {what} ({waited:?})"))
 }
 
 /// Runs `check` (which asserts) every `every` until `window` has passed, and at least twice: for what must hold

@@ -122,14 +122,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + patience;
-    loop {
-        if let Some(value) = probe().await {
-            return Ok(value);
-        }
-        if Instant::now() >= deadline {
-            return Err(format!("{what}: not within {} s", patience.as_secs()));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    crate::poll::until(patience, Duration::from_millis(100), async || probe().await)
+        .await
+        .map_err(|_| format!("{what}: not within {} s", patience.as_secs()))
 }

@@ -12,6 +12,7 @@ pub mod history;
 pub mod job_controller;
 pub mod node;
 pub mod pod_token;
+pub mod poll;
 pub mod redis_server;
 pub mod report_door;
 pub mod safety;
