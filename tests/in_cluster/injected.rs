@@ -419,13 +419,25 @@ async fn lost_lock(cluster: &Cluster, report: &Report, observer: &Observer) {
         Ok((pod, terminated)) => {
             let finished = terminated.finished_at.map(|time| time.0);
             let said = log.said(Duration::from_secs(20)).await;
+            // When the work stopped, by the kubelet's timestamp of the guard's line saying so (nanoseconds): the
+            // container itself exits only when the validity shown has ended (the guard tries to report the stop
+            // until then), and its finishedAt has whole seconds, so it cannot tell before from after.
+            let stamped = cluster
+                .kubectl(&["logs", &pod, "-n", &cluster.holders_ns, "--timestamps"])
+                .await;
+            let stopped = stamped
+                .stdout
+                .lines()
+                .find(|line| line.contains("the command was stopped"))
+                .and_then(|line| line.split_whitespace().next())
+                .and_then(|stamp| stamp.parse::<Timestamp>().ok());
             report.check(
-                "the lost lock's Job is stopped by its guard alone (exit 76) before the validity shown",
+                "the lost lock's Job is stopped by its guard alone (exit 76), its work before the validity shown",
                 terminated.exit_code == 76
                     && said.contains("the command was stopped")
-                    && matches!((finished, shown), (Some(finished), Some(shown)) if finished <= shown),
+                    && matches!((stopped, shown), (Some(stopped), Some(shown)) if stopped < shown),
                 format!(
-                    "{pod}: exit {} at {finished:?} ({:.1} s after the masters went), validity shown {shown:?}; log:\n{}",
+                    "{pod}: work stopped at {stopped:?}, exit {} at {finished:?} ({:.1} s after the masters went), validity shown {shown:?}; log:\n{}",
                     terminated.exit_code,
                     deleted_at.elapsed().as_secs_f64(),
                     said.trim_end()
