@@ -137,19 +137,24 @@ pub async fn claim(lock: &DistributedLock, ctx: &Context) -> Result<bool, Error>
     }
 }
 
-/// Leaves an unclaimed lock to the installation that can use its quorum, saying so once per process (an Event on
-/// the lock, a log line).
-pub async fn leave_unclaimed(lock: &DistributedLock, ctx: &Context, note: String) {
+/// The lock's `namespace/name` the first time this process leaves it alone (unclaimed or another's), `None` after:
+/// what is said of it is said once.
+fn first_time_left(lock: &DistributedLock, ctx: &Context) -> Option<String> {
     let key = format!("{}/{}", lock.namespace().unwrap_or_default(), lock.name_any());
-    let first = ctx
-        .lock_controller
+    ctx.lock_controller
         .left_alone
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .insert(key.clone());
-    if !first {
+        .insert(key.clone())
+        .then_some(key)
+}
+
+/// Leaves an unclaimed lock to the installation that can use its quorum, saying so once per process (an Event on
+/// the lock, a log line).
+pub async fn leave_unclaimed(lock: &DistributedLock, ctx: &Context, note: String) {
+    let Some(key) = first_time_left(lock, ctx) else {
         return;
-    }
+    };
     tracing::info!(lock = %key, installation = %ctx.installation, "{note}");
     ctx.publish(lock, EventType::Normal, "LeftForAnotherInstallation", note)
         .await;
@@ -158,16 +163,9 @@ pub async fn leave_unclaimed(lock: &DistributedLock, ctx: &Context, note: String
 /// Leaves a lock another installation keeps alone, saying so once per process: an Event on the lock, a log line,
 /// the metric `redlock_foreign_locks_total`.
 pub async fn leave_alone(lock: &DistributedLock, ctx: &Context, other: &str) {
-    let key = format!("{}/{}", lock.namespace().unwrap_or_default(), lock.name_any());
-    let first = ctx
-        .lock_controller
-        .left_alone
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .insert(key.clone());
-    if !first {
+    let Some(key) = first_time_left(lock, ctx) else {
         return;
-    }
+    };
     ctx.metrics.foreign_locks.inc();
     tracing::info!(lock = %key, keeper = %other, installation = %ctx.installation, "another installation keeps this lock: left alone");
     let note = format!(
