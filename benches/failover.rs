@@ -108,6 +108,7 @@ async fn bench() -> Result<(), BoxError> {
         RunOptions {
             metrics_addr: "127.0.0.1:0".parse()?,
             reports_addr: Some("127.0.0.1:0".parse()?),
+            reports_max_connections: redlock_operator::report_channel::server::MAX_CONNECTIONS as usize,
             reports_key: Default::default(),
             election: None,
             secret: InstallationSecret::from_bytes(&[b'k'; 48])?,

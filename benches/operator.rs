@@ -42,7 +42,12 @@
 //! Then, for each size in `OPERATOR_BENCH_ASK_LOCKS` (default `200,10000`; `0` leaves it out), the cost of the
 //! holders' asks (`POST /v1/validity`, issue 48): the operator's CPU with that many held locks, nobody asking
 //! (as before issue 48) and every lock's holder asking on the holders' own schedule through their own client
-//! (`operator/asks.rs`; `OPERATOR_BENCH_ASK_SECONDS`, 20 per window).
+//! (`operator/asks.rs`; `OPERATOR_BENCH_ASK_SECONDS`, 20 per window), each holder on a connection it keeps and,
+//! as the baseline in the same run, on a connection per ask.
+//!
+//! `OPERATOR_BENCH_OPERATOR_CPUS` (a `taskset --cpu-list`, say `1`) runs the operator on those cores only; run the
+//! bench itself on the others (`taskset --cpu-list 0 cargo bench --bench operator`) so that neither side takes
+//! the other's core.
 //!
 //! Events: `OPERATOR_BENCH_EVENTS` (default 3,000: about a second of acquisitions, long enough for the steady
 //! holding's waves of extensions and status writes to average out) more locks are created once with the
@@ -433,14 +438,30 @@ impl Operator {
         let help = std::process::Command::new(&binary)
             .args(["run", "--help"])
             .output()?;
-        let reports_addr = String::from_utf8_lossy(&help.stdout)
+        let help = String::from_utf8_lossy(&help.stdout);
+        let reports_addr = help
             .contains("--reports-addr")
             .then(|| ["--reports-addr".to_owned(), format!("127.0.0.1:{reports_port}")]);
-        let child = tokio::process::Command::new(binary)
+        // Room for every holder of the largest size to keep its connection (a build that keeps none has no flag).
+        let connections = help
+            .contains("--reports-max-connections")
+            .then(|| ["--reports-max-connections".to_owned(), "20000".to_owned()]);
+        // The operator on cores of its own (`OPERATOR_BENCH_OPERATOR_CPUS`, a taskset list), so that the bench's
+        // side (holders, API server, masters) cannot hide the operator's cost by taking its core.
+        let mut command = match std::env::var("OPERATOR_BENCH_OPERATOR_CPUS") {
+            Ok(cpus) if !cpus.is_empty() => {
+                let mut taskset = tokio::process::Command::new("taskset");
+                taskset.args(["--cpu-list", &cpus]).arg(&binary);
+                taskset
+            }
+            _ => tokio::process::Command::new(&binary),
+        };
+        let child = command
             .args(["run", "--no-leader-election"])
             .arg("--metrics-addr")
             .arg(format!("127.0.0.1:{port}"))
             .args(reports_addr.into_iter().flatten())
+            .args(connections.into_iter().flatten())
             .arg("--installation-secret-file")
             .arg(&cluster.secret)
             .env("KUBECONFIG", &cluster.kubeconfig)

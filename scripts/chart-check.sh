@@ -338,6 +338,8 @@ expect "hand-over reports: their own TLS port, with a key each replica makes (no
   "(lambda c: '--reports-addr=0.0.0.0:8443' in c['args'] and {'name': 'reports', 'containerPort': 8443, 'protocol': 'TCP'} in c['ports']
      and not any(a.startswith('--reports-tls') for a in c['args']))(
      kind('Deployment')[0]['spec']['template']['spec']['containers'][0])"
+expect "handOver.maxConnections: the reports port keeps 1024 connections open by default" "$out/default.yaml" \
+  "'--reports-max-connections=1024' in kind('Deployment')[0]['spec']['template']['spec']['containers'][0]['args']"
 expect "handOver.reports=false: --no-reports (no port opened at all), neither a reports port nor the pod IP it would be reached at" "$out/no-reports.yaml" \
   "(lambda c: '--no-reports' in c['args'] and not any(a.startswith('--reports') for a in c['args']) and all(p['name'] != 'reports' for p in c['ports'])
      and all(e['name'] != 'POD_IP' for e in c['env']))(kind('Deployment')[0]['spec']['template']['spec']['containers'][0])"

@@ -1,33 +1,32 @@
-//! What the holders' asks cost the operator (issue 48, item 1): since then `elect` and the Job guard ask the
-//! active replica how long their grant stays valid (`POST /v1/validity` on the reports port) instead of
-//! reading status's `validUntil` on their wall clock. For each size N (`OPERATOR_BENCH_ASK_LOCKS`,
-//! comma-separated, default `200,10000`), on a fresh operator, masters and API server, the real binary holds
-//! N identity locks (ttl 10s), and two windows of `OPERATOR_BENCH_ASK_SECONDS` (20) are measured:
+//! What the holders' asks cost the operator (issues 48 and 55): `elect` and the Job guard ask the active replica
+//! how long their grant stays valid (`POST /v1/validity` on the reports port) instead of reading status's
+//! `validUntil` on their wall clock. For each size N (`OPERATOR_BENCH_ASK_LOCKS`, comma-separated, default
+//! `200,10000`), on a fresh operator, masters and API server, the real binary holds N identity locks (ttl 10s), and
+//! three windows of `OPERATOR_BENCH_ASK_SECONDS` (20) are measured:
 //! - base: nobody asks (the holders as before issue 48 cost the operator nothing);
-//! - asking: a holder per lock runs the holders' own code, `cli::term::current_term` then
-//!   `cli::term::watch_term` (`elect`'s loop), which asks when it starts a term, at each status change of the
-//!   term and at the latest when half of the time left has passed (`cli::stop_time::after_ask`), through
-//!   `stop_time::over_the_channel`, one per holder as each holder process has its own: a connection per ask
-//!   (the port serves one request per connection), the holder's TLS session resumed. The terms come from one
-//!   watch on the locks, fanned out to the holders as `cli::term::follow` would give them, so that the
-//!   bench's API server is not loaded by N watches. The holders start spread over a TTL, then a status cycle
-//!   or two passes before the window.
+//! - kept: a holder per lock runs the holders' own code, `cli::term::current_term` then `cli::term::watch_term`
+//!   (`elect`'s loop), which asks when it starts a term and again when half of the time left to its stop time
+//!   has passed (`cli::stop_time::after_ask`), through `stop_time::asking_with` and a `Caller` of its own, as each
+//!   holder process has its own: the connection kept between asks (HTTP/1.1 kept alive);
+//! - per ask, the baseline in the same run: the same holders, a connection per ask (their TLS session resumed),
+//!   as holders asked before they kept their connection.
 //!
-//! All the holders share the bench's one source address (127.0.0.1: the library's client has no source
-//! address to choose), and the reports port serves at most 8 connections at once from one address, so at most
-//! [`IN_FLIGHT`] asks are under way at once; the time an ask waits for its turn is shown apart from its
-//! latency.
+//! Each holder connects from a loopback address of its own (127.10.x.y), as each pod has its own IP: the port's
+//! bound of 8 connections per source address applies per holder, as in a cluster. The terms come from one watch
+//! on the locks, fanned out to the holders as `cli::term::follow` would give them, so that the bench's API server
+//! is not loaded by N watches. The holders start spread over a TTL, then a status cycle or two passes before the
+//! window. `OPERATOR_BENCH_OPERATOR_CPUS` puts the operator on cores of its own (see the operator bench's header).
 //!
-//! Per size it prints the asks the replica answered in the window (each counted as it was answered: valid,
-//! unknown, or failed with no answer), per second in all and per held lock, beside the rate the holders'
-//! schedule gives on paper ([`scheduled_per_lock`]); the operator's CPU (utime + stime from /proc, in % of
-//! one core) in each window and their ratio; the asks' latency p50/p99 (the ask, TLS handshake included, not
-//! its wait for a turn); the operator's CPU per ask; the holders that stopped their work though status still
-//! showed their term (an ask answered too late, or one that waited too long for its turn here); the locks
-//! lost in each window; and the bench process's own cores (the holders' side of every ask, the API server and
-//! the watches share the machine with the operator). Where the bench could not ask as often as the schedule
-//! says, it says so, with the operator's CPU at the schedule's rate worked out from its CPU per ask where the
-//! schedule was kept (not measured). It ends with a table and `SUMMARY_ASKS locks=N …` per size.
+//! Per size and window it prints the asks the replica answered (each counted as it was answered: valid, unknown,
+//! or failed with no answer), per second in all and per held lock, beside the rate the holders' schedule gives on
+//! paper ([`scheduled_per_lock`]); the operator's CPU (utime + stime from /proc, in % of one core) and its ratio to
+//! the base window; the asks' latency p50/p99 (a reconnection's handshake included); the operator's CPU per ask;
+//! the holders that stopped their work though status still showed their term (an ask answered too late); the
+//! locks lost in each window; and the bench process's own cores (the holders' side of every ask, the API server
+//! and the watches). Where the bench could not ask as often as the schedule says, it says so. It ends with a
+//! table, `SUMMARY_ASKS locks=N …` per size for the kept connections (the fields as before; `waited_*` are 0
+//! since no holder waits for a turn any more), `SUMMARY_ASKS_PER_ASK` with the same fields for the baseline, and
+//! `RATIO_ASKS locks=N cpu_kept_over_per_ask=X cpu_ms_per_ask_kept=X cpu_ms_per_ask_per_ask=X`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -40,10 +39,11 @@ use kube::Api;
 use kube::runtime::watcher;
 use redlock_operator::api::DistributedLock;
 use redlock_operator::cli::stop_time::{
-    Ask, Asked, DRIFT_FACTOR, HolderClock, Stopping, after_ask, over_the_channel,
+    Ask, Asked, DRIFT_FACTOR, HolderClock, Stopping, after_ask, asking_with,
 };
 use redlock_operator::cli::term::{Term, current_term, term_of, watch_term};
-use tokio::sync::{Semaphore, watch};
+use redlock_operator::report_channel::client::Caller;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -52,10 +52,6 @@ use super::{
     BoxError, cores_over, cpu_seconds, metric, metrics_text, patience, settled_identity_locks, single_lock,
 };
 
-/// Asks under way at once from the bench's one source address: the port's bound is 8 per address, and a
-/// connection's slot is given back only when the server's task for it ends, a moment after the answer reached the
-/// holder, so two are left spare rather than have asks refused for it.
-const IN_FLIGHT: usize = 6;
 /// The locks' TTL, as in the rest of the operator bench.
 const TTL: Duration = Duration::from_secs(10);
 /// `elect`'s and the guard's default `--fence-margin` and `--max-clock-skew`.
@@ -77,7 +73,6 @@ pub fn sizes() -> Vec<usize> {
 /// One answered (or failed) ask.
 struct Sample {
     answered_at: Instant,
-    waited_ms: f64,
     latency_ms: f64,
     kind: Kind,
 }
@@ -98,16 +93,40 @@ struct Tally {
     stopped_early: AtomicU64,
 }
 
-/// The holders' ask ([`over_the_channel`], a caller of its own per holder), taking its turn among [`IN_FLIGHT`]
-/// and timed.
-fn counted_ask(turns: Arc<Semaphore>, tally: Arc<Tally>) -> Ask {
-    let inner = over_the_channel();
+/// How a window's holders reach the replica.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Connection {
+    /// Kept between asks.
+    Kept,
+    /// One per ask, the TLS session resumed (the baseline).
+    PerAsk,
+}
+
+impl Connection {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Kept => "kept",
+            Self::PerAsk => "per ask",
+        }
+    }
+}
+
+/// Holder `index`'s own loopback address, as a pod has its own IP.
+fn holder_source(index: usize) -> std::net::IpAddr {
+    let offset = u32::try_from(index).unwrap_or(u32::MAX).saturating_add(1);
+    std::net::IpAddr::V4(std::net::Ipv4Addr::from(0x7F0A_0000u32.saturating_add(offset)))
+}
+
+/// The holders' ask ([`asking_with`] a caller of the holder's own, from its own address), timed.
+fn counted_ask(index: usize, connection: Connection, tally: Arc<Tally>) -> Ask {
+    let source = holder_source(index);
+    let inner = asking_with(match connection {
+        Connection::Kept => Caller::from_source(source),
+        Connection::PerAsk => Caller::from_source_one_connection_per_request(source),
+    });
     Arc::new(move |channel, question| {
-        let (inner, turns, tally) = (inner.clone(), turns.clone(), tally.clone());
+        let (inner, tally) = (inner.clone(), tally.clone());
         Box::pin(async move {
-            let queued = Instant::now();
-            // The semaphore is never closed; if it were, the ask goes ahead unbounded rather than not at all.
-            let _turn = turns.acquire_owned().await.ok();
             let started = Instant::now();
             let asked = inner(channel, question).await;
             let answered_at = Instant::now();
@@ -122,7 +141,6 @@ fn counted_ask(turns: Arc<Semaphore>, tally: Arc<Tally>) -> Ask {
                 .unwrap_or_else(|p| p.into_inner())
                 .push(Sample {
                     answered_at,
-                    waited_ms: (started - queued).as_secs_f64() * 1000.0,
                     latency_ms: (answered_at - started).as_secs_f64() * 1000.0,
                     kind,
                 });
@@ -199,14 +217,10 @@ async fn fan_out(api: Api<DistributedLock>, sinks: HashMap<String, Sinks>) {
     }
 }
 
-/// The asks per second of one held lock on paper: the holders' schedule (`after_ask`, and an ask at each status
-/// change) against the operator's at [`TTL`] (an extension every third of the TTL, giving the TTL less the drift;
-/// status refreshed when it shows less than `max(TTL/2, TTL/3 + 2 s)` left: every other extension at 10 s),
-/// asks answered at once. At 10 s: each status refresh (every 6.67 s) is asked at once, then again when half of
-/// the time to the stop time has passed (4.4 s later), and once more (2.2 s later), some 50 ms before the next
-/// refresh: three asks every 6.67 s, 0.45 a second. That third ask is due so close to the refresh that a holder
-/// whose asks are answered late (the next is counted from the answer) may see the refresh first, and then asks once
-/// for both: two asks every 6.67 s, 0.30 a second, is the other end.
+/// The asks per second of one held lock on paper: the holders' schedule (`after_ask`: again when half of the time
+/// left to the stop time has passed) against the operator's at [`TTL`] (an extension every third of the TTL,
+/// giving the TTL less the drift; status refreshed when it shows less than `max(TTL/2, TTL/3 + 2 s)` left: every
+/// other extension at 10 s; the replica tells no more than status shows), asks answered at once.
 pub fn scheduled_per_lock(ttl: Duration) -> f64 {
     let validity = ttl.mul_f64(1.0 - DRIFT_FACTOR);
     let extend_every = ttl / 3;
@@ -239,7 +253,6 @@ pub fn scheduled_per_lock(ttl: Duration) -> f64 {
             next_extension = now + extend_every;
             if shown.saturating_duration_since(now) < refresh_below {
                 shown = lease_until;
-                next_ask = ask(now, lease_until, shown, &mut stop_at);
             }
         } else {
             next_ask = ask(next_ask, lease_until, shown, &mut stop_at);
@@ -248,56 +261,58 @@ pub fn scheduled_per_lock(ttl: Duration) -> f64 {
     asks as f64 / (end - counted_from).as_secs_f64()
 }
 
-/// One size's figures.
-struct Figures {
-    locks: usize,
+/// One window of asking holders.
+struct Window {
+    connection: Connection,
     seconds: f64,
     answered: usize,
     failed: usize,
     unknown: usize,
-    cores_base: f64,
-    cores_asking: f64,
+    cores: f64,
     p50_ms: f64,
     p99_ms: f64,
-    waited_p99_ms: f64,
-    waited_max_ms: f64,
     stopped_early: u64,
-    /// Locks the operator lost during each window.
-    lost_base: f64,
-    lost_asking: f64,
-    /// The bench process's cores (the holders' side, the API server, the watches) in each window.
-    bench_cores_base: f64,
-    bench_cores_asking: f64,
+    /// Locks the operator lost during the window.
+    lost: f64,
+    /// The bench process's cores (the holders' side, the API server, the watches).
+    bench_cores: f64,
 }
 
-impl Figures {
+/// One size's figures: the base window (nobody asks), and the holders asking on kept connections and on a
+/// connection per ask.
+struct Figures {
+    locks: usize,
+    cores_base: f64,
+    lost_base: f64,
+    bench_cores_base: f64,
+    kept: Window,
+    per_ask: Window,
+}
+
+impl Window {
     /// Whether the bench asked at least 90 % as often as the holders' schedule says.
-    fn on_schedule(&self) -> bool {
-        self.per_lock() >= 0.9 * scheduled_per_lock(TTL)
+    fn on_schedule(&self, locks: usize) -> bool {
+        self.per_lock(locks) >= 0.9 * scheduled_per_lock(TTL)
     }
 
     fn asks_per_s(&self) -> f64 {
         self.answered as f64 / self.seconds.max(1e-9)
     }
 
-    fn per_lock(&self) -> f64 {
-        self.asks_per_s() / self.locks.max(1) as f64
-    }
-
-    fn ratio(&self) -> f64 {
-        self.cores_asking / self.cores_base.max(1e-9)
+    fn per_lock(&self, locks: usize) -> f64 {
+        self.asks_per_s() / locks.max(1) as f64
     }
 
     /// The operator's CPU-milliseconds per answered ask, less the base window's.
-    fn cpu_ms_per_ask(&self) -> f64 {
-        (self.cores_asking - self.cores_base).max(0.0) * 1000.0 / self.asks_per_s().max(1e-9)
+    fn cpu_ms_per_ask(&self, base: f64) -> f64 {
+        (self.cores - base).max(0.0) * 1000.0 / self.asks_per_s().max(1e-9)
     }
 }
 
 pub async fn run(sizes: &[usize], window: Duration) -> Result<(), BoxError> {
     let scheduled = scheduled_per_lock(TTL);
     println!(
-        "the holders' asks (POST /v1/validity): held locks {sizes:?}, ttl {}s, {}s windows, base (nobody asks) then asking; the holders' schedule gives {scheduled:.3} asks/s per held lock",
+        "the holders' asks (POST /v1/validity): held locks {sizes:?}, ttl {}s, {}s windows: base (nobody asks), then asking on kept connections, then on a connection per ask; the holders' schedule gives {scheduled:.3} asks/s per held lock",
         TTL.as_secs(),
         window.as_secs()
     );
@@ -306,8 +321,9 @@ pub async fn run(sizes: &[usize], window: Duration) -> Result<(), BoxError> {
         all.push(one_size(locks, window).await?);
     }
     println!(
-        "  {:>6} | {:>7} | {:>11} | {:>9} | {:>11} | {:>11} | {:>7} | {:>7} | {:>10} | {:>11}",
+        "  {:>6} | {:>10} | {:>7} | {:>11} | {:>9} | {:>11} | {:>11} | {:>7} | {:>7} | {:>10} | {:>11}",
         "locks",
+        "connection",
         "asks/s",
         "asks/s/lock",
         "CPU% base",
@@ -319,64 +335,68 @@ pub async fn run(sizes: &[usize], window: Duration) -> Result<(), BoxError> {
         "early stops"
     );
     for figures in &all {
-        println!(
-            "  {:>6} | {:>7.0} | {:>11.3} | {:>9.1} | {:>11.1} | {:>11.2} | {:>7.2} | {:>7.2} | {:>10.3} | {:>11}",
-            figures.locks,
-            figures.asks_per_s(),
-            figures.per_lock(),
-            figures.cores_base * 100.0,
-            figures.cores_asking * 100.0,
-            figures.ratio(),
-            figures.p50_ms,
-            figures.p99_ms,
-            figures.cpu_ms_per_ask(),
-            figures.stopped_early
-        );
-    }
-    // The bench's side (one source address, its share of the cores, the holders' side of every handshake on the same
-    // machine) may not ask as often as the schedule says at the larger sizes: what the operator's CPU per ask,
-    // measured where the schedule was kept, makes of the schedule's rate there. Worked out, not measured.
-    let kept = all.iter().rfind(|figures| figures.on_schedule());
-    for short in all.iter().filter(|figures| !figures.on_schedule()) {
-        let scheduled = scheduled_per_lock(TTL) * short.locks as f64;
-        print!(
-            "  {} locks: asked {:.0}/s, short of the schedule's {scheduled:.0}/s",
-            short.locks,
-            short.asks_per_s()
-        );
-        match kept {
-            Some(kept) => println!(
-                "; at the {:.3} CPU-ms per ask measured with {} locks, that rate would take the operator about {:.0} % of a core beside its {:.1} % (worked out, not measured)",
-                kept.cpu_ms_per_ask(),
-                kept.locks,
-                scheduled * kept.cpu_ms_per_ask() / 10.0,
-                short.cores_base * 100.0
-            ),
-            None => println!(),
+        for window in [&figures.kept, &figures.per_ask] {
+            println!(
+                "  {:>6} | {:>10} | {:>7.0} | {:>11.3} | {:>9.1} | {:>11.1} | {:>11.2} | {:>7.2} | {:>7.2} | {:>10.3} | {:>11}",
+                figures.locks,
+                window.connection.name(),
+                window.asks_per_s(),
+                window.per_lock(figures.locks),
+                figures.cores_base * 100.0,
+                window.cores * 100.0,
+                window.cores / figures.cores_base.max(1e-9),
+                window.p50_ms,
+                window.p99_ms,
+                window.cpu_ms_per_ask(figures.cores_base),
+                window.stopped_early
+            );
         }
     }
     for figures in &all {
+        for window in [&figures.kept, &figures.per_ask] {
+            if !window.on_schedule(figures.locks) {
+                println!(
+                    "  {} locks, {}: asked {:.0}/s, short of the schedule's {:.0}/s (the bench's side could not keep up)",
+                    figures.locks,
+                    window.connection.name(),
+                    window.asks_per_s(),
+                    scheduled * figures.locks as f64
+                );
+            }
+        }
+    }
+    for figures in &all {
+        for (label, window) in [
+            ("SUMMARY_ASKS", &figures.kept),
+            ("SUMMARY_ASKS_PER_ASK", &figures.per_ask),
+        ] {
+            println!(
+                "{label} locks={} asks_per_s={:.0} asks_per_s_per_lock={:.3} scheduled_per_lock={scheduled:.3} answered={} unknown={} failed={} cpu_pct_base={:.1} cpu_pct_asking={:.1} ratio_asking_base={:.2} cpu_ms_per_ask={:.3} latency_p50_ms={:.2} latency_p99_ms={:.2} waited_p99_ms=0.0 waited_max_ms=0.0 stopped_early={} lost_base={:.0} lost_asking={:.0} bench_cpu_pct_base={:.1} bench_cpu_pct_asking={:.1}",
+                figures.locks,
+                window.asks_per_s(),
+                window.per_lock(figures.locks),
+                window.answered,
+                window.unknown,
+                window.failed,
+                figures.cores_base * 100.0,
+                window.cores * 100.0,
+                window.cores / figures.cores_base.max(1e-9),
+                window.cpu_ms_per_ask(figures.cores_base),
+                window.p50_ms,
+                window.p99_ms,
+                window.stopped_early,
+                figures.lost_base,
+                window.lost,
+                figures.bench_cores_base * 100.0,
+                window.bench_cores * 100.0
+            );
+        }
         println!(
-            "SUMMARY_ASKS locks={} asks_per_s={:.0} asks_per_s_per_lock={:.3} scheduled_per_lock={scheduled:.3} answered={} unknown={} failed={} cpu_pct_base={:.1} cpu_pct_asking={:.1} ratio_asking_base={:.2} cpu_ms_per_ask={:.3} latency_p50_ms={:.2} latency_p99_ms={:.2} waited_p99_ms={:.1} waited_max_ms={:.1} stopped_early={} lost_base={:.0} lost_asking={:.0} bench_cpu_pct_base={:.1} bench_cpu_pct_asking={:.1}",
+            "RATIO_ASKS locks={} cpu_kept_over_per_ask={:.2} cpu_ms_per_ask_kept={:.3} cpu_ms_per_ask_per_ask={:.3}",
             figures.locks,
-            figures.asks_per_s(),
-            figures.per_lock(),
-            figures.answered,
-            figures.unknown,
-            figures.failed,
-            figures.cores_base * 100.0,
-            figures.cores_asking * 100.0,
-            figures.ratio(),
-            figures.cpu_ms_per_ask(),
-            figures.p50_ms,
-            figures.p99_ms,
-            figures.waited_p99_ms,
-            figures.waited_max_ms,
-            figures.stopped_early,
-            figures.lost_base,
-            figures.lost_asking,
-            figures.bench_cores_base * 100.0,
-            figures.bench_cores_asking * 100.0
+            figures.kept.cores / figures.per_ask.cores.max(1e-9),
+            figures.kept.cpu_ms_per_ask(figures.cores_base),
+            figures.per_ask.cpu_ms_per_ask(figures.cores_base)
         );
     }
     Ok(())
@@ -400,9 +420,29 @@ async fn one_size(locks: usize, window: Duration) -> Result<Figures, BoxError> {
         lost_base,
         bench_cores_base * 100.0
     );
+    let kept = asking(&api, &operator, locks, window, Connection::Kept, cores_base).await?;
+    let per_ask = asking(&api, &operator, locks, window, Connection::PerAsk, cores_base).await?;
+    operator.stop().await?;
+    Ok(Figures {
+        locks,
+        cores_base,
+        lost_base,
+        bench_cores_base,
+        kept,
+        per_ask,
+    })
+}
 
+/// A holder per lock asking through `connection`, started spread over a TTL and settled, then one window.
+async fn asking(
+    api: &Api<DistributedLock>,
+    operator: &super::Operator,
+    locks: usize,
+    window: Duration,
+    connection: Connection,
+    cores_base: f64,
+) -> Result<Window, BoxError> {
     let tally = Arc::new(Tally::default());
-    let turns = Arc::new(Semaphore::new(IN_FLIGHT));
     let mut holders = JoinSet::new();
     let mut sinks = HashMap::new();
     for index in 0..locks {
@@ -415,7 +455,7 @@ async fn one_size(locks: usize, window: Duration) -> Result<Figures, BoxError> {
             max_clock_skew: MAX_CLOCK_SKEW,
             namespace: "default".to_owned(),
             lock: name.clone(),
-            ask: counted_ask(turns.clone(), tally.clone()),
+            ask: counted_ask(index, connection, tally.clone()),
             tool: "guard",
             clock: HolderClock::default(),
         };
@@ -445,15 +485,17 @@ async fn one_size(locks: usize, window: Duration) -> Result<Figures, BoxError> {
     tokio::time::sleep(Duration::from_secs(14)).await;
     let lost_before = lost(operator.port).await?;
     let bench_before = cpu_seconds(std::process::id())?;
+    let stopped_before = tally.stopped_early.load(Ordering::Relaxed);
     let started = Instant::now();
-    let cores_asking = cores_over(operator.pid, window).await?;
+    let cores = cores_over(operator.pid, window).await?;
     let ended = Instant::now();
-    let bench_cores_asking =
-        (cpu_seconds(std::process::id())? - bench_before) / (ended - started).as_secs_f64();
+    let bench_cores = (cpu_seconds(std::process::id())? - bench_before) / (ended - started).as_secs_f64();
     let lost_asking = lost(operator.port).await? - lost_before;
+    let stopped_early = tally.stopped_early.load(Ordering::Relaxed) - stopped_before;
     holders.abort_all();
     fanning.abort();
-    operator.stop().await?;
+    // The holders' connections close as their tasks go: the next window starts on an idle port.
+    while holders.join_next().await.is_some() {}
 
     let samples = tally.samples.lock().unwrap_or_else(|p| p.into_inner());
     let in_window: Vec<&Sample> = samples
@@ -468,40 +510,32 @@ async fn one_size(locks: usize, window: Duration) -> Result<Figures, BoxError> {
         .map(|sample| sample.latency_ms)
         .collect();
     latencies.sort_by(f64::total_cmp);
-    let mut waits: Vec<f64> = in_window.iter().map(|sample| sample.waited_ms).collect();
-    waits.sort_by(f64::total_cmp);
-    let figures = Figures {
-        locks,
+    let figures = Window {
+        connection,
         seconds: (ended - started).as_secs_f64(),
         answered: valid + unknown,
         failed,
         unknown,
-        cores_base,
-        cores_asking,
+        cores,
         p50_ms: quantile(&latencies, 0.5),
         p99_ms: quantile(&latencies, 0.99),
-        waited_p99_ms: quantile(&waits, 0.99),
-        waited_max_ms: waits.last().copied().unwrap_or(0.0),
-        stopped_early: tally.stopped_early.load(Ordering::Relaxed),
-        lost_base,
-        lost_asking,
-        bench_cores_base,
-        bench_cores_asking,
+        stopped_early,
+        lost: lost_asking,
+        bench_cores,
     };
     println!(
-        "    asking: {:.1} % of a core ({:.2}x base); {} asks answered ({:.0}/s, {:.3}/s per held lock; {unknown} unknown), {failed} failed; latency p50 {:.2} ms, p99 {:.2} ms; waited for a turn p99 {:.1} ms, max {:.1} ms; {} terms stopped while still shown; {:.0} locks lost; the bench process {:.1} %",
-        cores_asking * 100.0,
-        figures.ratio(),
+        "    asking, connection {}: {:.1} % of a core ({:.2}x base); {} asks answered ({:.0}/s, {:.3}/s per held lock; {unknown} unknown), {failed} failed; latency p50 {:.2} ms, p99 {:.2} ms; {} terms stopped while still shown; {:.0} locks lost; the bench process {:.1} %",
+        connection.name(),
+        cores * 100.0,
+        cores / cores_base.max(1e-9),
         figures.answered,
         figures.asks_per_s(),
-        figures.per_lock(),
+        figures.per_lock(locks),
         figures.p50_ms,
         figures.p99_ms,
-        figures.waited_p99_ms,
-        figures.waited_max_ms,
         figures.stopped_early,
-        figures.lost_asking,
-        figures.bench_cores_asking * 100.0
+        figures.lost,
+        figures.bench_cores * 100.0
     );
     Ok(figures)
 }

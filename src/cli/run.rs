@@ -24,6 +24,11 @@ pub struct RunArgs {
     /// NetworkPolicy can open metrics to the scraper and this to holder pods).
     #[arg(long, env = "REDLOCK_REPORTS_ADDR", default_value = "0.0.0.0:8443")]
     pub reports_addr: SocketAddr,
+    /// Connections the reports port keeps open at once (holders keep theirs between asks, about 30 KiB each);
+    /// past it the one idle longest is closed for a newcomer, whose holder then reconnects at its next ask. Set
+    /// it to the number of holders (and the memory limit up by 30 KiB for each) where more than this ask.
+    #[arg(long, env = "REDLOCK_REPORTS_MAX_CONNECTIONS", default_value_t = crate::report_channel::server::MAX_CONNECTIONS, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub reports_max_connections: u32,
     /// Open no reports port at all (the chart's `handOver.reports: false`): holders find no channel in status,
     /// so `elect` and the guard stop by validUntil on their own wall clock less --max-clock-skew, and every key
     /// given up waits for the validity shown to its holder.
@@ -198,6 +203,7 @@ pub async fn run(args: RunArgs) -> i32 {
     let options = RunOptions {
         metrics_addr: args.metrics_addr,
         reports_addr: (!args.no_reports).then_some(args.reports_addr),
+        reports_max_connections: args.reports_max_connections as usize,
         reports_key: match (&args.reports_tls_cert, &args.reports_tls_key) {
             (Some(certificate), Some(key)) => KeySource::Files {
                 certificate: certificate.clone(),

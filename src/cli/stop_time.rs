@@ -124,7 +124,8 @@ pub fn after_ask(
     match asked {
         Asked::Valid { sent_at, remaining } => {
             let stop = stop_after_answer(*sent_at, *remaining, margin);
-            // Asked again at the latest when half of the time left has passed (and at each status change).
+            // Asked again when half of the time left has passed: room for retries before the stop, and no more
+            // often than that (an extension in status alone sends no ask).
             let next = now + stop.saturating_duration_since(now) / 2;
             (Some(stop), next.max(now + RETRY_PAUSE))
         }
@@ -138,9 +139,15 @@ pub fn after_ask(
 /// Asks over a channel: the function `elect` and the guard use, or a test's.
 pub type Ask = Arc<dyn Fn(Channel, ValidityQuestion) -> BoxFuture<'static, Asked> + Send + Sync>;
 
-/// Asks over the pinned channel, resuming this holder's TLS session with the replica.
+/// Asks over the pinned channel, on the connection this holder keeps to the replica (resuming its TLS session
+/// when it must open a new one).
 pub fn over_the_channel() -> Ask {
-    let caller = Arc::new(Caller::default());
+    asking_with(Caller::default())
+}
+
+/// [`over_the_channel`] through `caller` (a bench's holders, each from an address of its own as pods are).
+pub fn asking_with(caller: Caller) -> Ask {
+    let caller = Arc::new(caller);
     Arc::new(move |channel, question| {
         let caller = caller.clone();
         Box::pin(async move { ask(&caller, &channel, &question).await })

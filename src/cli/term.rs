@@ -248,8 +248,8 @@ pub(crate) async fn run_in_term(
 }
 
 /// Fires `lost` when status stops naming this term, or at its stop time. Where status offers a channel, the
-/// replica is asked again at each status change of the term (an extension) and at the latest when half of the
-/// time left has passed; only its answers move the stop time, and an ask that gets none leaves it where it is.
+/// replica is asked again when half of the time left has passed (as often as the stop time needs, not at each
+/// extension); only its answers move the stop time, and an ask that gets none leaves it where it is.
 /// Where it offers none, each refresh of status gives the stop time on the wall clock, as before.
 pub async fn watch_term(
     (mut terms, latest): (
@@ -265,7 +265,6 @@ pub async fn watch_term(
     let mut next_ask = asks(latest.borrow().as_deref())
         .then(|| Instant::now() + stop_at.saturating_duration_since(Instant::now()) / 2);
     let mut asking: Option<BoxFuture<'static, Asked>> = None;
-    let mut ask_again = false;
     loop {
         tokio::select! {
             () = tokio::time::sleep_until(stop_at) => break,
@@ -274,13 +273,14 @@ pub async fn watch_term(
                     break;
                 }
                 match terms.borrow_and_update().clone() {
-                    // The same term, refreshed (an extension): asked again, or its new validity on the wall clock.
+                    // The same term, refreshed (an extension): where the replica is asked, the ask already due at
+                    // half the time left stands (an extension tells nothing an answer then will not, and asking
+                    // at each one cost the replica an ask per extension per holder); otherwise its new validity
+                    // on the wall clock.
                     Some(next) if next.token == current.token && next.permit == current.permit => {
                         current = next;
                         if asks(latest.borrow().as_deref()) {
-                            if asking.is_some() {
-                                ask_again = true;
-                            } else {
+                            if next_ask.is_none() && asking.is_none() {
                                 next_ask = Some(Instant::now());
                             }
                         } else {
@@ -314,7 +314,7 @@ pub async fn watch_term(
                 }
                 let (stop, next) = after_ask(Some(stop_at), &asked, stopping.margin, now);
                 stop_at = stop.unwrap_or(stop_at);
-                next_ask = Some(if std::mem::take(&mut ask_again) { now } else { next });
+                next_ask = Some(next);
             }
         }
     }
@@ -595,8 +595,26 @@ mod tests {
         );
         assert!(
             asked.load(std::sync::atomic::Ordering::SeqCst) >= 2,
-            "asked at each change"
+            "asked again after each failed ask"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn extensions_alone_send_no_ask_before_half_the_time_left() {
+        use std::sync::atomic::Ordering;
+        let at = Timestamp::now();
+        let (ask, asked) = answering(usize::MAX);
+        let (shown, _lost, start) = watching(at, ask);
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            shown.send_replace(Some(term_1(
+                at + k8s_openapi::jiff::SignedDuration::from_secs(10),
+            )));
+        }
+        tokio::time::sleep_until(start + Duration::from_millis(1_999)).await;
+        assert_eq!(asked.load(Ordering::SeqCst), 0, "asked at an extension");
+        tokio::time::sleep_until(start + Duration::from_millis(2_001)).await;
+        assert_eq!(asked.load(Ordering::SeqCst), 1, "asked at half of the 4 s left");
     }
 
     #[tokio::test(start_paused = true)]

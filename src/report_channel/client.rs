@@ -1,19 +1,21 @@
-//! A holder's side of the channel: one POST over TLS to the URL status shows, to a server whose certificate has
-//! the pin status shows beside it, and to no other. Nothing (not the token, not the report) is sent before the
-//! server has shown that certificate and proved it holds its key.
+//! A holder's side of the channel: POSTs over TLS to the URL status shows, to a server whose certificate has the
+//! pin status shows beside it, and to no other. Nothing (not the token, not the report) is sent before the server
+//! has shown that certificate and proved it holds its key.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::{HeaderValue, Request, header};
 use http_body_util::{BodyExt, Full, Limited};
+use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, SignatureScheme};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio_rustls::TlsConnector;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -70,32 +72,93 @@ pub async fn post(url: &str, pin: &str, bearer: Option<&str>, body: Vec<u8>) -> 
     Caller::default().post(url, pin, bearer, body).await
 }
 
-/// A holder's end of the channel kept across requests: one connection per request (the server's connection
-/// bounds stay free between asks), but the TLS sessions the server gave are resumed, so that a repeated handshake
-/// signs and verifies no certificate (it still agrees on a fresh key). Kept for one pin at a time: a new pin (a
-/// failover) starts afresh, and no session of another server is offered to it.
+/// A holder's end of the channel kept across requests: its connection stays open between asks (HTTP/1.1 kept
+/// alive: an ask on it costs no handshake at all), and when the server has closed it (idle, or its slot given to
+/// a newcomer), the TLS session the server gave is resumed on the next one. Kept for one pin and one address at a
+/// time: a new pin (a failover) starts afresh, and no session of another server is offered to it.
 #[derive(Default)]
 pub struct Caller {
-    connector: std::sync::Mutex<Option<(String, TlsConnector)>>,
+    /// The address connections are made from, where the system's choice will not do (a bench's many holders on
+    /// one machine, each from its own loopback address as pods have their own).
+    source: Option<IpAddr>,
+    /// Closes each connection after its answer, as holders did before they kept theirs (a bench's baseline).
+    one_per_request: bool,
+    kept: std::sync::Mutex<Kept>,
+}
+
+#[derive(Default)]
+struct Kept {
+    connector: Option<(String, TlsConnector)>,
+    connection: Option<KeptConnection>,
+}
+
+/// An open connection, with what it was opened to.
+struct KeptConnection {
+    pin: String,
+    server: (String, u16),
+    sender: SendRequest<Full<Bytes>>,
+    /// Ends the connection when dropped: when a timeout drops an ask midway, its connection goes with it (the
+    /// server's slot is freed at once).
+    _driver: AbortOnDropHandle<()>,
 }
 
 impl Caller {
+    /// A caller whose connections are made from `source`.
+    pub fn from_source(source: IpAddr) -> Self {
+        Self {
+            source: Some(source),
+            ..Self::default()
+        }
+    }
+
+    /// A caller from `source` that opens a connection per request (its TLS session still resumed): what an ask
+    /// cost before holders kept their connection, for a bench to measure against.
+    pub fn from_source_one_connection_per_request(source: IpAddr) -> Self {
+        Self {
+            source: Some(source),
+            one_per_request: true,
+            ..Self::default()
+        }
+    }
+
+    fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {
+        self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     fn connector_for(&self, pin: &str) -> Result<TlsConnector, rustls::Error> {
-        let mut kept = self
-            .connector
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some((kept_pin, connector)) = kept.as_ref()
+        let mut kept = self.kept();
+        if let Some((kept_pin, connector)) = kept.connector.as_ref()
             && kept_pin == pin
         {
             return Ok(connector.clone());
         }
         let made = connector(pin)?;
-        *kept = Some((pin.to_owned(), made.clone()));
+        kept.connector = Some((pin.to_owned(), made.clone()));
         Ok(made)
     }
 
-    /// [`post`], resuming this caller's TLS session with the server when it can.
+    /// The open connection to `server` with `pin`, taken out while a request uses it (a request dropped midway
+    /// drops it), if the server has not closed it.
+    fn take_connection(&self, pin: &str, server: &(String, u16)) -> Option<KeptConnection> {
+        let kept = self.kept().connection.take()?;
+        (kept.pin == pin && &kept.server == server && !kept.sender.is_closed()).then_some(kept)
+    }
+
+    fn keep(&self, connection: KeptConnection) {
+        if !self.one_per_request && !connection.sender.is_closed() {
+            self.kept().connection = Some(connection);
+        }
+    }
+
+    /// Whether a connection is kept open now.
+    pub fn has_connection(&self) -> bool {
+        self.kept()
+            .connection
+            .as_ref()
+            .is_some_and(|kept| !kept.sender.is_closed())
+    }
+
+    /// [`post`], on this caller's open connection to the server when there is one.
     pub async fn post(
         &self,
         url: &str,
@@ -105,6 +168,66 @@ impl Caller {
     ) -> Result<Answer, PostError> {
         post_with(self, url, pin, bearer, body).await
     }
+
+    async fn connect(&self, url: &str, target: &Target) -> Result<KeptConnection, PostError> {
+        let unreachable = |reason: Cause| PostError::Unreachable {
+            url: url.to_owned(),
+            reason,
+        };
+        let (host, port) = &target.server;
+        let server_name = ServerName::try_from(host.clone()).map_err(|err| unreachable(err.into()))?;
+        let tcp = match self.source {
+            None => TcpStream::connect((host.as_str(), *port)).await,
+            Some(source) => connect_from(source, host, *port).await,
+        }
+        .map_err(|err| unreachable(err.into()))?;
+        let _ = tcp.set_nodelay(true);
+        let tls = self
+            .connector_for(&target.pin)
+            .map_err(|err| unreachable(err.into()))?
+            .connect(server_name, tcp)
+            .await
+            .map_err(|err| {
+                if is_pin_mismatch(&err) {
+                    PostError::PinMismatch { url: url.to_owned() }
+                } else {
+                    unreachable(err.into())
+                }
+            })?;
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .map_err(|err| unreachable(err.into()))?;
+        let driver = AbortOnDropHandle::new(tokio::spawn(async move {
+            let _ = connection.await;
+        }));
+        Ok(KeptConnection {
+            pin: target.pin.clone(),
+            server: target.server.clone(),
+            sender,
+            _driver: driver,
+        })
+    }
+}
+
+/// Where a request goes: the server's address and the pin it must show.
+struct Target {
+    server: (String, u16),
+    pin: String,
+}
+
+/// A connection from `source` (a port of the system's choice) to `host:port`.
+async fn connect_from(source: IpAddr, host: &str, port: u16) -> std::io::Result<TcpStream> {
+    let server = tokio::net::lookup_host((host, port))
+        .await?
+        .find(|server| server.is_ipv4() == source.is_ipv4())
+        .ok_or_else(|| std::io::Error::other(format!("{host} has no address of {source}'s family")))?;
+    let socket = if source.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.bind(SocketAddr::new(source, 0))?;
+    socket.connect(server).await
 }
 
 async fn post_with(
@@ -122,67 +245,62 @@ async fn post_with(
         return Err(PostError::NotHttps(url.to_owned()));
     }
     let pin = super::pin::parse(pin).ok_or_else(|| PostError::NotAPin(pin.to_owned()))?;
+    let target = Target {
+        server: (host, port),
+        pin,
+    };
     let unreachable = |reason: Cause| PostError::Unreachable {
         url: url.to_owned(),
         reason,
     };
-    let server_name = ServerName::try_from(host.clone()).map_err(|err| unreachable(err.into()))?;
-    let tcp = TcpStream::connect((host.as_str(), port))
-        .await
-        .map_err(|err| unreachable(err.into()))?;
-    let _ = tcp.set_nodelay(true);
-    let tls = caller
-        .connector_for(&pin)
-        .map_err(|err| unreachable(err.into()))?
-        .connect(server_name, tcp)
-        .await
-        .map_err(|err| {
-            if is_pin_mismatch(&err) {
-                PostError::PinMismatch { url: url.to_owned() }
-            } else {
-                unreachable(err.into())
-            }
-        })?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .map_err(|err| unreachable(err.into()))?;
-    // Ends with this attempt, also when a timeout drops it midway (the server's slot is freed at once).
-    let _driver = AbortOnDropHandle::new(tokio::spawn(connection));
-    let mut request = Request::post(parsed.path())
-        .header(header::CONTENT_TYPE, "application/json")
-        .header(header::CONNECTION, "close");
-    // `host[:port]` as the URL writes it (an IPv6 host bracketed).
-    let authority = &parsed[url::Position::BeforeHost..url::Position::AfterPort];
-    if let Ok(authority) = HeaderValue::from_str(authority) {
-        request = request.header(header::HOST, authority);
-    }
-    if let Some(bearer) = bearer {
-        request = request.header(header::AUTHORIZATION, format!("Bearer {bearer}"));
-    }
-    let request = request
-        .body(Full::new(Bytes::from(body)))
-        .map_err(|err| unreachable(err.into()))?;
-    let answered = sender.send_request(request).await;
-    match answered {
-        Ok(response) => {
-            let code = response.status().as_u16();
-            let retry_after = response
-                .headers()
-                .get(header::RETRY_AFTER)
-                .and_then(|value| value.to_str().ok()?.trim().parse::<u64>().ok())
-                .map(Duration::from_secs);
-            Limited::new(response.into_body(), ANSWER_LIMIT)
-                .collect()
-                .await
-                .map(|body| Answer {
-                    code,
-                    body: body.to_bytes(),
-                    retry_after,
-                })
-                .map_err(unreachable)
+    let request = || {
+        let mut request = Request::post(parsed.path()).header(header::CONTENT_TYPE, "application/json");
+        // `host[:port]` as the URL writes it (an IPv6 host bracketed).
+        let authority = &parsed[url::Position::BeforeHost..url::Position::AfterPort];
+        if let Ok(authority) = HeaderValue::from_str(authority) {
+            request = request.header(header::HOST, authority);
         }
-        Err(err) => Err(unreachable(err.into())),
+        if let Some(bearer) = bearer {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {bearer}"));
+        }
+        request
+            .body(Full::new(Bytes::from(body.clone())))
+            .map_err(|err| unreachable(err.into()))
+    };
+    // A kept connection the server closed just as this was sent fails before any answer: the question is asked
+    // again on a new one (asking twice is harmless: an answer is counted from before the first was sent, and a
+    // report taken twice releases what the first released).
+    if let Some(mut kept) = caller.take_connection(&target.pin, &target.server)
+        && let Ok(response) = kept.sender.send_request(request()?).await
+    {
+        let answer = read_answer(response).await.map_err(unreachable)?;
+        caller.keep(kept);
+        return Ok(answer);
     }
+    let mut fresh = caller.connect(url, &target).await?;
+    let response = fresh
+        .sender
+        .send_request(request()?)
+        .await
+        .map_err(|err| unreachable(err.into()))?;
+    let answer = read_answer(response).await.map_err(unreachable)?;
+    caller.keep(fresh);
+    Ok(answer)
+}
+
+async fn read_answer(response: hyper::Response<hyper::body::Incoming>) -> Result<Answer, Cause> {
+    let code = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get(header::RETRY_AFTER)
+        .and_then(|value| value.to_str().ok()?.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let body = Limited::new(response.into_body(), ANSWER_LIMIT).collect().await?;
+    Ok(Answer {
+        code,
+        body: body.to_bytes(),
+        retry_after,
+    })
 }
 
 /// The host of `url` as a name or an address to connect to: an IPv6 address without the brackets URLs write.
@@ -294,18 +412,162 @@ mod tests {
 
     /// A reports server answering every request with 200, counting them.
     async fn counting_server() -> (String, String, Arc<AtomicUsize>, CancellationToken) {
+        let server = server_within(server::Bounds::default()).await;
+        (server.url, server.pin, server.requests, server.stop)
+    }
+
+    struct TestServer {
+        url: String,
+        pin: String,
+        requests: Arc<AtomicUsize>,
+        /// The client ports requests came from: one per connection.
+        peers: Arc<std::sync::Mutex<std::collections::BTreeSet<u16>>>,
+        /// Requests to `/slow` say they came, then wait for `release`.
+        entered: Arc<tokio::sync::Notify>,
+        release: Arc<tokio::sync::Notify>,
+        stop: CancellationToken,
+    }
+
+    async fn server_within(bounds: server::Bounds) -> TestServer {
+        use axum::extract::ConnectInfo;
         let bound = server::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let url = format!("https://{}/v1/stopped", bound.local_addr);
         let identity = Identity::new(&KeySource::Generated, &["127.0.0.1".into()]).unwrap();
         let requests = Arc::new(AtomicUsize::new(0));
-        let counted = requests.clone();
-        let routes = axum::Router::new().fallback(move || async move {
-            counted.fetch_add(1, Ordering::SeqCst);
-            "taken"
-        });
+        let peers = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+        let (entered, release) = (
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::new(tokio::sync::Notify::new()),
+        );
+        let (counted, seen) = (requests.clone(), peers.clone());
+        let (came, released) = (entered.clone(), release.clone());
+        let routes = axum::Router::new()
+            .route(
+                "/slow",
+                axum::routing::post(move || {
+                    let (came, released) = (came.clone(), released.clone());
+                    async move {
+                        came.notify_one();
+                        released.notified().await;
+                        "slow"
+                    }
+                }),
+            )
+            .fallback(move |ConnectInfo(peer): ConnectInfo<SocketAddr>| async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                seen.lock().unwrap().insert(peer.port());
+                "taken"
+            });
         let stop = CancellationToken::new();
-        bound.serve_reports(identity.server_config, routes, stop.clone());
-        (url, identity.pin, requests, stop)
+        bound.serve_reports_within(bounds, identity.server_config, routes, stop.clone());
+        TestServer {
+            url,
+            pin: identity.pin,
+            requests,
+            peers,
+            entered,
+            release,
+            stop,
+        }
+    }
+
+    /// Waits until `done` holds, with no bound of its own (the test runner's is the bound).
+    async fn until<F: std::future::Future<Output = bool>>(mut done: impl FnMut() -> F) {
+        while !done().await {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn bounds(total: usize, per_source: usize, idle: Duration) -> server::Bounds {
+        server::Bounds {
+            connections: crate::report_channel::connections::Limits { total, per_source },
+            idle,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_caller_asks_again_on_the_connection_it_kept() {
+        let server = server_within(server::Bounds::default()).await;
+        let caller = Caller::default();
+        for _ in 0..3 {
+            let answer = caller
+                .post(&server.url, &server.pin, None, b"{}".to_vec())
+                .await
+                .unwrap();
+            assert_eq!(answer.code, 200);
+        }
+        assert_eq!(server.requests.load(Ordering::SeqCst), 3);
+        assert_eq!(
+            server.peers.lock().unwrap().len(),
+            1,
+            "one connection for three asks"
+        );
+        assert!(caller.has_connection());
+        server.stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_caller_whose_connection_was_given_to_a_newcomer_asks_on_a_new_one() {
+        // One connection per source: a second caller from the same address takes the first one's idle slot.
+        let server = server_within(bounds(8, 1, Duration::from_secs(30))).await;
+        let (first, second) = (Caller::default(), Caller::default());
+        for caller in [&first, &second, &first, &second] {
+            let answer = caller
+                .post(&server.url, &server.pin, None, b"{}".to_vec())
+                .await
+                .unwrap();
+            assert_eq!(answer.code, 200);
+        }
+        assert_eq!(server.requests.load(Ordering::SeqCst), 4);
+        assert_eq!(
+            server.peers.lock().unwrap().len(),
+            4,
+            "each ask found its connection closed"
+        );
+        server.stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_port_whose_every_slot_is_busy_closes_a_newcomer_at_once() {
+        let server = server_within(bounds(1, 8, Duration::from_secs(30))).await;
+        let slow_url = server.url.replace("/v1/stopped", "/slow");
+        let busy = Arc::new(Caller::default());
+        let (asking, url, pin) = (busy.clone(), slow_url.clone(), server.pin.clone());
+        let in_flight = tokio::spawn(async move { asking.post(&url, &pin, None, Vec::new()).await });
+        server.entered.notified().await;
+        let refused = Caller::default()
+            .post(&server.url, &server.pin, None, b"{}".to_vec())
+            .await;
+        assert!(
+            matches!(refused, Err(PostError::Unreachable { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(
+            server.requests.load(Ordering::SeqCst),
+            0,
+            "the newcomer was not served"
+        );
+        server.release.notify_one();
+        let answer = in_flight.await.unwrap().unwrap();
+        assert_eq!(&answer.body[..], b"slow", "the request in flight was answered");
+        server.stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_connection_idle_past_the_bound_is_closed_and_the_next_ask_opens_one() {
+        let server = server_within(bounds(8, 8, Duration::from_millis(200))).await;
+        let caller = Caller::default();
+        caller
+            .post(&server.url, &server.pin, None, b"{}".to_vec())
+            .await
+            .unwrap();
+        until(|| async { !caller.has_connection() }).await;
+        caller
+            .post(&server.url, &server.pin, None, b"{}".to_vec())
+            .await
+            .unwrap();
+        assert_eq!(server.peers.lock().unwrap().len(), 2);
+        server.stop.cancel();
     }
 
     #[tokio::test]
@@ -400,6 +662,48 @@ mod tests {
             );
         }
         stop.cancel();
+    }
+
+    /// What a kept connection costs in memory, both ends together (RSS before and after `CONNECTIONS` callers
+    /// each asked once and kept their connection): `cargo test --lib kept_connection_memory -- --ignored
+    /// --nocapture`.
+    #[tokio::test]
+    #[ignore = "a measurement"]
+    async fn kept_connection_memory() {
+        const CONNECTIONS: usize = 2000;
+        let rss = || {
+            std::fs::read_to_string("/proc/self/statm")
+                .ok()
+                .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<usize>().ok())
+                .unwrap_or(0)
+                * 4096
+        };
+        let server = server_within(bounds(
+            CONNECTIONS + 10,
+            CONNECTIONS + 10,
+            Duration::from_secs(300),
+        ))
+        .await;
+        let warm = Caller::default();
+        warm.post(&server.url, &server.pin, None, b"{}".to_vec())
+            .await
+            .unwrap();
+        let before = rss();
+        let mut callers = Vec::new();
+        for _ in 0..CONNECTIONS {
+            let caller = Caller::default();
+            caller
+                .post(&server.url, &server.pin, None, b"{}".to_vec())
+                .await
+                .unwrap();
+            callers.push(caller);
+        }
+        let after = rss();
+        println!(
+            "{} KiB per kept connection, client and server together",
+            (after - before) / CONNECTIONS / 1024
+        );
+        server.stop.cancel();
     }
 
     #[test]

@@ -8,10 +8,10 @@
 //! mounts), and the pin is the whole of the trust.
 
 pub mod client;
+pub mod connections;
 pub mod identity;
 pub mod pin;
 pub mod server;
-mod sources;
 
 /// One rustls provider for both ends: `ring`, the one the tree already builds (for the masters' TLS).
 fn crypto_provider() -> std::sync::Arc<rustls::crypto::CryptoProvider> {

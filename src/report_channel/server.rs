@@ -1,39 +1,77 @@
-//! The reports port: TLS with the replica's own certificate, one request per connection, and a bound on what a
-//! client without credentials can hold (connections at once, per source address and in all, each connection's
-//! life and buffers), whatever it sends. A connection beyond a bound is closed at once, so that a holder fails
-//! fast and tries again rather than waiting in the backlog.
+//! The reports port: TLS with the replica's own certificate, HTTP/1.1 kept alive between a holder's asks, and a
+//! bound on what a client without credentials can hold (connections at once, per source address and in all, how
+//! long one may sit idle, how long a request may take, each connection's buffers), whatever it sends. A full port
+//! closes the connection idle longest for a newcomer ([`Connections`]); when every slot has a request in flight,
+//! the newcomer is closed at once, so that a holder fails fast and tries again rather than waiting in the backlog.
 
 use std::net::SocketAddr;
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::ConnectInfo;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use rustls::ServerConfig;
 use tokio::net::TcpStream;
-use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
 
-use super::sources::Sources;
+use super::connections::{Connections, Limits, Slot};
 use crate::telemetry::server::Bound;
 
-/// Connections served at once; more are closed as they come. Each holds a task, a TLS session and buffers (at
-/// most [`MAX_BUFFER`] each way).
-const MAX_CONNECTIONS: usize = 256;
-/// Connections served at once from one source address (a pod).
+/// Connections open at once unless configured (`--reports-max-connections`); past it an idle one is closed for a
+/// newcomer. Each holds a task, a TLS session and buffers (at most [`MAX_BUFFER`] each way): about 30 KiB idle
+/// (58 KiB for both ends, `kept_connection_memory`), so 1,024 take some 30 MiB at most.
+pub const MAX_CONNECTIONS: u32 = 1024;
+/// Connections open at once from one source address (a pod).
 const PER_SOURCE: usize = 8;
 /// The most of a request buffered (hyper's least is 8 KiB): a report's headers take 1–2 KiB, and its body is
 /// limited to 4 KiB before it is read.
 const MAX_BUFFER: usize = 16 * 1024;
 /// A client that has not finished its handshake by then is dropped (a slow handshake holds a connection slot).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
-/// The request's headers must have come by then.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(3);
-/// The most a connection lives, handshake to answer: a report takes two reads and a token review, which the
-/// budgets answer within a few seconds or refuse.
-const CONNECTION_LIFETIME: Duration = Duration::from_secs(10);
+/// How long a connection may wait for its next request's headers to have come, the time after the last answer
+/// included: a holder asks at least every few seconds while it holds (at half the time left), so one idle longer
+/// than this has nothing to ask. Until then the slot is still given up to a newcomer when the port is full.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most a request takes, headers read to answer: a report takes two reads and a token review, which the
+/// budgets answer within a few seconds or refuse. Past it the connection is closed.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connection closed for a newcomer or at shutdown may take to finish an answer it is writing.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// What the port lets its clients hold.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    pub connections: Limits,
+    /// How long a connection may wait for its next request's headers to have come.
+    pub idle: Duration,
+}
+
+impl Bounds {
+    /// The default bounds with `total` connections at most in all.
+    pub fn with_connections(total: usize) -> Self {
+        let mut bounds = Self::default();
+        bounds.connections.total = total.max(1);
+        bounds
+    }
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Self {
+            connections: Limits {
+                total: MAX_CONNECTIONS as usize,
+                per_source: PER_SOURCE,
+            },
+            idle: IDLE_TIMEOUT,
+        }
+    }
+}
 
 /// The reports port, bound at start as the metrics port is (so a port in use fails at once), and served once the
 /// routes exist.
@@ -58,9 +96,19 @@ impl ReportsPort {
         routes: Router,
         shutdown: CancellationToken,
     ) -> tokio::task::JoinHandle<()> {
+        self.serve_reports_within(Bounds::default(), tls, routes, shutdown)
+    }
+
+    /// [`Self::serve_reports`] within other bounds (tests).
+    pub fn serve_reports_within(
+        self,
+        bounds: Bounds,
+        tls: Arc<ServerConfig>,
+        routes: Router,
+        shutdown: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
         let acceptor = TlsAcceptor::from(tls);
-        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-        let sources = Sources::new(PER_SOURCE);
+        let connections = Connections::new(bounds.connections);
         let listener = self.bound.into_listener();
         tokio::spawn(async move {
             loop {
@@ -77,38 +125,76 @@ impl ReportsPort {
                         continue;
                     }
                 };
-                // Beyond a bound the connection is dropped, which closes it.
-                let Some(source) = sources.enter(peer.ip()) else {
-                    continue;
-                };
-                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                // Beyond a bound with no idle connection to close, the connection is dropped, which closes it.
+                let Some(slot) = connections.admit(peer.ip()) else {
                     continue;
                 };
                 let (acceptor, routes, stop) = (acceptor.clone(), routes.clone(), shutdown.clone());
-                tokio::spawn(async move {
-                    let _slots = (slot, source);
-                    let _ =
-                        tokio::time::timeout(CONNECTION_LIFETIME, serve_one(acceptor, stream, routes, stop))
-                            .await;
-                });
+                tokio::spawn(serve_one(
+                    acceptor,
+                    stream,
+                    (peer, slot, bounds.idle),
+                    routes,
+                    stop,
+                ));
             }
         })
     }
 }
 
-async fn serve_one(acceptor: TlsAcceptor, stream: TcpStream, routes: Router, stop: CancellationToken) {
+async fn serve_one(
+    acceptor: TlsAcceptor,
+    stream: TcpStream,
+    (peer, slot, idle): (SocketAddr, Slot, Duration),
+    routes: Router,
+    stop: CancellationToken,
+) {
     let _ = stream.set_nodelay(true);
-    let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await else {
+    let handshake = tokio::select! {
+        handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)) => handshake,
+        () = slot.closed.cancelled() => return,
+        () = stop.cancelled() => return,
+    };
+    let Ok(Ok(tls)) = handshake else {
         return;
     };
-    let connection = hyper::server::conn::http1::Builder::new()
-        .keep_alive(false)
-        .max_buf_size(MAX_BUFFER)
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_TIMEOUT)
-        .serve_connection(TokioIo::new(tls), TowerToHyperService::new(routes));
+    let slot = Arc::new(slot);
+    let serving = slot.clone();
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+        let (routes, slot) = (routes.clone(), serving.clone());
+        request.extensions_mut().insert(ConnectInfo(peer));
+        async move {
+            let _busy = slot.busy();
+            match tokio::time::timeout(
+                REQUEST_TIMEOUT,
+                routes.oneshot(request.map(axum::body::Body::new)),
+            )
+            .await
+            {
+                Ok(answered) => answered,
+                Err(_) => {
+                    // The connection goes with its request: what the client sent next is not read.
+                    slot.closed.cancel();
+                    Ok((StatusCode::SERVICE_UNAVAILABLE, "the request took too long").into_response())
+                }
+            }
+        }
+    });
+    let mut connection = pin!(
+        hyper::server::conn::http1::Builder::new()
+            .keep_alive(true)
+            .max_buf_size(MAX_BUFFER)
+            .timer(TokioTimer::new())
+            // Runs from the last answer to the next request's end of headers: the idle bound as well.
+            .header_read_timeout(idle)
+            .serve_connection(TokioIo::new(tls), service)
+    );
     tokio::select! {
-        _ = connection => {}
+        _ = connection.as_mut() => return,
+        () = slot.closed.cancelled() => {}
         () = stop.cancelled() => {}
     }
+    // Closed for a newcomer (idle), after a request too long, or at shutdown: an answer being written is finished.
+    connection.as_mut().graceful_shutdown();
+    let _ = tokio::time::timeout(CLOSE_GRACE, connection).await;
 }

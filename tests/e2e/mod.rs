@@ -534,6 +534,7 @@ async fn operator_of(
     let options = RunOptions {
         metrics_addr: "127.0.0.1:0".parse().expect("addr"),
         reports_addr: Some("127.0.0.1:0".parse().expect("addr")),
+        reports_max_connections: redlock_operator::report_channel::server::MAX_CONNECTIONS as usize,
         reports_key: Default::default(),
         election: identity.map(|identity| ElectionOptions {
             namespace: env.namespace.clone(),

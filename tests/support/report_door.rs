@@ -9,7 +9,8 @@ use redlock_operator::report_channel::server;
 use tokio_util::sync::CancellationToken;
 
 /// A door in front of the operator's report endpoint, for a test to hold reports in flight: connections are
-/// accepted (and counted) at once, and relayed once the door is opened.
+/// accepted (and counted) at once, and relayed once the door is opened; holding it silences the connections it
+/// relays as well.
 pub struct ReportDoor {
     addr: std::net::SocketAddr,
     accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
@@ -32,7 +33,14 @@ impl ReportDoor {
                         return;
                     };
                     if let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                            // Held: a connection under way (a holder's kept one) goes silent both ways, as
+                            // through a cut route, until the door opens again; then it is closed.
+                            _ = async { opened.wait_for(Option::is_none).await.is_ok() } => {
+                                let _ = opened.wait_for(Option::is_some).await.is_ok();
+                            }
+                        }
                     }
                 });
             }
@@ -53,7 +61,8 @@ impl ReportDoor {
         self.to.send_replace(Some(upstream));
     }
 
-    /// Holds what comes from now on (until opened again); what was relayed already goes on.
+    /// Holds what comes from now on (until opened again), and silences the connections relayed so far (closed
+    /// once it opens again).
     pub fn hold(&self) {
         self.to.send_replace(None);
     }

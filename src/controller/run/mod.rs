@@ -53,6 +53,8 @@ pub struct RunOptions {
     pub metrics_addr: SocketAddr,
     /// Where holders' reports are taken, over TLS; `None`: no reports port is opened.
     pub reports_addr: Option<SocketAddr>,
+    /// Connections the reports port keeps open at once.
+    pub reports_max_connections: usize,
     /// The reports port's key: made at start, or read from files.
     pub reports_key: KeySource,
     /// `None`: this process is the only replica and always active.
@@ -252,7 +254,8 @@ pub async fn start(
     let reports_task = reports_listener
         .filter(|_| hand_over_url.is_some())
         .map(|reports_listener| {
-            reports_listener.serve_reports(
+            reports_listener.serve_reports_within(
+                report_channel::server::Bounds::with_connections(options.reports_max_connections),
                 reports_identity.server_config.clone(),
                 lock::reports::endpoint::router(ctx.clone()),
                 server_stop.clone(),

@@ -1,8 +1,8 @@
 //! Pure: from what is known of a grant holder's asks, whether it asks, never did, or stopped; and the condition
 //! `HolderReachesOperator` the lock shows for its holders.
 //!
-//! `elect` asks at each extension it sees in status (about every third of the TTL) and at the latest when half of
-//! the validity it was told is left, so a holder that asks is heard at least every half TTL; one not heard for
+//! `elect` asks again when half of the time to the stop time it was told has passed (less than half the TTL,
+//! since no answer is more than the TTL), so a holder that asks is heard at least every half TTL; one not heard for
 //! [`Bounds::between_asks`] has stopped. A holder gets [`Bounds::first_ask`] from the moment its pod runs for its
 //! first ask (the watch must bring it the grant first). Only holders expected to ask are judged before they ever
 //! asked: those the chart's injection wraps (labelled `redlock.io/elect` or `redlock.io/guard`); another holder
