@@ -91,6 +91,8 @@ struct Tally {
     started: AtomicU64,
     /// Terms a holder stopped at its stop time while status still showed them.
     stopped_early: AtomicU64,
+    /// When each holder started its first term.
+    first_terms: Mutex<Vec<Instant>>,
 }
 
 /// How a window's holders reach the replica.
@@ -157,7 +159,15 @@ async fn hold(
     stopping: Stopping,
     tally: Arc<Tally>,
 ) {
+    let mut first = true;
     while let Some((term, stop_at)) = current_term(&mut terms, &latest, &stopping).await {
+        if std::mem::take(&mut first) {
+            tally
+                .first_terms
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(Instant::now());
+        }
         tally.started.fetch_add(1, Ordering::Relaxed);
         let followed = (terms.clone(), latest.clone());
         watch_term(
@@ -259,6 +269,89 @@ pub fn scheduled_per_lock(ttl: Duration) -> f64 {
         }
     }
     asks as f64 / (end - counted_from).as_secs_f64()
+}
+
+/// The herd is run this many times per size.
+const HERD_ROUNDS: usize = 2;
+/// Clients flooding forged reports during the herd, as in the flood bench (issue 39).
+const FLOOD_CLIENTS: usize = 8;
+/// The flood's length, from the herd's start.
+const FLOOD_LENGTH: Duration = Duration::from_secs(30);
+
+/// The herd after a failover (issue 55, item 3): every holder starts at once, each first ask on a new
+/// connection (a full handshake), with the flood of forged reports on top; measured until every holder has its
+/// first answer, and the locks lost until a TTL after that.
+async fn herd(
+    api: &Api<DistributedLock>,
+    operator: &super::Operator,
+    locks: usize,
+    round: usize,
+) -> Result<(), BoxError> {
+    let lost_before = lost(operator.port).await?;
+    let cpu_before = cpu_seconds(operator.pid)?;
+    let tally = Arc::new(Tally::default());
+    let started = Instant::now();
+    let flood_tally = Arc::new(super::support::forged_reports::Tally::default());
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], operator.reports_port));
+    let flooding: Vec<_> = (0..FLOOD_CLIENTS)
+        .map(|client| {
+            tokio::spawn(super::support::forged_reports::flood(
+                addr,
+                "default".to_owned(),
+                client,
+                started + FLOOD_LENGTH,
+                flood_tally.clone(),
+            ))
+        })
+        .collect();
+    let (mut holders, fanning) = spawn_holders(api, locks, Connection::Kept, &tally, Duration::ZERO);
+    let deadline = started + patience();
+    while tally.first_terms.lock().unwrap_or_else(|p| p.into_inner()).len() < locks {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "herd {round}: only {} of {locks} holders were answered",
+                tally.first_terms.lock().unwrap_or_else(|p| p.into_inner()).len()
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let all_answered = started.elapsed();
+    let cores = (cpu_seconds(operator.pid)? - cpu_before) / all_answered.as_secs_f64().max(1e-9);
+    // A lock the herd cost shows lost within a TTL of it.
+    tokio::time::sleep(TTL).await;
+    let lost_herd = lost(operator.port).await? - lost_before;
+    let mut firsts: Vec<f64> = tally
+        .first_terms
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|at| (*at - started).as_secs_f64())
+        .collect();
+    firsts.sort_by(f64::total_cmp);
+    holders.abort_all();
+    fanning.abort();
+    while holders.join_next().await.is_some() {}
+    for client in flooding {
+        client.await?;
+    }
+    let taken = flood_tally.taken.load(Ordering::Relaxed);
+    if taken > 0 {
+        return Err(format!("herd {round}: {taken} forged reports were taken").into());
+    }
+    println!(
+        "    herd {round}: {locks} holders at once, {} forged reports beside: every holder answered after {:.1} s (first answers p99 {:.1} s), the operator at {:.2} cores meanwhile; {lost_herd:.0} locks lost",
+        flood_tally.sent.load(Ordering::Relaxed),
+        all_answered.as_secs_f64(),
+        quantile(&firsts, 0.99),
+        cores
+    );
+    println!(
+        "SUMMARY_HERD locks={locks} lost={lost_herd:.0} first_answer_p99_s={:.2} all_answered_s={:.2} cpu_cores={cores:.2}",
+        quantile(&firsts, 0.99),
+        all_answered.as_secs_f64()
+    );
+    Ok(())
 }
 
 /// One window of asking holders.
@@ -422,6 +515,9 @@ async fn one_size(locks: usize, window: Duration) -> Result<Figures, BoxError> {
     );
     let kept = asking(&api, &operator, locks, window, Connection::Kept, cores_base).await?;
     let per_ask = asking(&api, &operator, locks, window, Connection::PerAsk, cores_base).await?;
+    for round in 1..=HERD_ROUNDS {
+        herd(&api, &operator, locks, round).await?;
+    }
     operator.stop().await?;
     Ok(Figures {
         locks,
@@ -443,33 +539,9 @@ async fn asking(
     cores_base: f64,
 ) -> Result<Window, BoxError> {
     let tally = Arc::new(Tally::default());
-    let mut holders = JoinSet::new();
-    let mut sinks = HashMap::new();
-    for index in 0..locks {
-        let (name, spec) = single_lock(index);
-        let holder = spec["holder"]["identity"].as_str().unwrap_or_default().to_owned();
-        let (terms, term) = watch::channel(None::<Term>);
-        let (seen, latest) = watch::channel(None);
-        let stopping = Stopping {
-            margin: MARGIN,
-            max_clock_skew: MAX_CLOCK_SKEW,
-            namespace: "default".to_owned(),
-            lock: name.clone(),
-            ask: counted_ask(index, connection, tally.clone()),
-            tool: "guard",
-            clock: HolderClock::default(),
-        };
-        // Started spread over a TTL, as pods start at moments of their own, rather than N first asks (each a
-        // full handshake: no session to resume yet) at one instant.
-        let start = Instant::now() + START_SPREAD.mul_f64(index as f64 / locks as f64);
-        let tally = tally.clone();
-        holders.spawn(async move {
-            tokio::time::sleep_until(start).await;
-            hold(term, latest, stopping, tally).await;
-        });
-        sinks.insert(name, Sinks { holder, terms, seen });
-    }
-    let fanning = tokio::spawn(fan_out(api.clone(), sinks));
+    // Started spread over a TTL, as pods start at moments of their own (the herd, all at once, is measured
+    // apart).
+    let (mut holders, fanning) = spawn_holders(api, locks, connection, &tally, START_SPREAD);
     let deadline = Instant::now() + patience();
     while (tally.started.load(Ordering::Relaxed) as usize) < locks {
         if Instant::now() > deadline {
@@ -538,6 +610,42 @@ async fn asking(
         figures.bench_cores * 100.0
     );
     Ok(figures)
+}
+
+/// A holder per lock asking through `connection`, each started at a moment of its own within `spread` (zero: all
+/// at once), and the one watch that feeds them all.
+fn spawn_holders(
+    api: &Api<DistributedLock>,
+    locks: usize,
+    connection: Connection,
+    tally: &Arc<Tally>,
+    spread: Duration,
+) -> (JoinSet<()>, tokio::task::JoinHandle<()>) {
+    let mut holders = JoinSet::new();
+    let mut sinks = HashMap::new();
+    for index in 0..locks {
+        let (name, spec) = single_lock(index);
+        let holder = spec["holder"]["identity"].as_str().unwrap_or_default().to_owned();
+        let (terms, term) = watch::channel(None::<Term>);
+        let (seen, latest) = watch::channel(None);
+        let stopping = Stopping {
+            margin: MARGIN,
+            max_clock_skew: MAX_CLOCK_SKEW,
+            namespace: "default".to_owned(),
+            lock: name.clone(),
+            ask: counted_ask(index, connection, tally.clone()),
+            tool: "guard",
+            clock: HolderClock::default(),
+        };
+        let start = Instant::now() + spread.mul_f64(index as f64 / locks as f64);
+        let tally = tally.clone();
+        holders.spawn(async move {
+            tokio::time::sleep_until(start).await;
+            hold(term, latest, stopping, tally).await;
+        });
+        sinks.insert(name, Sinks { holder, terms, seen });
+    }
+    (holders, tokio::spawn(fan_out(api.clone(), sinks)))
 }
 
 async fn lost(port: u16) -> Result<f64, BoxError> {

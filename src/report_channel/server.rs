@@ -107,38 +107,81 @@ impl ReportsPort {
         routes: Router,
         shutdown: CancellationToken,
     ) -> tokio::task::JoinHandle<()> {
-        let acceptor = TlsAcceptor::from(tls);
-        let connections = Connections::new(bounds.connections);
-        let listener = self.bound.into_listener();
-        tokio::spawn(async move {
-            loop {
-                let accepted = tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    accepted = listener.accept() => accepted,
-                };
-                let (stream, peer) = match accepted {
-                    Ok(accepted) => accepted,
-                    Err(err) => {
-                        // Out of file descriptors, most likely: pause rather than spin.
-                        tracing::warn!(error = %err, "the reports port cannot accept a connection");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
+        tokio::spawn(accept(self.bound.into_listener(), bounds, tls, routes, shutdown))
+    }
+
+    /// Serves `routes` on a runtime of its own, one thread named `reports-port`, until `shutdown`: what holders
+    /// and anyone else send (handshakes above all: 10,000 holders asking at once after a failover) is worked off
+    /// on that thread alone, and never queues before the keeper's extensions, which run on the main runtime's
+    /// threads. The returned task ends when the thread has stopped.
+    pub fn serve_reports_apart(
+        self,
+        bounds: Bounds,
+        tls: Arc<ServerConfig>,
+        routes: Router,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<tokio::task::JoinHandle<()>> {
+        // Registered again with the new runtime's reactor, so that no event of the port goes through the main one.
+        let listener = self.bound.into_listener().into_std()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (stopped, ended) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("reports-port".to_owned())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    match tokio::net::TcpListener::from_std(listener) {
+                        Ok(listener) => accept(listener, bounds, tls, routes, shutdown).await,
+                        Err(err) => tracing::error!(error = %err, "the reports port cannot be served"),
                     }
-                };
-                // Beyond a bound with no idle connection to close, the connection is dropped, which closes it.
-                let Some(slot) = connections.admit(peer.ip()) else {
-                    continue;
-                };
-                let (acceptor, routes, stop) = (acceptor.clone(), routes.clone(), shutdown.clone());
-                tokio::spawn(serve_one(
-                    acceptor,
-                    stream,
-                    (peer, slot, bounds.idle),
-                    routes,
-                    stop,
-                ));
+                });
+                // Its connections' tasks go with the runtime, here, outside any async context.
+                drop(runtime);
+                let _ = stopped.send(());
+            })?;
+        Ok(tokio::spawn(async move {
+            let _ = ended.await;
+        }))
+    }
+}
+
+/// Accepts connections within `bounds` and serves each on a task of its own, until `shutdown`.
+async fn accept(
+    listener: tokio::net::TcpListener,
+    bounds: Bounds,
+    tls: Arc<ServerConfig>,
+    routes: Router,
+    shutdown: CancellationToken,
+) {
+    let acceptor = TlsAcceptor::from(tls);
+    let connections = Connections::new(bounds.connections);
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                // Out of file descriptors, most likely: pause rather than spin.
+                tracing::warn!(error = %err, "the reports port cannot accept a connection");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
             }
-        })
+        };
+        // Beyond a bound with no idle connection to close, the connection is dropped, which closes it.
+        let Some(slot) = connections.admit(peer.ip()) else {
+            continue;
+        };
+        let (acceptor, routes, stop) = (acceptor.clone(), routes.clone(), shutdown.clone());
+        tokio::spawn(serve_one(
+            acceptor,
+            stream,
+            (peer, slot, bounds.idle),
+            routes,
+            stop,
+        ));
     }
 }
 
