@@ -45,6 +45,9 @@
 //! (`operator/asks.rs`; `OPERATOR_BENCH_ASK_SECONDS`, 20 per window), each holder on a connection it keeps and,
 //! as the baseline in the same run, on a connection per ask.
 //!
+//! Then, for each size in `OPERATOR_BENCH_FAILOVER_ASK_LOCKS` (default `10000`; `0` leaves it out), a failover of
+//! two replicas with every holder asking (`operator/asks_failover.rs`).
+//!
 //! `OPERATOR_BENCH_OPERATOR_CPUS` (a `taskset --cpu-list`, say `1`) runs the operator on those cores only; run the
 //! bench itself on the others (`taskset --cpu-list 0 cargo bench --bench operator`) so that neither side takes
 //! the other's core.
@@ -61,6 +64,8 @@
 
 #[path = "operator/asks.rs"]
 mod asks;
+#[path = "operator/asks_failover.rs"]
+mod asks_failover;
 #[path = "operator/flood.rs"]
 mod flood;
 #[path = "operator/handovers.rs"]
@@ -248,14 +253,21 @@ async fn settled_identity_locks(locks: usize) -> Result<(Cluster, Operator, Api<
     cluster.install().await?;
     let operator = Operator::start(&cluster).await?;
     let api: Api<DistributedLock> = Api::default_namespaced(cluster.client.clone());
+    hold_identity_locks(&api, locks).await?;
+    Ok((cluster, operator, api))
+}
+
+/// Creates `locks` identity locks ([`single_lock`]) and waits until every one is held and its first status
+/// writes are behind it.
+async fn hold_identity_locks(api: &Api<DistributedLock>, locks: usize) -> Result<(), BoxError> {
     let held = HeldWatch::start(api.clone(), 1);
-    create_locks(&api, locks, None, single_lock).await?;
+    create_locks(api, locks, None, single_lock).await?;
     let seen = held.wait_for(locks, patience()).await;
     if seen < locks {
         return Err(format!("only {seen} of {locks} locks held").into());
     }
     tokio::time::sleep(Duration::from_secs(12)).await;
-    Ok((cluster, operator, api))
+    Ok(())
 }
 
 /// A plain lock `lock-00000` … (ttl 10s) held by an identity: the single-lock run's.
@@ -430,6 +442,16 @@ impl Operator {
 
     /// [`Operator::start`] with the negative controls `controls` (comma-separated names; `""`: none).
     async fn start_with_controls(cluster: &Cluster, controls: &str) -> Result<Self, BoxError> {
+        Self::start_as(cluster, controls, None).await
+    }
+
+    /// A replica named `identity` of an installation of two, electing the active one through the Lease
+    /// `default/redlock-operator` (4 s, the default), as the chart runs them.
+    async fn start_replica(cluster: &Cluster, identity: &str) -> Result<Self, BoxError> {
+        Self::start_as(cluster, "", Some(identity)).await
+    }
+
+    async fn start_as(cluster: &Cluster, controls: &str, replica: Option<&str>) -> Result<Self, BoxError> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let reports_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let binary = std::env::var_os("OPERATOR_BENCH_BINARY")
@@ -456,8 +478,22 @@ impl Operator {
             }
             _ => tokio::process::Command::new(&binary),
         };
+        let election: Vec<String> = match replica {
+            None => vec!["--no-leader-election".into()],
+            Some(identity) => [
+                "--namespace",
+                "default",
+                "--identity",
+                identity,
+                "--installation",
+                "default/bench",
+            ]
+            .map(str::to_owned)
+            .into(),
+        };
         let child = command
-            .args(["run", "--no-leader-election"])
+            .arg("run")
+            .args(election)
             .arg("--metrics-addr")
             .arg(format!("127.0.0.1:{port}"))
             .args(reports_addr.into_iter().flatten())
@@ -686,6 +722,11 @@ async fn bench() -> Result<(), BoxError> {
     if !ask_sizes.is_empty() {
         let ask_window = Duration::from_secs(env_number("OPERATOR_BENCH_ASK_SECONDS", 20));
         asks::run(&ask_sizes, ask_window).await?;
+        println!();
+    }
+    let failover_sizes = asks_failover::sizes();
+    if !failover_sizes.is_empty() {
+        asks_failover::run(&failover_sizes).await?;
         println!();
     }
     // Either run can be left out (its count set to 0), to explore the other's sizes quickly.

@@ -53,12 +53,12 @@ use super::{
 };
 
 /// The locks' TTL, as in the rest of the operator bench.
-const TTL: Duration = Duration::from_secs(10);
+pub(super) const TTL: Duration = Duration::from_secs(10);
 /// `elect`'s and the guard's default `--fence-margin` and `--max-clock-skew`.
 const MARGIN: Duration = Duration::from_secs(1);
 const MAX_CLOCK_SKEW: Duration = Duration::from_secs(1);
 /// The holders start over this long.
-const START_SPREAD: Duration = TTL;
+pub(super) const START_SPREAD: Duration = TTL;
 
 /// The sizes to run: `OPERATOR_BENCH_ASK_LOCKS`, comma-separated (`0` or empty: none).
 pub fn sizes() -> Vec<usize> {
@@ -71,33 +71,36 @@ pub fn sizes() -> Vec<usize> {
 }
 
 /// One answered (or failed) ask.
-struct Sample {
-    answered_at: Instant,
+pub(super) struct Sample {
+    /// The holder's index (its lock's).
+    pub holder: usize,
+    pub sent_at: Instant,
+    pub answered_at: Instant,
     latency_ms: f64,
-    kind: Kind,
+    pub kind: Kind,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(super) enum Kind {
     Valid,
     Unknown,
     Failed,
 }
 
 #[derive(Default)]
-struct Tally {
-    samples: Mutex<Vec<Sample>>,
+pub(super) struct Tally {
+    pub samples: Mutex<Vec<Sample>>,
     /// Terms the holders started (their first ask answered with a validity).
-    started: AtomicU64,
+    pub started: AtomicU64,
     /// Terms a holder stopped at its stop time while status still showed them.
-    stopped_early: AtomicU64,
+    pub stopped_early: AtomicU64,
     /// When each holder started its first term.
     first_terms: Mutex<Vec<Instant>>,
 }
 
 /// How a window's holders reach the replica.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Connection {
+pub(super) enum Connection {
     /// Kept between asks.
     Kept,
     /// One per ask, the TLS session resumed (the baseline).
@@ -142,6 +145,8 @@ fn counted_ask(index: usize, connection: Connection, tally: Arc<Tally>) -> Ask {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .push(Sample {
+                    holder: index,
+                    sent_at: started,
                     answered_at,
                     latency_ms: (answered_at - started).as_secs_f64() * 1000.0,
                     kind,
@@ -542,19 +547,7 @@ async fn asking(
     // Started spread over a TTL, as pods start at moments of their own (the herd, all at once, is measured
     // apart).
     let (mut holders, fanning) = spawn_holders(api, locks, connection, &tally, START_SPREAD);
-    let deadline = Instant::now() + patience();
-    while (tally.started.load(Ordering::Relaxed) as usize) < locks {
-        if Instant::now() > deadline {
-            return Err(format!(
-                "only {} of {locks} holders started",
-                tally.started.load(Ordering::Relaxed)
-            )
-            .into());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // The first asks' burst behind, and a status cycle or two for the holders' schedules to spread as they will.
-    tokio::time::sleep(Duration::from_secs(14)).await;
+    settled_holders(&tally, locks).await?;
     let lost_before = lost(operator.port).await?;
     let bench_before = cpu_seconds(std::process::id())?;
     let stopped_before = tally.stopped_early.load(Ordering::Relaxed);
@@ -614,7 +607,7 @@ async fn asking(
 
 /// A holder per lock asking through `connection`, each started at a moment of its own within `spread` (zero: all
 /// at once), and the one watch that feeds them all.
-fn spawn_holders(
+pub(super) fn spawn_holders(
     api: &Api<DistributedLock>,
     locks: usize,
     connection: Connection,
@@ -648,12 +641,30 @@ fn spawn_holders(
     (holders, tokio::spawn(fan_out(api.clone(), sinks)))
 }
 
-async fn lost(port: u16) -> Result<f64, BoxError> {
+/// Waits until all `locks` holders have started a term, then for the first asks' burst to pass and a status
+/// cycle or two for the holders' schedules to spread as they will.
+pub(super) async fn settled_holders(tally: &Tally, locks: usize) -> Result<(), BoxError> {
+    let deadline = Instant::now() + patience();
+    while (tally.started.load(Ordering::Relaxed) as usize) < locks {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "only {} of {locks} holders started",
+                tally.started.load(Ordering::Relaxed)
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(14)).await;
+    Ok(())
+}
+
+pub(super) async fn lost(port: u16) -> Result<f64, BoxError> {
     Ok(metric(&metrics_text(port).await?, "redlock_locks_lost_total"))
 }
 
 /// The `q` quantile of sorted values (0 when there are none).
-fn quantile(sorted: &[f64], q: f64) -> f64 {
+pub(super) fn quantile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }

@@ -33,8 +33,11 @@ pub const DRIFT_FACTOR: f64 = 0.01;
 pub const DEFAULT_MAX_CLOCK_SKEW: &str = "1s";
 /// One ask's bound: the replica answers from memory.
 const ASK_TIMEOUT: Duration = Duration::from_secs(2);
-/// Between asks that got no answer, unless the replica asked for longer (`Retry-After`).
+/// Between asks that got no answer, unless the replica asked for longer (`Retry-After`): doubled after each
+/// further one, up to [`MAX_RETRY_PAUSE`], so that every holder of a replica that is gone or not yet resumed (a
+/// failover with 10,000 of them) does not ask four times a second. A change of status asks at once meanwhile.
 const RETRY_PAUSE: Duration = Duration::from_millis(250);
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(2);
 
 /// Where a holder asks: the validity URL on the origin of `status.handOverUrl`, and the pin status shows beside
 /// it.
@@ -121,6 +124,19 @@ pub fn after_ask(
     margin: Duration,
     now: Instant,
 ) -> (Option<Instant>, Instant) {
+    after_asks(stop_at, asked, margin, now, 0)
+}
+
+/// [`after_ask`] after `misses` asks in a row that got no validity before this one: a further miss waits
+/// [`retry_pause`] of them.
+pub fn after_asks(
+    stop_at: Option<Instant>,
+    asked: &Asked,
+    margin: Duration,
+    now: Instant,
+    misses: u32,
+) -> (Option<Instant>, Instant) {
+    let pause = retry_pause(misses);
     match asked {
         Asked::Valid { sent_at, remaining } => {
             let stop = stop_after_answer(*sent_at, *remaining, margin);
@@ -129,11 +145,17 @@ pub fn after_ask(
             let next = now + stop.saturating_duration_since(now) / 2;
             (Some(stop), next.max(now + RETRY_PAUSE))
         }
-        Asked::Unknown(_) => (stop_at, now + RETRY_PAUSE),
-        Asked::Failed { retry_after, .. } => {
-            (stop_at, now + retry_after.unwrap_or_default().max(RETRY_PAUSE))
-        }
+        Asked::Unknown(_) => (stop_at, now + pause),
+        Asked::Failed { retry_after, .. } => (stop_at, now + retry_after.unwrap_or_default().max(pause)),
     }
+}
+
+/// The pause after the answer that follows `misses` answers without a validity: [`RETRY_PAUSE`] doubled that many
+/// times, at most [`MAX_RETRY_PAUSE`]. Pure.
+pub fn retry_pause(misses: u32) -> Duration {
+    RETRY_PAUSE
+        .checked_mul(2u32.saturating_pow(misses.min(16)))
+        .map_or(MAX_RETRY_PAUSE, |pause| pause.min(MAX_RETRY_PAUSE))
 }
 
 /// Asks over a channel: the function `elect` and the guard use, or a test's.
@@ -326,6 +348,33 @@ mod tests {
             now,
         );
         assert_eq!(next, now + Duration::from_secs(2), "as Retry-After asks");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn asks_without_an_answer_back_off_to_two_seconds() {
+        let now = Instant::now();
+        let refused = Asked::Failed {
+            message: "refused".into(),
+            retry_after: None,
+        };
+        let pauses: Vec<Duration> = (0..6)
+            .map(|misses| after_asks(None, &refused, Duration::from_secs(1), now, misses).1 - now)
+            .collect();
+        assert_eq!(
+            pauses,
+            [250, 500, 1000, 2000, 2000, 2000].map(Duration::from_millis),
+            "doubled, then capped"
+        );
+        assert_eq!(retry_pause(u32::MAX), Duration::from_secs(2));
+        let valid = Asked::Valid {
+            sent_at: now,
+            remaining: Duration::from_secs(10),
+        };
+        assert_eq!(
+            after_asks(None, &valid, Duration::from_secs(1), now, 5).1,
+            now + Duration::from_millis(4_450),
+            "a validity's next ask is not slowed by the misses before it"
+        );
     }
 
     fn lock(url: Option<&str>, pin: Option<&str>) -> DistributedLock {

@@ -21,7 +21,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use futures::future::BoxFuture;
 
 pub use super::held_term::{Term, fence_instant};
-use super::stop_time::{Asked, Basis, Stopping, after_ask, stop_by_wall_clock};
+use super::stop_time::{Asked, Basis, Stopping, after_asks, stop_by_wall_clock};
 use super::supervise::{Child, Ended};
 use crate::api::holder_contract::INSTALLATION_ANNOTATION;
 use crate::api::{DistributedLock, LockPhase};
@@ -71,6 +71,8 @@ pub async fn current_term(
     stopping: &Stopping,
 ) -> Option<(Term, Instant)> {
     let mut told = None;
+    // Asks in a row the replica told no validity: each further one waits longer.
+    let mut misses = 0u32;
     let waiting_since = Instant::now();
     let mut said_unkept = false;
     loop {
@@ -86,10 +88,11 @@ pub async fn current_term(
         let mut pause = Duration::from_millis(200);
         if let Some(current) = candidate {
             let lock = latest.borrow().clone();
-            match first_stop(&current, lock.as_deref(), stopping).await {
+            match first_stop(&current, lock.as_deref(), stopping, misses).await {
                 Ok(stop_at) if stop_at > Instant::now() => return Some((current, stop_at)),
                 Ok(_) => {}
                 Err((why, retry)) => {
+                    misses = misses.saturating_add(1);
                     if told != Some(current.token) {
                         eprintln!(
                             "redlock-operator {}: the operator does not tell how long the grant of fencing token {} stays valid ({why}): not started yet; asking again",
@@ -139,6 +142,7 @@ async fn first_stop(
     term: &Term,
     lock: Option<&DistributedLock>,
     stopping: &Stopping,
+    misses: u32,
 ) -> Result<Instant, (String, Duration)> {
     let Some(lock) = lock else {
         return Err(("the lock is not seen".into(), Duration::from_millis(200)));
@@ -147,7 +151,7 @@ async fn first_stop(
         Basis::Ask(channel) => {
             let asked = (stopping.ask)(channel, stopping.question(lock, term)).await;
             let now = Instant::now();
-            match after_ask(None, &asked, stopping.margin, now) {
+            match after_asks(None, &asked, stopping.margin, now, misses) {
                 (Some(stop_at), _) => Ok(stop_at),
                 (None, next) => Err((describe(&asked), next.saturating_duration_since(now))),
             }
@@ -249,7 +253,8 @@ pub(crate) async fn run_in_term(
 
 /// Fires `lost` when status stops naming this term, or at its stop time. Where status offers a channel, the
 /// replica is asked again when half of the time left has passed (as often as the stop time needs, not at each
-/// extension); only its answers move the stop time, and an ask that gets none leaves it where it is.
+/// extension); only its answers move the stop time, and an ask that gets none leaves it where it is, to be asked
+/// again after a pause that grows with each miss, or at once on the next change of status.
 /// Where it offers none, each refresh of status gives the stop time on the wall clock, as before.
 pub async fn watch_term(
     (mut terms, latest): (
@@ -265,6 +270,10 @@ pub async fn watch_term(
     let mut next_ask = asks(latest.borrow().as_deref())
         .then(|| Instant::now() + stop_at.saturating_duration_since(Instant::now()) / 2);
     let mut asking: Option<BoxFuture<'static, Asked>> = None;
+    // Asks in a row the replica told no validity (gone, or not yet resumed after a failover): each further one
+    // waits longer, and a change of status asks at once (the new replica shows its pin once it has resumed).
+    let mut misses = 0u32;
+    let mut ask_again = false;
     loop {
         tokio::select! {
             () = tokio::time::sleep_until(stop_at) => break,
@@ -275,12 +284,15 @@ pub async fn watch_term(
                 match terms.borrow_and_update().clone() {
                     // The same term, refreshed (an extension): where the replica is asked, the ask already due at
                     // half the time left stands (an extension tells nothing an answer then will not, and asking
-                    // at each one cost the replica an ask per extension per holder); otherwise its new validity
-                    // on the wall clock.
+                    // at each one cost the replica an ask per extension per holder), unless the last ask got no
+                    // validity (the refresh may be the new replica showing it can answer); otherwise its new
+                    // validity on the wall clock.
                     Some(next) if next.token == current.token && next.permit == current.permit => {
                         current = next;
                         if asks(latest.borrow().as_deref()) {
-                            if next_ask.is_none() && asking.is_none() {
+                            if asking.is_some() {
+                                ask_again = misses > 0;
+                            } else if next_ask.is_none() || misses > 0 {
                                 next_ask = Some(Instant::now());
                             }
                         } else {
@@ -312,9 +324,10 @@ pub async fn watch_term(
                 if !matches!(asked, Asked::Valid { .. }) {
                     tracing::debug!(answer = %describe(&asked), "no validity told: the stop time stands");
                 }
-                let (stop, next) = after_ask(Some(stop_at), &asked, stopping.margin, now);
+                let (stop, next) = after_asks(Some(stop_at), &asked, stopping.margin, now, misses);
+                misses = if matches!(asked, Asked::Valid { .. }) { 0 } else { misses.saturating_add(1) };
                 stop_at = stop.unwrap_or(stop_at);
-                next_ask = Some(next);
+                next_ask = Some(if std::mem::take(&mut ask_again) && misses > 0 { now } else { next });
             }
         }
     }
@@ -597,6 +610,22 @@ mod tests {
             asked.load(std::sync::atomic::Ordering::SeqCst) >= 2,
             "asked again after each failed ask"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_an_ask_without_an_answer_a_change_of_status_asks_at_once() {
+        use std::sync::atomic::Ordering;
+        let at = Timestamp::now();
+        let (ask, asked) = answering(0);
+        let (shown, _lost, start) = watching(at, ask);
+        // The ask at 2 s (half of the 4 s left) fails; the next would be 250 ms later.
+        tokio::time::sleep_until(start + Duration::from_millis(2_050)).await;
+        assert_eq!(asked.load(Ordering::SeqCst), 1);
+        shown.send_replace(Some(term_1(
+            at + k8s_openapi::jiff::SignedDuration::from_secs(10),
+        )));
+        tokio::time::sleep_until(start + Duration::from_millis(2_100)).await;
+        assert_eq!(asked.load(Ordering::SeqCst), 2, "asked on the change of status");
     }
 
     #[tokio::test(start_paused = true)]
