@@ -44,7 +44,8 @@ struct Open {
     idle_since: Option<u64>,
 }
 
-/// One connection's slot, given back when dropped. `closed` fires when a newcomer took it.
+/// One connection's slot, given back when dropped. `closed` fires when the connection is to close: a newcomer
+/// took its slot (or its server gave up on a request that took too long).
 pub struct Slot {
     connections: Arc<Connections>,
     id: u64,

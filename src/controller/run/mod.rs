@@ -252,19 +252,19 @@ pub async fn start(
     let server_task = listener.serve(metrics.clone(), health.clone(), server_stop.clone());
     // With no address shown in status, nobody is told where to report: the port is closed rather than served.
     let reports_task = match reports_listener.filter(|_| hand_over_url.is_some()) {
-        Some(reports_listener) => Some(
-            reports_listener
-                .serve_reports_apart(
-                    report_channel::server::Bounds::with_connections(options.reports_max_connections),
-                    reports_identity.server_config.clone(),
-                    lock::reports::endpoint::router(ctx.clone()),
-                    server_stop.clone(),
-                )
-                .map_err(|source| RunError::Listen {
-                    addr: reports_addr.unwrap_or(options.metrics_addr),
-                    source,
-                })?,
-        ),
+        Some(reports_listener) => {
+            let addr = reports_listener.local_addr;
+            Some(
+                reports_listener
+                    .serve_reports_apart(
+                        report_channel::server::Bounds::with_connections(options.reports_max_connections),
+                        reports_identity.server_config.clone(),
+                        lock::reports::endpoint::router(ctx.clone()),
+                        server_stop.clone(),
+                    )
+                    .map_err(|source| RunError::Listen { addr, source })?,
+            )
+        }
         None => None,
     };
 
