@@ -124,7 +124,7 @@ async fn bench() -> Result<(), BoxError> {
     .await?;
     create(
         &Api::<DistributedLock>::namespaced(client.clone(), NAMESPACE),
-        serde_json::json!({ "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock", "metadata": { "name": "web" },
+        serde_json::json!({ "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock", "metadata": { "name": "web" },
             "spec": { "ttl": "10s", "holder": { "leaderElection": { "selector": { "matchLabels": { "app": "web" } } } } } }),
     )
     .await?;

@@ -86,9 +86,9 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
 use kube::api::PostParams;
 use kube::runtime::watcher;
-use kube::{Api, CustomResourceExt};
 use redlock_operator::api::{DistributedLock, LockPhase, RedisQuorum};
 use support::apiserver::TestApiServer;
 use support::redis_server::RedisCluster;
@@ -307,7 +307,7 @@ async fn create_locks(
         .map(|index| async move {
             let (name, spec) = lock(index);
             let lock: DistributedLock = serde_json::from_value(serde_json::json!({
-                "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+                "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
                 "metadata": { "name": name }, "spec": spec
             }))?;
             if let Some(created) = created {
@@ -410,11 +410,14 @@ impl Cluster {
     /// The CRDs and the `default` quorum of the five masters.
     async fn install(&self) -> Result<(), BoxError> {
         let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
-        for crd in [RedisQuorum::crd(), DistributedLock::crd()] {
+        for crd in [
+            redlock_operator::api::served_crd::<RedisQuorum>(),
+            redlock_operator::api::served_crd::<DistributedLock>(),
+        ] {
             crds.create(&PostParams::default(), &crd).await?;
         }
         let quorum: RedisQuorum = serde_json::from_value(serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": "default" },
+            "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum", "metadata": { "name": "default" },
             // Fresh masters: skip the restart quarantine, it is not what is measured here.
             "spec": { "endpoints": self.masters.urls(), "maxTtl": "10s", "assumeDurable": true }
         }))?;

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use product_safety::Scenario;
 use product_safety::nemesis::Forced;
-use product_safety::{controls, fenced, guard_controls, semaphore};
+use product_safety::{controls, fenced, guard_controls, holder_cut, semaphore};
 use redlock_operator::negative_controls::Control;
 
 fn main() {
@@ -122,6 +122,7 @@ fn main() {
                 semaphore::miscounting_client(Scenario::seed_from_env()).await,
                 guard_controls::unguarded_jobs(Scenario::seed_from_env()).await,
                 guard_controls::report_before_stop(Scenario::seed_from_env()).await,
+                holder_cut::keeps_working_when_cut(Scenario::seed_from_env()).await,
                 fenced::paused_holder(Scenario::seed_from_env()).await,
             ] {
                 total += 1;

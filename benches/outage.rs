@@ -150,7 +150,7 @@ async fn bench() -> Result<(), BoxError> {
             async move {
                 create(
                     &locks,
-                    serde_json::json!({ "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+                    serde_json::json!({ "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
                         "metadata": { "name": name }, "spec": { "ttl": "10s", "holder": { "identity": format!("holder-{name}") } } }),
                 )
                 .await

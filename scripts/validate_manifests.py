@@ -416,7 +416,7 @@ def check_cel_cases(path, crds):
         cases = yaml.load(handle, Loader=UniqueKeyLoader)["cases"]
     failures = []
     for case in cases:
-        api_version = "redlock.io/v1alpha1"
+        api_version = "redlock.io/v1beta1"
         _, schema = crds[(api_version, case["kind"])]
         validator = jsonschema.Draft202012Validator(openapi_to_jsonschema(schema, root=True))
 
@@ -593,10 +593,10 @@ def check_fenced_objects_policy(policy):
             meta["annotations"] = {"redlock.io/fencing-token": token}
         return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"k": "v"}}
 
-    work = {"apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock", "metadata": {"name": "work"},
+    work = {"apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock", "metadata": {"name": "work"},
             "status": {"fencingToken": 5}}
-    never_held = {"apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock", "metadata": {"name": "work"}}
-    other = {"apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock", "metadata": {"name": "other"},
+    never_held = {"apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock", "metadata": {"name": "work"}}
+    other = {"apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock", "metadata": {"name": "other"},
              "status": {"fencingToken": 99}}
     locks = [work, other]
     # (name, new ConfigMap, old ConfigMap, the namespace's locks, user, expected)

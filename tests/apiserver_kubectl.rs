@@ -46,20 +46,16 @@ async fn discovery_lists_what_is_served() {
     install_crds(&client).await;
     let discovery = Discovery::new(client.clone()).run().await.expect("discovery");
     let (locks, capabilities) = discovery
-        .resolve_gvk(&GroupVersionKind::gvk(
-            "redlock.io",
-            "v1alpha1",
-            "DistributedLock",
-        ))
+        .resolve_gvk(&GroupVersionKind::gvk("redlock.io", "v1beta1", "DistributedLock"))
         .expect("distributedlocks, once its CRD exists");
     assert_eq!(locks.plural, "distributedlocks");
     assert_eq!(capabilities.scope, kube::discovery::Scope::Namespaced);
     let (_, capabilities) = discovery
-        .resolve_gvk(&GroupVersionKind::gvk("redlock.io", "v1alpha1", "RedisQuorum"))
+        .resolve_gvk(&GroupVersionKind::gvk("redlock.io", "v1beta1", "RedisQuorum"))
         .expect("redisquorums");
     assert_eq!(capabilities.scope, kube::discovery::Scope::Cluster);
     // Short names, which `kubectl get dlock` resolves, come from the CRD.
-    let (_, list) = get(&client, "/apis/redlock.io/v1alpha1", "application/json").await;
+    let (_, list) = get(&client, "/apis/redlock.io/v1beta1", "application/json").await;
     let short: Vec<&Value> = list["resources"]
         .as_array()
         .expect("resources")
@@ -76,19 +72,19 @@ async fn openapi_v3_lists_field_validation_for_patch() {
     install_crds(&client).await;
     let (code, index) = get(&client, "/openapi/v3", "application/json").await;
     assert_eq!(code, 200);
-    let url = index["paths"]["apis/redlock.io/v1alpha1"]["serverRelativeURL"]
+    let url = index["paths"]["apis/redlock.io/v1beta1"]["serverRelativeURL"]
         .as_str()
         .expect("the group version's document");
     assert!(
-        url.starts_with("/openapi/v3/apis/redlock.io/v1alpha1?hash="),
+        url.starts_with("/openapi/v3/apis/redlock.io/v1beta1?hash="),
         "{url}"
     );
     let (_, document) = get(&client, url, "application/json").await;
-    let item = &document["paths"]["/apis/redlock.io/v1alpha1/namespaces/{namespace}/distributedlocks/{name}"];
+    let item = &document["paths"]["/apis/redlock.io/v1beta1/namespaces/{namespace}/distributedlocks/{name}"];
     let patch = &item["patch"];
     assert_eq!(
         patch["x-kubernetes-group-version-kind"],
-        json!({"group": "redlock.io", "version": "v1alpha1", "kind": "DistributedLock"})
+        json!({"group": "redlock.io", "version": "v1beta1", "kind": "DistributedLock"})
     );
     let parameters: Vec<&str> = patch["parameters"]
         .as_array()
@@ -99,7 +95,7 @@ async fn openapi_v3_lists_field_validation_for_patch() {
         .collect();
     assert!(parameters.contains(&"fieldValidation"), "{parameters:?}");
     assert!(!parameters.contains(&"dryRun"), "refused here, so not offered");
-    let schema = &document["components"]["schemas"]["io.redlock.v1alpha1.DistributedLock"];
+    let schema = &document["components"]["schemas"]["io.redlock.v1beta1.DistributedLock"];
     assert_eq!(
         schema["properties"]["spec"],
         serde_json::to_value(DistributedLock::crd()).unwrap()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
@@ -125,7 +121,7 @@ async fn strict_field_validation_refuses_unknown_fields_of_custom_resources() {
             assert_eq!(status.code, 400);
             assert_eq!(
                 status.message,
-                "DistributedLock in version \"v1alpha1\" cannot be handled as a DistributedLock: strict decoding \
+                "DistributedLock in version \"v1beta1\" cannot be handled as a DistributedLock: strict decoding \
                  error: unknown field \"extra\", unknown field \"spec.holder.identiti\""
             );
         }
@@ -179,7 +175,7 @@ async fn tables_of_custom_resources_follow_their_printer_columns() {
 
     let (code, table) = get(
         &client,
-        "/apis/redlock.io/v1alpha1/namespaces/default/distributedlocks",
+        "/apis/redlock.io/v1beta1/namespaces/default/distributedlocks",
         TABLE,
     )
     .await;
@@ -245,7 +241,7 @@ async fn tables_of_custom_resources_follow_their_printer_columns() {
     // One object; a filter in a column's JSONPath; rows without their objects.
     let quorums: Api<RedisQuorum> = Api::all(client.clone());
     let quorum: RedisQuorum = serde_json::from_value(json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": {"name": "q"},
+        "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum", "metadata": {"name": "q"},
         "spec": {"endpoints": ["redis://127.0.0.1:1"]},
     }))
     .unwrap();
@@ -263,7 +259,7 @@ async fn tables_of_custom_resources_follow_their_printer_columns() {
         .expect("status");
     let (_, table) = get(
         &client,
-        "/apis/redlock.io/v1alpha1/redisquorums/q?includeObject=None",
+        "/apis/redlock.io/v1beta1/redisquorums/q?includeObject=None",
         TABLE,
     )
     .await;

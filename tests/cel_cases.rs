@@ -75,7 +75,7 @@ impl Kind {
 
     fn object(&self, name: &str, spec: &Value) -> DynamicObject {
         serde_json::from_value(json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": self.name,
+            "apiVersion": "redlock.io/v1beta1", "kind": self.name,
             "metadata": { "name": name }, "spec": spec,
         }))
         .expect("object")
@@ -230,7 +230,7 @@ async fn an_object_older_than_a_rule_takes_status_writes_unless_the_rule_cannot_
     let env = Env::new().await;
     // Broken by a rule that evaluates to false: ratcheting lets writes through while the spec stays.
     let tight: DistributedLock = serde_json::from_value(json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock", "metadata": { "name": "tight" },
+        "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock", "metadata": { "name": "tight" },
         "spec": { "ttl": "1s", "holder": { "jobs": { "fenceMargin": "2s" } } }
     }))
     .expect("lock");
@@ -253,7 +253,7 @@ async fn an_object_older_than_a_rule_takes_status_writes_unless_the_rule_cannot_
     // even the operator's status.
     let name = env.unique("huge");
     let huge: RedisQuorum = serde_json::from_value(env.own_quorum(json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": name },
+        "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum", "metadata": { "name": name },
         "spec": { "endpoints": ["redis://a:6379"], "maxTtl": "100000000h" }
     })))
     .expect("quorum");

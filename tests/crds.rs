@@ -145,10 +145,12 @@ fn walk<'a>(value: &'a serde_json::Value, path: String, found: &mut Vec<(String,
 
 #[test]
 fn crds_use_only_formats_kubernetes_knows_and_one_line_paragraphs() {
-    use kube::CustomResourceExt;
     use redlock_operator::api::{DistributedLock, RedisQuorum};
     let mut problems = Vec::new();
-    for crd in [DistributedLock::crd(), RedisQuorum::crd()] {
+    for crd in [
+        redlock_operator::api::served_crd::<DistributedLock>(),
+        redlock_operator::api::served_crd::<RedisQuorum>(),
+    ] {
         let crd = serde_json::to_value(&crd).expect("CRD as JSON");
         let name = crd["metadata"]["name"].as_str().unwrap_or_default().to_owned();
         let mut nodes = Vec::new();

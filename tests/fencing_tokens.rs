@@ -18,7 +18,7 @@ const MAX_TTL: &str = "2s";
 /// A lock on the shared key `key` of `quorum`, held by `identity`.
 async fn create_keyed_lock(env: &Env, name: &str, quorum: &str, key: &str, identity: &str) {
     env.create_lock_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+        "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
         "metadata": { "name": name },
         "spec": { "quorum": quorum, "ttl": TTL, "resourceKey": key, "holder": { "identity": identity } }
     }))

@@ -40,6 +40,7 @@
 mod poll;
 
 mod in_cluster {
+    pub mod api_versions;
     pub mod cluster;
     pub mod cut_off;
     pub mod drills;

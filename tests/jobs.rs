@@ -243,7 +243,7 @@ async fn start_with_lock(
         policy["fenceMargin"] = serde_json::json!(margin);
     }
     env.create_lock_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+        "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
         "metadata": { "name": "batch" },
         "spec": { "quorum": quorum, "ttl": ttl, "holder": { "jobs": policy } }
     }))
@@ -812,7 +812,7 @@ async fn two_clusters_jobs_on_a_shared_key_run_in_the_order_they_asked() {
     for (env, seed) in [(&east, 41u8), (&west, 42)] {
         let quorum = env.unique("q");
         env.create_quorum_from(serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
+            "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum", "metadata": { "name": quorum },
             "spec": { "endpoints": masters.urls(), "maxTtl": "6s", "nodeTimeout": "100ms",
                       "sharedKeys": { "namespaces": [env.namespace], "prefix": "shared:" } }
         }))
@@ -820,7 +820,7 @@ async fn two_clusters_jobs_on_a_shared_key_run_in_the_order_they_asked() {
         let (running, shutdown) = operator(env, &installation_secret(seed), None).await;
         quorum_available(env, &quorum).await;
         env.create_lock_from(serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+            "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
             "metadata": { "name": "batch" },
             "spec": { "quorum": quorum, "ttl": "3s", "resourceKey": "reports", "holder": { "jobs": {} } }
         }))

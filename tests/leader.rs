@@ -75,7 +75,7 @@ async fn web_semaphore(env: &Env, quorum: &str, ttl: &str, key: Option<&str>, pe
         spec["resourceKey"] = serde_json::json!(key);
     }
     env.create_lock_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+        "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
         "metadata": { "name": "web" }, "spec": spec
     }))
     .await;
@@ -116,7 +116,7 @@ async fn setup_long_ttl(
 /// The quorum of [`setup_long_ttl`].
 async fn create_long_ttl_quorum(masters: &RedisCluster, env: &Env, quorum: &str) {
     env.create_quorum_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
+        "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum", "metadata": { "name": quorum },
         "spec": { "endpoints": masters.urls(), "maxTtl": "60s", "nodeTimeout": "100ms", "assumeDurable": true }
     }))
     .await;

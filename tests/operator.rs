@@ -234,7 +234,7 @@ async fn two_locks_on_one_key_give_one_holder_and_the_other_says_who_blocks_it()
     let shared_key = format!("shared-{}", env.namespace);
     for (name, identity) in [("first", "alpha"), ("second", "beta")] {
         env.create_lock_from(serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+            "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
             "metadata": { "name": name },
             "spec": { "quorum": quorum, "ttl": TTL, "resourceKey": shared_key, "holder": { "identity": identity } }
         }))
@@ -298,7 +298,7 @@ async fn two_clusters_sharing_a_quorum_and_a_key_have_exactly_one_holder() {
         // The two locks live in namespaces of different names: only shared keys can meet.
         env.create_sharing_quorum(&quorum, &masters.urls(), MAX_TTL).await;
         env.create_lock_from(serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+            "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
             "metadata": { "name": "singleton" },
             "spec": { "quorum": quorum, "ttl": TTL, "resourceKey": shared_key, "holder": { "identity": identity } }
         }))
@@ -688,7 +688,7 @@ async fn installations_scoped_by_label_or_namespace_look_only_at_their_locks() {
             metadata["labels"] = serde_json::json!({ "team": team });
         }
         serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock", "metadata": metadata,
+            "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock", "metadata": metadata,
             "spec": { "quorum": quorum, "ttl": TTL, "holder": { "identity": name } }
         })
     };
@@ -735,7 +735,7 @@ async fn an_installation_scoped_by_quorum_selector_writes_only_its_quorums() {
     let (ours, theirs) = (env.unique("ours"), env.unique("theirs"));
     for (name, team) in [(&ours, "a"), (&theirs, "b")] {
         env.create_quorum_from(serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum",
+            "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum",
             "metadata": { "name": name, "labels": { "team": team } },
             "spec": { "endpoints": masters.urls(), "maxTtl": MAX_TTL, "nodeTimeout": "100ms" }
         }))

@@ -68,7 +68,7 @@ async fn bad_lock_specs_are_reported_as_conditions() {
     );
 
     env.create_lock_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+        "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
         "metadata": { "name": "batch" },
         "spec": { "quorum": quorum, "ttl": "1s", "holder": { "jobs": {} } }
     }))
@@ -81,7 +81,7 @@ async fn bad_lock_specs_are_reported_as_conditions() {
     // A fence margin as long as the ttl: the CRD's rule refuses it at admission; one admitted before the rule
     // existed is reported by the operator.
     let tight: DistributedLock = serde_json::from_value(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+        "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
         "metadata": { "name": "tight" },
         "spec": { "quorum": quorum, "ttl": "1s", "holder": { "leaderElection": {
             "selector": { "matchLabels": { "app": "x" } }, "fenceMargin": "2s" } } }
@@ -135,7 +135,7 @@ async fn quorum_problems_are_reported_on_the_quorum_and_its_locks() {
     // Missing Secret.
     let missing = env.unique("missing");
     env.create_quorum_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": missing },
+        "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum", "metadata": { "name": missing },
         "spec": { "endpoints": plain, "maxTtl": "2s", "auth": { "secretNamespace": env.namespace, "secretName": "redis-auth" } }
     }))
     .await;
@@ -524,7 +524,7 @@ async fn a_failed_takeover_gives_up_the_predecessors_keys_once_its_holder_is_fen
     let quorum = env.unique("q");
     let urls = masters.urls();
     env.create_quorum_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1",
+        "apiVersion": "redlock.io/v1beta1",
         "kind": "RedisQuorum",
         "metadata": { "name": quorum },
         // Durable masters: no quarantine to wait out before a one-minute lock.
@@ -594,7 +594,7 @@ async fn a_quorum_with_hung_masters_delays_no_other_quorums_locks() {
     // Three-second node timeouts: every extension on it waits that long for the hung masters, longer than the
     // fast lock can go without one (extended a second in, reported lost 2.4 s in).
     env.create_quorum_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1",
+        "apiVersion": "redlock.io/v1beta1",
         "kind": "RedisQuorum",
         "metadata": { "name": slow },
         "spec": { "endpoints": slow_masters.urls(), "maxTtl": "30s", "nodeTimeout": "3s", "assumeDurable": true }

@@ -249,6 +249,41 @@ async fn guarded_job_pods_stop_on_their_own_clock_through_a_failover_longer_than
     assert!(forced.contains("no replica"), "seed {seed}: {report}");
 }
 
+/// Issue 55's partition: a Job pod cut off from the API server and the operator while it runs (twice, one pod
+/// at a time). Its guard stops the work on its own clock before the validity it was told ends, its pod ends
+/// (exit 76, ignored), and the lock moves off it: the Job's next pod works under it while the cut lasts. No two
+/// holders at once, no belief past the validity its guard was told, and the lock moved off every cut pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_pod_cut_off_stops_on_its_own_clock_and_the_lock_moves_off_it() {
+    let seed = Scenario::seed_from_env();
+    let report = crate::product_safety::holder_cut::partition_run(seed, false).await;
+    println!("seed {seed}: {report}");
+    assert!(report.is_safe(), "seed {seed}: {report}");
+    assert!(
+        !report.holder_cuts.is_empty(),
+        "seed {seed}: a pod was cut off: {report}"
+    );
+    assert_eq!(
+        report.moved_off_cut_holders(),
+        report.holder_cuts.len(),
+        "seed {seed}: the lock moved off every pod cut off: {report}"
+    );
+}
+
+/// Its negative control: a guard that keeps the work running once it is cut off (its asks unanswered) must be
+/// caught, its work outlasting every validity it was told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checker_catches_a_holder_that_keeps_working_when_cut_off() {
+    caught(|seed| async move {
+        crate::product_safety::controls::Outcome {
+            name: "holder-keeps-working-when-cut",
+            broken: crate::product_safety::holder_cut::partition_run(seed, true).await,
+            clean: None,
+        }
+    })
+    .await;
+}
+
 /// Issue 48's promise, in both directions: guarded Job pods whose wall clock is 4 s behind the operator's (more
 /// than their 1 s margin and 1 s skew bound together), and then 4 s ahead, through a failover longer than the TTL:
 /// each stops its work before every validity it was shown has ended (counted by construction, not only by an

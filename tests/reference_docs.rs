@@ -11,7 +11,6 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use clap::CommandFactory;
-use kube::CustomResourceExt;
 use redlock_operator::api::reasons::{REASONS, Shown};
 use redlock_operator::api::{DistributedLock, RedisQuorum};
 use redlock_operator::cli::Cli;
@@ -159,10 +158,26 @@ fn crd_section(crd: &Value, out: &mut String) {
     let kind = crd["spec"]["names"]["kind"].as_str().unwrap_or_default();
     let version = &crd["spec"]["versions"][0];
     let schema = &version["schema"]["openAPIV3Schema"];
+    let group = crd["spec"]["group"].as_str().unwrap_or_default();
+    let earlier: Vec<String> = crd["spec"]["versions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .skip(1)
+        .filter_map(|version| Some(format!("`{group}/{}`", version["name"].as_str()?)))
+        .collect();
+    let also = if earlier.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; also served as {} with the same fields, deprecated ([API versions](api-versions.md))",
+            earlier.join(", ")
+        )
+    };
     let _ = writeln!(
         out,
-        "## {kind}\n\n`{}/{}`, {} (short names: {}).\n\n{}\n",
-        crd["spec"]["group"].as_str().unwrap_or_default(),
+        "## {kind}\n\n`{}/{}`{also}, {} (short names: {}).\n\n{}\n",
+        group,
         version["name"].as_str().unwrap_or_default(),
         if crd["spec"]["scope"] == "Namespaced" {
             "namespaced"
@@ -223,7 +238,10 @@ fn crd_fields_reference_is_current() {
          `src/api/`). Durations are written as in Go and Kubernetes (`250ms`, `10s`, `1m30s`). Status is written \
          by the operator only.\n\n"
     );
-    for crd in [DistributedLock::crd(), RedisQuorum::crd()] {
+    for crd in [
+        redlock_operator::api::served_crd::<DistributedLock>(),
+        redlock_operator::api::served_crd::<RedisQuorum>(),
+    ] {
         crd_section(&serde_json::to_value(&crd).expect("a CRD as JSON"), &mut out);
     }
     check_or_write("crd-fields.md", out.trim_end_matches('\n').to_owned().as_str());

@@ -52,7 +52,7 @@ async fn a_flood_of_forged_reports_costs_few_reviews_and_a_genuine_report_is_sti
         ready_pods(&env, &[pod]).await;
     }
     env.create_lock_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+        "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
         "metadata": { "name": "web" },
         "spec": { "quorum": quorum, "ttl": "60s",
                   "holder": { "leaderElection": { "selector": { "matchLabels": { "app": "web" } } } } }

@@ -35,7 +35,7 @@ async fn an_out_of_range_quorum_is_unavailable_and_the_operator_keeps_the_others
     // 2562047h) fails its rule with an evaluation error, which ratcheting does not forgive, so not even the
     // operator's status writes to such a quorum would be admitted.
     let huge_quorum: RedisQuorum = serde_json::from_value(env.own_quorum(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1",
+        "apiVersion": "redlock.io/v1beta1",
         "kind": "RedisQuorum",
         "metadata": { "name": huge },
         "spec": { "endpoints": masters.urls(), "maxTtl": "48h" }
@@ -145,7 +145,7 @@ fn identity_lock(name: &str, quorum: &str, identity: &str, key: Option<&str>) ->
         spec["resourceKey"] = serde_json::json!(key);
     }
     serde_json::from_value(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+        "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
         "metadata": { "name": name }, "spec": spec
     }))
     .expect("lock object")
@@ -155,7 +155,7 @@ fn identity_lock(name: &str, quorum: &str, identity: &str, key: Option<&str>) ->
 async fn sharing_quorum(env: &Env, masters: &RedisCluster, namespaces: &[&str]) -> String {
     let quorum = env.unique("q");
     env.create_quorum_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
+        "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum", "metadata": { "name": quorum },
         "spec": { "endpoints": masters.urls(), "maxTtl": MAX_TTL, "nodeTimeout": "100ms",
                   "sharedKeys": { "namespaces": namespaces, "prefix": "global:" } }
     }))
@@ -207,7 +207,7 @@ async fn a_quorum_naming_a_secret_in_another_namespace_is_refused_without_readin
         .expect("secret");
     let quorum = env.unique("q");
     env.create_quorum_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
+        "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum", "metadata": { "name": quorum },
         "spec": { "endpoints": masters.urls(), "maxTtl": MAX_TTL,
                   "auth": { "secretNamespace": other.name, "secretName": "their-redis", "usernameKey": "username" } }
     }))
@@ -334,7 +334,7 @@ async fn a_leader_label_naming_a_selector_key_is_refused_and_no_pod_is_touched()
     env.create_quorum(&quorum, &masters.urls(), MAX_TTL).await;
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
     let lock: DistributedLock = serde_json::from_value(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock", "metadata": { "name": "web" },
+        "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock", "metadata": { "name": "web" },
         "spec": { "quorum": quorum, "ttl": TTL, "holder": { "leaderElection": {
             "selector": { "matchLabels": { "app": "web" } }, "leaderLabel": "app" } } }
     }))
@@ -402,7 +402,7 @@ async fn a_deleted_lock_on_a_shared_key_is_released_by_the_next_operator_on_that
     let env = Env::new().await;
     let quorum = env.unique("q");
     env.create_quorum_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
+        "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum", "metadata": { "name": quorum },
         "spec": { "endpoints": masters.urls(), "maxTtl": MAX_TTL, "nodeTimeout": "100ms",
                   "sharedKeys": { "namespaces": [env.namespace], "prefix": "global:" } }
     }))
@@ -637,7 +637,7 @@ async fn a_lock_on_another_releases_quorum_is_left_to_that_release_and_so_is_the
         .map(|url| url.replace(&format!(":{password}@"), ""))
         .collect();
     env.create_quorum_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": their_quorum },
+        "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum", "metadata": { "name": their_quorum },
         "spec": { "endpoints": endpoints, "maxTtl": MAX_TTL,
                   "auth": { "secretNamespace": team2.name, "secretName": "team2-redis" } }
     }))

@@ -3,7 +3,7 @@
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::PostParams;
-use kube::{Api, Client, CustomResourceExt};
+use kube::{Api, Client};
 use redlock_operator::api::{DistributedLock, RedisQuorum};
 
 use crate::support::redis_server::RedisCluster;
@@ -23,12 +23,15 @@ where
 /// The CRDs, and a `RedisQuorum` named `default` on `masters` (maxTtl 10 s, durable: no start-up quarantine).
 pub async fn install_with_default_quorum(client: &Client, masters: &RedisCluster) -> Result<(), BoxError> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in [RedisQuorum::crd(), DistributedLock::crd()] {
+    for crd in [
+        redlock_operator::api::served_crd::<RedisQuorum>(),
+        redlock_operator::api::served_crd::<DistributedLock>(),
+    ] {
         crds.create(&PostParams::default(), &crd).await?;
     }
     create(
         &Api::<RedisQuorum>::all(client.clone()),
-        serde_json::json!({ "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": "default" },
+        serde_json::json!({ "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum", "metadata": { "name": "default" },
             "spec": { "endpoints": masters.urls(), "maxTtl": "10s", "assumeDurable": true } }),
     )
     .await

@@ -62,7 +62,7 @@ async fn measure(rounds: usize, controls: &str) -> Result<Vec<f64>, BoxError> {
         };
         let lease = engine.acquire(&key, TTL, "outside", once).await?;
         let lock: DistributedLock = serde_json::from_value(serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+            "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
             "metadata": { "name": name },
             "spec": { "ttl": "10s", "holder": { "identity": "bench" } }
         }))?;

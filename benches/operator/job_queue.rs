@@ -39,7 +39,7 @@ pub async fn run(jobs: usize) -> Result<(), BoxError> {
     let seen = Arc::new(Mutex::new(Seen::default()));
     let follower = tokio::spawn(follow(job_api.clone(), seen.clone()));
     let lock: DistributedLock = serde_json::from_value(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+        "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
         "metadata": { "name": LOCK }, "spec": { "ttl": "10s", "holder": { "jobs": {} } }
     }))?;
     Api::<DistributedLock>::default_namespaced(cluster.client.clone())

@@ -130,7 +130,7 @@ async fn publish(
     futures::stream::iter(0..count)
         .map(|index| {
             let regarding = ObjectReference {
-                api_version: Some("redlock.io/v1alpha1".into()),
+                api_version: Some("redlock.io/v1beta1".into()),
                 kind: Some("DistributedLock".into()),
                 namespace: Some(namespace.into()),
                 name: Some(format!("{prefix}-{index:05}")),

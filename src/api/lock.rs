@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "redlock.io",
-    version = "v1alpha1",
+    version = "v1beta1",
     kind = "DistributedLock",
     doc = "A named lock held as a Redlock quorum, with its holder, fencing token and validity in status.",
     plural = "distributedlocks",

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "redlock.io",
-    version = "v1alpha1",
+    version = "v1beta1",
     kind = "RedisQuorum",
     doc = "A set of independent Redis masters that together hold Redlock locks.",
     plural = "redisquorums",

@@ -282,7 +282,7 @@ mod tests {
 
     fn held_by(job: &str, token: i64) -> DistributedLock {
         let mut lock: DistributedLock = serde_json::from_value(serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock", "metadata": {"name": "batch"},
+            "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock", "metadata": {"name": "batch"},
             "spec": {"holder": {"jobs": {"selector": {}}}}
         }))
         .unwrap();

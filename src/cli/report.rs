@@ -320,7 +320,7 @@ mod tests {
 
     fn lock(shown: Option<i64>, releasing: Option<i64>) -> DistributedLock {
         let mut lock: DistributedLock = serde_json::from_value(serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock", "metadata": {"name": "web"},
+            "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock", "metadata": {"name": "web"},
             "spec": {"holder": {"leaderElection": {"selector": {}}}}
         }))
         .unwrap();

@@ -379,7 +379,7 @@ mod tests {
 
     fn lock(url: Option<&str>, pin: Option<&str>) -> DistributedLock {
         let mut lock: DistributedLock = serde_json::from_value(serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock", "metadata": {"name": "l", "uid": "u"},
+            "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock", "metadata": {"name": "l", "uid": "u"},
             "spec": {"holder": {"leaderElection": {"selector": {}}}}
         }))
         .unwrap();

@@ -415,7 +415,7 @@ mod tests {
 
     fn lock(phase: LockPhase, holder: &str, token: i64, valid_until: Timestamp) -> DistributedLock {
         let mut lock: DistributedLock = serde_json::from_value(serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock", "metadata": {"name": "l"},
+            "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock", "metadata": {"name": "l"},
             "spec": {"holder": {"leaderElection": {"selector": {}}}}
         }))
         .unwrap();

@@ -314,7 +314,7 @@ async fn server_side_apply_creates_and_updates() {
     let (_server, client) = started().await;
     let quorums: Api<RedisQuorum> = Api::all(client);
     let applied = json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum",
+        "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum",
         "metadata": {"name": "default", "labels": {"a": "1"}},
         "spec": {"endpoints": ["redis://r1:6379", "redis://r2:6379", "redis://r3:6379"]},
     });
@@ -334,7 +334,7 @@ async fn server_side_apply_creates_and_updates() {
     assert_eq!(created.metadata.generation, Some(1));
 
     let changed = json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum",
+        "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum",
         "metadata": {"name": "default", "labels": {"b": "2"}},
         "spec": {"endpoints": ["redis://r1:6379"]},
     });
@@ -347,7 +347,7 @@ async fn server_side_apply_creates_and_updates() {
     assert_eq!(updated.metadata.generation, Some(2));
 
     let status = json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum",
+        "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum",
         "status": {"eligible": 1, "required": 1},
     });
     let with_status = quorums

@@ -55,7 +55,7 @@ pub async fn create_admitted_before_rules<K>(env: &Env, api: &Api<K>, objects: &
 where
     K: Resource + CustomResourceExt + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
-    create_admitted_before_rules_of(env, &K::crd(), api, objects).await
+    create_admitted_before_rules_of(env, &redlock_operator::api::served_crd::<K>(), api, objects).await
 }
 
 /// [`create_admitted_before_rules`] for objects of `crd` of any type (a `DynamicObject`, say).

@@ -14,7 +14,7 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config, CustomResourceExt, ResourceExt};
+use kube::{Client, Config, ResourceExt};
 use redlock_operator::api::{DistributedLock, RedisQuorum};
 use redlock_operator::controller::installation_secret::InstallationSecret;
 use redlock_operator::controller::replica_lease::LeaseTiming;
@@ -193,7 +193,10 @@ impl Env {
     pub async fn apply_crds(&self) {
         let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
         let params = PatchParams::apply("redlock-e2e").force();
-        for crd in [RedisQuorum::crd(), DistributedLock::crd()] {
+        for crd in [
+            redlock_operator::api::served_crd::<RedisQuorum>(),
+            redlock_operator::api::served_crd::<DistributedLock>(),
+        ] {
             api.patch(&crd.name_any(), &params, &Patch::Apply(&crd))
                 .await
                 .expect("apply CRD");
@@ -310,7 +313,7 @@ impl Env {
 
     pub async fn create_quorum(&self, name: &str, urls: &[String], max_ttl: &str) -> RedisQuorum {
         self.create_quorum_from(serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1",
+            "apiVersion": "redlock.io/v1beta1",
             "kind": "RedisQuorum",
             "metadata": { "name": name },
             "spec": { "endpoints": urls, "maxTtl": max_ttl, "nodeTimeout": "100ms" }
@@ -322,7 +325,7 @@ impl Env {
     /// `max_ttl`), for tests whose holders need a long TTL.
     pub async fn create_durable_quorum(&self, name: &str, urls: &[String], max_ttl: &str) -> RedisQuorum {
         self.create_quorum_from(serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": name },
+            "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum", "metadata": { "name": name },
             "spec": { "endpoints": urls, "maxTtl": max_ttl, "nodeTimeout": "100ms", "assumeDurable": true }
         }))
         .await
@@ -332,7 +335,7 @@ impl Env {
     /// namespaces or clusters need.
     pub async fn create_sharing_quorum(&self, name: &str, urls: &[String], max_ttl: &str) -> RedisQuorum {
         self.create_quorum_from(serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1",
+            "apiVersion": "redlock.io/v1beta1",
             "kind": "RedisQuorum",
             "metadata": { "name": name },
             "spec": { "endpoints": urls, "maxTtl": max_ttl, "nodeTimeout": "100ms",
@@ -352,7 +355,7 @@ impl Env {
 
     pub async fn create_lock(&self, name: &str, quorum: &str, identity: &str, ttl: &str) -> DistributedLock {
         self.create_lock_from(serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1",
+            "apiVersion": "redlock.io/v1beta1",
             "kind": "DistributedLock",
             "metadata": { "name": name },
             "spec": { "quorum": quorum, "ttl": ttl, "holder": { "identity": identity } }

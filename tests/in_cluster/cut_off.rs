@@ -8,6 +8,9 @@
 //!   cut pod's work stopped, by the kubelet's own log timestamps (one clock, the node's);
 //! - once the path is back, the lock stays with the new leader (one leader), and the condition is `True`.
 //!
+//! A guarded Job's pod cut off the same way (`job_cut_off`): its guard stops the work and ends the pod (exit 76,
+//! ignored), and the Job's next pod works under the lock within the TTL, the Job controller's backoff and a pod start.
+//!
 //! Only where the cluster's node is this machine (the project's single-node Kubernetes): elsewhere the pod's
 //! network namespace cannot be entered, and the drill says so instead.
 
@@ -19,8 +22,12 @@ use kube::Api;
 use redlock_operator::api::DistributedLock;
 use tokio::process::Command;
 
+use serde_yaml_ng::Value;
+
 use super::cluster::Cluster;
-use super::observe::Observer;
+use super::holder_phases::apply_in;
+use super::manifests::Manifest;
+use super::observe::{Ev, Observer};
 use super::report::{Report, wait_for};
 
 /// What the issue asks of the condition: shown within this long of the cut.
@@ -49,22 +56,10 @@ pub async fn leader_cut_off(cluster: &Cluster, report: &Report, observer: &Obser
         );
         return;
     };
-    let Some(netns) = network_namespace_of(&ip).await else {
-        report.note(&format!(
-            "skipped: no network namespace on this machine holds {ip} (the cluster's node is elsewhere)"
-        ));
+    let rule = CUT_RULE;
+    let Some((netns, cut_at)) = cut(report, &format!("the leader pod {pod}"), &ip).await else {
         return;
     };
-    let rule = ["OUTPUT", "!", "-o", "lo", "-j", "DROP"];
-    let cut_at = Timestamp::now();
-    let cut = iptables(&netns, "-I", &rule).await;
-    if !report.check(
-        &format!("everything the pod sends but on loopback is dropped (network namespace {netns})"),
-        cut.is_ok(),
-        cut.err().unwrap_or_default(),
-    ) {
-        return;
-    }
     let at = Instant::now();
     let shown = wait_for("HolderReachesOperator=False", Duration::from_secs(45), || {
         condition(&locks, lock, "False")
@@ -181,6 +176,219 @@ pub async fn leader_cut_off(cluster: &Cluster, report: &Report, observer: &Obser
         leader.as_ref().is_some_and(|(leader, _)| *leader == next),
         format!("{leader:?}"),
     );
+}
+
+/// The drill's Job lock: examples/job-fencing.yaml's, at the leader example's TTL (the bound is the TTL's).
+const CUT_JOB_LOCK: &str = "cut-migration";
+const CUT_JOB: &str = "migrate-cut";
+const CUT_JOB_TTL: Duration = Duration::from_secs(10);
+/// Beside the TTL, how long a Job's next pod may take to work after the cut: the Job controller creates the pod
+/// that replaces a failed one only after its backoff (10 s after the first failure, kube-controller-manager's
+/// default; ignored exits count), then the pod starts (its init container copies the binary) and its guard asks.
+const JOB_MOVED_WITHIN_TTL_PLUS: Duration = Duration::from_secs(20);
+
+/// Phase 2d's drill of a guarded Job's pod cut off as the leader's was: the pod's guard stops the work on its own
+/// clock and ends the pod with exit 76 (the Job's `podFailurePolicy` ignores it), and the Job's next pod, its path
+/// intact, works under the lock within the TTL + [`JOB_MOVED_WITHIN_TTL_PLUS`] of the cut, after the cut pod's
+/// work stopped by the kubelet's log timestamps. `job` is examples/job-fencing.yaml's Job (labelled only, its work long), renamed.
+pub async fn job_cut_off(cluster: &Cluster, report: &Report, observer: &Observer, manifest: Manifest) {
+    report.step(&format!(
+        "2d''. a guarded Job's pod cut off from the network (lock {CUT_JOB_LOCK}, TTL {} s)",
+        CUT_JOB_TTL.as_secs()
+    ));
+    let ns = &cluster.holders_ns;
+    observer.set_permits(CUT_JOB_LOCK, 1);
+    let started_at = std::time::Instant::now();
+    if let Err(err) = apply_in(cluster, ns, &manifest).await {
+        report.check("the cut drill's Job and lock are applied", false, err);
+        return;
+    }
+    let first = wait_for("the cut drill's Job running", Duration::from_secs(60), || async {
+        observer.state().since(started_at).find_map(|(_, ev)| match ev {
+            Ev::JobPodRunning { job, pod, .. } if job == CUT_JOB => Some(pod.clone()),
+            _ => None,
+        })
+    })
+    .await;
+    let pod = match first {
+        Ok(pod) => pod,
+        Err(err) => {
+            report.check("the cut drill's Job runs", false, err);
+            return;
+        }
+    };
+    // Cut only once its guard has started the work.
+    let before = Timestamp::now()
+        .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(120))
+        .unwrap_or(Timestamp::UNIX_EPOCH);
+    let working = logged_at(cluster, &pod, "work started", before, 60).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), ns);
+    let ip = pods.get(&pod).await.ok().and_then(|pod| pod.status?.pod_ip);
+    let (Ok(_), Some(ip)) = (&working, ip) else {
+        report.check(
+            "the cut drill's Job works and its pod's IP is known",
+            false,
+            format!("{working:?}"),
+        );
+        return;
+    };
+    let rule = CUT_RULE;
+    let Some((netns, cut_at)) = cut(report, &format!("the Job's pod {pod}"), &ip).await else {
+        return;
+    };
+    let cut_since = std::time::Instant::now();
+    let bound = CUT_JOB_TTL.saturating_add(JOB_MOVED_WITHIN_TTL_PLUS);
+    let next = wait_for(
+        "the Job's next pod running",
+        bound.saturating_add(Duration::from_secs(30)),
+        || async {
+            observer.state().since(cut_since).find_map(|(_, ev)| match ev {
+                Ev::JobPodRunning { job, pod: next, .. } if job == CUT_JOB && *next != pod => {
+                    Some(next.clone())
+                }
+                _ => None,
+            })
+        },
+    )
+    .await;
+    match next {
+        Ok(next) => {
+            let started = logged_at(cluster, &next, "work started", cut_at, 30).await;
+            let stopped = logged_at(cluster, &pod, "the command was stopped", cut_at, 5).await;
+            let ended = pods.get(&pod).await.ok().and_then(|pod| {
+                pod.status?
+                    .container_statuses?
+                    .into_iter()
+                    .find_map(|status| status.state?.terminated?.finished_at)
+            });
+            let created = pods
+                .get(&next)
+                .await
+                .ok()
+                .and_then(|pod| pod.metadata.creation_timestamp);
+            let timeline = format!(
+                "the cut pod ended {}, the next pod was created {}",
+                ended.map_or("at an unknown time".into(), |at| format!(
+                    "{:.0} s after the cut",
+                    seconds_since(cut_at, at.0)
+                )),
+                created.map_or("at an unknown time".into(), |at| format!(
+                    "{:.0} s after",
+                    seconds_since(cut_at, at.0)
+                )),
+            );
+            report.check_result(
+                &format!(
+                    "the Job's next pod ({next}) works under the lock within the TTL + {} s of the cut ({} s)",
+                    JOB_MOVED_WITHIN_TTL_PLUS.as_secs(),
+                    bound.as_secs()
+                ),
+                started.clone().and_then(|started| {
+                    let after = Duration::try_from(started.duration_since(cut_at)).unwrap_or_default();
+                    let detail = format!(
+                        "its work started {:.1} s after the cut ({timeline})",
+                        after.as_secs_f64()
+                    );
+                    if after <= bound { Ok(detail) } else { Err(detail) }
+                }),
+            );
+            report.check_result(
+                "the cut pod's work stopped before the next pod's started (the kubelet's log timestamps)",
+                match (stopped, started) {
+                    (Ok(stopped), Ok(started)) if stopped < started => Ok(format!(
+                        "stopped {:.1} s after the cut, the next started {:.1} s after",
+                        seconds_since(cut_at, stopped),
+                        seconds_since(cut_at, started)
+                    )),
+                    (stopped, started) => Err(format!("stopped: {stopped:?}; started: {started:?}")),
+                },
+            );
+        }
+        Err(err) => {
+            report.check(
+                "the Job's next pod runs once the cut pod's guard stopped",
+                false,
+                err,
+            );
+        }
+    }
+    let exit = pods.get(&pod).await.ok().and_then(|pod| {
+        pod.status?
+            .container_statuses?
+            .into_iter()
+            .find_map(|status| status.state?.terminated)
+            .map(|terminated| terminated.exit_code)
+    });
+    report.check(
+        "the cut pod ended with the guard's exit 76 (ignored by the Job's podFailurePolicy)",
+        exit == Some(76),
+        format!("exit {exit:?}"),
+    );
+    // The pod has ended: its network namespace may be gone with it.
+    if let Err(err) = iptables(&netns, "-D", &rule).await {
+        report.note(&format!(
+            "the cut pod's rule was not removed ({err}): its pod has ended"
+        ));
+    }
+    let removed = cluster
+        .kubectl(&[
+            "delete",
+            &format!("job/{CUT_JOB}"),
+            &format!("dlock/{CUT_JOB_LOCK}"),
+            "-n",
+            ns,
+            "--wait=true",
+            "--timeout=60s",
+        ])
+        .await;
+    report.check(
+        "the cut drill's Job and lock are removed",
+        removed.ok,
+        removed.text(),
+    );
+}
+
+/// examples/job-fencing.yaml as the drill runs it: its lock renamed to [`CUT_JOB_LOCK`] at [`CUT_JOB_TTL`] (and
+/// a fence margin below it), its Job to [`CUT_JOB`], labelled for that lock.
+pub fn cut_job_manifest(mut manifest: Manifest) -> Manifest {
+    for doc in &mut manifest.docs {
+        match doc["kind"].as_str() {
+            Some("DistributedLock") => {
+                doc["metadata"]["name"] = Value::from(CUT_JOB_LOCK);
+                doc["spec"]["ttl"] = Value::from(format!("{}s", CUT_JOB_TTL.as_secs()));
+                doc["spec"]["holder"]["jobs"]["fenceMargin"] = Value::from("6s");
+            }
+            Some("Job") => {
+                doc["metadata"]["name"] = Value::from(CUT_JOB);
+                doc["metadata"]["labels"]["redlock.io/guard"] = Value::from(CUT_JOB_LOCK);
+            }
+            _ => {}
+        }
+    }
+    manifest
+}
+
+/// The rule a cut inserts in the pod's network namespace: everything it sends but on loopback dropped.
+const CUT_RULE: [&str; 6] = ["OUTPUT", "!", "-o", "lo", "-j", "DROP"];
+
+/// Cuts the pod of `ip` (`who`) off with [`CUT_RULE`]: its network namespace and when the cut began; `None`
+/// (noted, or failed) where it cannot be.
+async fn cut(report: &Report, who: &str, ip: &str) -> Option<(String, Timestamp)> {
+    let Some(netns) = network_namespace_of(ip).await else {
+        report.note(&format!(
+            "skipped: no network namespace on this machine holds {ip} (the cluster's node is elsewhere)"
+        ));
+        return None;
+    };
+    let cut_at = Timestamp::now();
+    let cut = iptables(&netns, "-I", &CUT_RULE).await;
+    report
+        .check(
+            &format!("everything {who} sends but on loopback is dropped (network namespace {netns})"),
+            cut.is_ok(),
+            cut.err().unwrap_or_default(),
+        )
+        .then_some((netns, cut_at))
 }
 
 async fn heal(cluster: &Cluster, report: &Report, netns: &str, rule: &[&str]) {

@@ -367,6 +367,7 @@ async fn helm_upgrade(cluster: &Cluster, report: &Report, observer: &Observer, h
     let Some(next_chart) = next_version_chart(cluster, report).await else {
         return;
     };
+    let earlier = super::api_versions::create(cluster, report).await;
     let before = settled(cluster, observer, held, Duration::from_secs(60)).await;
     report.note(&format!("before: {before:?}"));
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &cluster.release_ns);
@@ -441,6 +442,9 @@ async fn helm_upgrade(cluster: &Cluster, report: &Report, observer: &Observer, h
             restarts(&pods, &masters).await
         ),
     );
+    if let Some(earlier) = &earlier {
+        earlier.check(cluster, report, "after helm upgrade").await;
+    }
     refused_where_holders_cannot_read(cluster, report).await;
 
     let since = Instant::now();
@@ -463,6 +467,9 @@ async fn helm_upgrade(cluster: &Cluster, report: &Report, observer: &Observer, h
         "helm rollback: no lock lost, no token changed",
         since,
     );
+    if let Some(earlier) = &earlier {
+        earlier.check(cluster, report, "after helm rollback").await;
+    }
     let masters_back = uids(
         pods.list(&masters)
             .await

@@ -53,6 +53,8 @@ pub async fn run(cluster: &Cluster, report: &Report) {
         check_hand_over(cluster, report, &observer, &cluster.holders_ns, "injected").await;
     }
     if jobs(cluster, report, &observer).await {
+        let cut = super::cut_off::cut_job_manifest(example(cluster, "job-fencing.yaml", &job_work(600)));
+        super::cut_off::job_cut_off(cluster, report, &observer, cut).await;
         // The leader goes first: with the operator stopped for the drill, nobody would remove its label.
         let removed = cluster
             .kubectl(&[

@@ -17,7 +17,7 @@ async fn a_guarded_job_pod_that_reports_its_work_stopped_lets_a_deleted_lock_go_
     let quorum = env.unique("q");
     // Masters started for this test: no restart to sit out, whatever the longest TTL.
     env.create_quorum_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
+        "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum", "metadata": { "name": quorum },
         "spec": { "endpoints": masters.urls(), "maxTtl": "60s", "nodeTimeout": "100ms", "assumeDurable": true }
     }))
     .await;
@@ -72,14 +72,14 @@ async fn a_guard_sends_nothing_to_a_server_with_another_certificate() {
     create_job(&env, "report", None, true, 30, Work::Seconds(600)).await;
     let quorum = env.unique("q");
     env.create_quorum_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
+        "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum", "metadata": { "name": quorum },
         "spec": { "endpoints": masters.urls(), "maxTtl": "20s", "nodeTimeout": "100ms", "assumeDurable": true }
     }))
     .await;
     let (running, shutdown) = operator_reporting_to(&env, &installation_secret(43), &impostor.url()).await;
     quorum_available(&env, &quorum).await;
     env.create_lock_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+        "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
         "metadata": { "name": "batch" },
         "spec": { "quorum": quorum, "ttl": "20s", "holder": { "jobs": {} } }
     }))

@@ -17,7 +17,7 @@ pub(super) async fn start_semaphore(
     let (running, shutdown) = operator(env, &installation_secret(seed), None).await;
     quorum_available(env, &quorum).await;
     env.create_lock_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+        "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
         "metadata": { "name": "batch" },
         "spec": { "quorum": quorum, "ttl": ttl, "permits": permits, "holder": { "jobs": {} } }
     }))

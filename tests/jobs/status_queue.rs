@@ -7,7 +7,7 @@ use super::*;
 pub(super) async fn durable_quorum(env: &Env, endpoints: &[String]) -> String {
     let quorum = env.unique("q");
     env.create_quorum_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
+        "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum", "metadata": { "name": quorum },
         "spec": { "endpoints": endpoints, "maxTtl": "5m", "nodeTimeout": "100ms", "assumeDurable": true }
     }))
     .await;
@@ -109,7 +109,7 @@ async fn a_job_semaphores_queue_lists_its_waiting_jobs_and_never_a_running_one()
     let (running, shutdown) = operator(&env, &installation_secret(50), None).await;
     quorum_available(&env, &quorum).await;
     env.create_lock_from(serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+        "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
         "metadata": { "name": "batch" },
         "spec": { "quorum": quorum, "ttl": "2m", "permits": 2, "holder": { "jobs": {} } }
     }))

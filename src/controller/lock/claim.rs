@@ -186,7 +186,7 @@ mod tests {
             metadata["annotations"] = annotations;
         }
         serde_json::from_value(serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock", "metadata": metadata,
+            "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock", "metadata": metadata,
             "spec": { "holder": { "identity": "x" } }
         }))
         .unwrap()

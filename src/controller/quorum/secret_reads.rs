@@ -120,7 +120,7 @@ mod tests {
 
     fn quorum(spec: serde_json::Value) -> RedisQuorum {
         serde_json::from_value(serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": {"name": "q"}, "spec": spec
+            "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum", "metadata": {"name": "q"}, "spec": spec
         }))
         .unwrap()
     }

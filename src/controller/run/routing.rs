@@ -111,7 +111,7 @@ mod tests {
     ) -> Arc<DistributedLock> {
         Arc::new(
             serde_json::from_value(serde_json::json!({
-                "apiVersion": "redlock.io/v1alpha1",
+                "apiVersion": "redlock.io/v1beta1",
                 "kind": "DistributedLock",
                 "metadata": { "name": name, "namespace": namespace, "generation": 1 },
                 "spec": { "holder": holder },
@@ -184,7 +184,7 @@ mod tests {
     fn a_semaphore_leader_that_leaves_the_selector_wakes_its_lock_and_expressions_still_select() {
         let semaphore: Arc<DistributedLock> = Arc::new(
             serde_json::from_value(serde_json::json!({
-                "apiVersion": "redlock.io/v1alpha1",
+                "apiVersion": "redlock.io/v1beta1",
                 "kind": "DistributedLock",
                 "metadata": { "name": "shards", "namespace": "a", "generation": 1 },
                 "spec": { "permits": 3, "holder": { "leaderElection": { "selector": { "matchLabels": { "app": "worker" } } } } },

@@ -84,7 +84,7 @@ mod tests {
 
     fn quorum() -> ObjectReference {
         ObjectReference {
-            api_version: Some("redlock.io/v1alpha1".into()),
+            api_version: Some("redlock.io/v1beta1".into()),
             kind: Some("RedisQuorum".into()),
             name: Some("default".into()),
             uid: Some("u1".into()),

@@ -201,7 +201,7 @@ mod tests {
 
     fn lock(name: &str) -> ObjectReference {
         ObjectReference {
-            api_version: Some("redlock.io/v1alpha1".into()),
+            api_version: Some("redlock.io/v1beta1".into()),
             kind: Some("DistributedLock".into()),
             namespace: Some("team".into()),
             name: Some(name.into()),

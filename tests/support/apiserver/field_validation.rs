@@ -1,7 +1,7 @@
 //! `fieldValidation=Strict` for custom resources, which `kubectl apply` sends (its default `--validate=strict`
 //! leaves validation to a server whose OpenAPI document lists the parameter, see openapi.rs): a create, update or
 //! patch whose object has fields its CRD's schema does not declare is refused with 400, naming them as the real
-//! server does (`DistributedLock in version "v1alpha1" cannot be handled as a DistributedLock: strict decoding
+//! server does (`DistributedLock in version "v1beta1" cannot be handled as a DistributedLock: strict decoding
 //! error: unknown field "spec.foo"`). Fields are known by the schema's `properties`, `additionalProperties`,
 //! `items` and `x-kubernetes-preserve-unknown-fields`; `apiVersion`, `kind` and `metadata` are not checked.
 //! A merge or apply patch is checked as sent (its fields are those it sets); a JSON patch is not checked.

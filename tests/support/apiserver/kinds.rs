@@ -106,7 +106,7 @@ pub(super) static KINDS: [Kind; 13] = [
     },
     Kind {
         group: "redlock.io",
-        version: "v1alpha1",
+        version: "v1beta1",
         plural: "distributedlocks",
         kind: "DistributedLock",
         status: true,
@@ -117,7 +117,7 @@ pub(super) static KINDS: [Kind; 13] = [
     },
     Kind {
         group: "redlock.io",
-        version: "v1alpha1",
+        version: "v1beta1",
         plural: "redisquorums",
         kind: "RedisQuorum",
         namespaced: false,

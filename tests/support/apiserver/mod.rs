@@ -10,7 +10,7 @@
 //! # What it models
 //!
 //! - Resources (a fixed table, `kinds.rs`): core/v1 pods, secrets, configmaps, namespaces, nodes;
-//!   events.k8s.io/v1 events; coordination.k8s.io/v1 leases; batch/v1 jobs; redlock.io/v1alpha1
+//!   events.k8s.io/v1 events; coordination.k8s.io/v1 leases; batch/v1 jobs; redlock.io/v1beta1
 //!   distributedlocks and redisquorums; apiextensions.k8s.io/v1 customresourcedefinitions.
 //! - Metadata (`meta.rs`, `write.rs`): random uid, creationTimestamp, one global resourceVersion counter,
 //!   generation (kinds that track it: bumped when anything outside metadata and status changes, and when

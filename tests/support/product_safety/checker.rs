@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::fences::{Fence, Fences};
+use super::holder_cut::CutOutcome;
 use super::permits::{Bounds, excess_holders, most_at_once, per_key};
 use super::protected::{StaleWrite, stale_writes_accepted};
 use super::recorder::Recorder;
@@ -59,6 +60,8 @@ pub struct Report {
     /// report of stopped work sent while the work ran, a key released while its holder still believed, a grant
     /// while a majority of the masters were in their restart quarantine.
     pub broken_promises: Vec<String>,
+    /// The holders cut off from the API server and the operator, and whether the lock moved off each.
+    pub holder_cuts: Vec<CutOutcome>,
 }
 
 impl Report {
@@ -70,6 +73,11 @@ impl Report {
             && self.late_fences.is_empty()
             && self.late_beliefs.is_empty()
             && self.broken_promises.is_empty()
+    }
+
+    /// How many of the holders cut off the lock moved off while they were cut.
+    pub fn moved_off_cut_holders(&self) -> usize {
+        self.holder_cuts.iter().filter(|cut| cut.moved).count()
     }
 
     pub fn transitions_total(&self) -> usize {
@@ -165,6 +173,7 @@ pub fn check(
         late_fences: Vec::new(),
         late_beliefs: Vec::new(),
         broken_promises: Vec::new(),
+        holder_cuts: Vec::new(),
     }
 }
 
@@ -198,6 +207,17 @@ impl fmt::Display for Report {
         }
         for broken in &self.broken_promises {
             write!(f, "\n  BROKEN PROMISE: {broken}")?;
+        }
+        if !self.holder_cuts.is_empty() {
+            write!(
+                f,
+                "\n  holders cut off: {}, the lock moved off {} of them",
+                self.holder_cuts.len(),
+                self.moved_off_cut_holders()
+            )?;
+        }
+        for cut in &self.holder_cuts {
+            write!(f, "\n  holder cut off: {}", cut.what)?;
         }
         for (key, count) in &self.transitions {
             write!(f, "\n  {key}: {count} transitions")?;

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config, CustomResourceExt, ResourceExt};
+use kube::{Client, Config, ResourceExt};
 use redlock_operator::api::{DistributedLock, RedisQuorum};
 
 use crate::support::apiserver::TestApiServer;
@@ -149,7 +149,10 @@ impl Cluster {
     async fn apply_crds(&self) {
         let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
         let params = PatchParams::apply("redlock-safety").force();
-        for crd in [RedisQuorum::crd(), DistributedLock::crd()] {
+        for crd in [
+            redlock_operator::api::served_crd::<RedisQuorum>(),
+            redlock_operator::api::served_crd::<DistributedLock>(),
+        ] {
             api.patch(&crd.name_any(), &params, &Patch::Apply(&crd))
                 .await
                 .expect("apply CRD");

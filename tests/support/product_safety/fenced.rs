@@ -80,7 +80,7 @@ pub async fn set_up(
     for key in keys {
         let resource_key = resource_key(key);
         let lock = serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+            "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
             "metadata": { "name": lock_name(key) },
             "spec": { "quorum": quorum, "ttl": super::TTL, "resourceKey": resource_key,
                       "holder": { "jobs": {} } }

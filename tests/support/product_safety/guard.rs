@@ -33,6 +33,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::holder_cut::HolderCuts;
 use super::recorder::{ACT_INTERVAL, Belief, Recorder};
 use crate::support::pod_token::pod_token;
 
@@ -64,6 +65,11 @@ pub struct Guarding {
     pub ends_pods: bool,
     /// Where the pods' report tokens are written (the projected volume of a real pod).
     pub token_dir: Arc<tempfile::TempDir>,
+    /// The pods cut off from the API server and the operator (`holder_cut.rs`).
+    pub cuts: Arc<HolderCuts>,
+    /// The negative control `holder-keeps-working-when-cut`: a cut pod's guard lets its work run on when its
+    /// grant is not told current in time.
+    pub keeps_working_when_cut: bool,
 }
 
 /// The pod a guard runs in, and what it was created under.
@@ -105,14 +111,26 @@ pub async fn run(
     let watching = CancellationToken::new();
     let _stop_watching = watching.clone().drop_guard();
     let (job, grant) = (pod.job.clone(), pod.grant);
+    // The watch's deliveries pass through a relay that holds them while the pod is cut off, as a route that
+    // drops its packets holds a watch's: nothing arrives, and what the API server shows comes once it is back.
+    let (watched_terms, watched_seen) = (watch::channel(None::<Term>), watch::channel(None));
     tokio::spawn(follow(
         locks,
         pod.lock.clone(),
         move |lock| granted_term(lock, &job, grant),
         Sinks {
+            terms: watched_terms.0,
+            seen: watched_seen.0,
+        },
+        watching.clone(),
+    ));
+    tokio::spawn(relay_unless_cut(
+        (watched_terms.1, watched_seen.1),
+        Sinks {
             terms: terms_sender,
             seen,
         },
+        (guarding.cuts.clone(), pod.name.clone()),
         watching.clone(),
     ));
     let token_file = write_report_token(&pods, &pod, &guarding).await;
@@ -125,7 +143,7 @@ pub async fn run(
         max_clock_skew: Duration::from_secs(1),
         namespace: pod.namespace.clone(),
         lock: pod.lock.clone(),
-        ask: recording_answers(told.clone()),
+        ask: recording_answers(told.clone(), (guarding.cuts.clone(), pod.name.clone())),
         tool: "guard (product checker)",
         clock: guarding.clock,
     };
@@ -193,7 +211,17 @@ pub async fn run(
     let (mut signalled_at, mut lost_at): (Option<Instant>, Option<Instant>) = (None, None);
     let far = Instant::now() + Duration::from_secs(24 * 3600);
     let (end, stopped) = loop {
-        belief.act(&recorder);
+        let exits_at = [
+            signalled_at.map(|at| at + guarding.work_stop_delay),
+            lost_at.map(|at| at + guarding.work_stop_delay.min(guarding.margin / 2)),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        // The work acts until it has exited, not after.
+        if exits_at.is_none_or(|at| Instant::now() < at) {
+            belief.act(&recorder);
+        }
         if let Some(shown) = latest
             .borrow()
             .as_deref()
@@ -209,13 +237,6 @@ pub async fn run(
         if now > known && past_shown.is_none() {
             past_shown = Some(now - known);
         }
-        let exits_at = [
-            signalled_at.map(|at| at + guarding.work_stop_delay),
-            lost_at.map(|at| at + guarding.work_stop_delay.min(guarding.margin / 2)),
-        ]
-        .into_iter()
-        .flatten()
-        .min();
         let why = if lost_at.is_some() {
             Stopped::OnLoss
         } else {
@@ -228,8 +249,10 @@ pub async fn run(
                 early_report.get_or_insert_with(|| (Instant::now(), tokio::spawn(report(file))));
             }
         };
+        // The control's guard lets the work run on once it is cut off: its asks unanswered, it ignores the stop.
+        let ignores_loss = guarding.keeps_working_when_cut && guarding.cuts.is_cut(&pod.name);
         tokio::select! {
-            () = lost.cancelled(), if lost_at.is_none() => {
+            () = lost.cancelled(), if lost_at.is_none() && !ignores_loss => {
                 lost_at = Some(Instant::now());
                 early(&token_file, &mut early_report);
                 continue;
@@ -284,8 +307,10 @@ pub async fn run(
     }
     let token = belief.token;
     belief.end(&recorder, end, "its work exited");
+    // A pod still cut off reaches no operator: its report is never taken.
     if stopped != Stopped::Otherwise
         && guarding.reports == Reports::AfterTheWorkStopped
+        && !guarding.cuts.is_cut(&pod.name)
         && let Some(file) = token_file
     {
         report(file).await;
@@ -308,13 +333,26 @@ pub async fn run(
     }
 }
 
+/// How long an ask of a cut-off pod waits for its answer before it fails: the guard's own ask timeout.
+const CUT_ASK_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Asks over the pinned channel as the guard does, keeping in `told` the latest end of a validity the replica told
-/// (when the answer came, plus what it said: never before the validity's true end).
-fn recording_answers(told: Arc<Mutex<Option<Instant>>>) -> Ask {
+/// (when the answer came, plus what it said: never before the validity's true end). While `pod` is cut off an ask
+/// gets no answer: it fails after the guard's timeout, as over a route that drops its packets.
+fn recording_answers(told: Arc<Mutex<Option<Instant>>>, (cuts, pod): (Arc<HolderCuts>, String)) -> Ask {
     let channel = over_the_channel();
     Arc::new(move |to, question| {
-        let asked = channel(to, question);
         let told = told.clone();
+        if cuts.is_cut(&pod) {
+            return Box::pin(async move {
+                tokio::time::sleep(CUT_ASK_TIMEOUT).await;
+                Asked::Failed {
+                    message: "no answer in time (the pod is cut off)".into(),
+                    retry_after: None,
+                }
+            });
+        }
+        let asked = channel(to, question);
         Box::pin(async move {
             let answer = asked.await;
             if let Asked::Valid { remaining, .. } = &answer {
@@ -325,6 +363,45 @@ fn recording_answers(told: Arc<Mutex<Option<Instant>>>) -> Ask {
             answer
         })
     })
+}
+
+/// Passes what the pod's watch delivers on to its guard while the pod is not cut off, and the latest of it once
+/// the cut is healed.
+async fn relay_unless_cut(
+    (mut terms, mut seen): (
+        watch::Receiver<Option<Term>>,
+        watch::Receiver<Option<Arc<DistributedLock>>>,
+    ),
+    sinks: Sinks,
+    (cuts, pod): (Arc<HolderCuts>, String),
+    stop: CancellationToken,
+) {
+    let mut changes = cuts.changes();
+    loop {
+        // Taken as seen whether or not it is passed on: once healed, the change of the cut passes the latest on.
+        let term = terms.borrow_and_update().clone();
+        let lock = seen.borrow_and_update().clone();
+        changes.borrow_and_update();
+        if !cuts.is_cut(&pod) {
+            if *sinks.terms.borrow() != term {
+                sinks.terms.send_replace(term);
+            }
+            let same = match (&*sinks.seen.borrow(), &lock) {
+                (Some(relayed), Some(lock)) => Arc::ptr_eq(relayed, lock),
+                (None, None) => true,
+                _ => false,
+            };
+            if !same {
+                sinks.seen.send_replace(lock);
+            }
+        }
+        tokio::select! {
+            changed = terms.changed() => if changed.is_err() { return },
+            changed = seen.changed() => if changed.is_err() { return },
+            changed = changes.changed() => if changed.is_err() { return },
+            () = stop.cancelled() => return,
+        }
+    }
 }
 
 /// The instant of this process's monotonic clock when its wall clock shows `at`.

@@ -52,7 +52,7 @@ impl IdentityLock {
 
     async fn create_object(&mut self, cluster: &Cluster) {
         let object = serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+            "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
             "metadata": { "name": self.lock, "labels": { ROLE_LABEL: "identity" } },
             "spec": { "quorum": self.quorum, "ttl": self.ttl, "resourceKey": self.resource_key,
                       "holder": { "identity": format!("{}-{}", self.lock, self.created) } }

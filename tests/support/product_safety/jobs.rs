@@ -76,7 +76,7 @@ impl JobLock {
             jobs["fenceMargin"] = super::duration_text(margin).into();
         }
         let object = serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+            "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
             "metadata": { "name": lock },
             "spec": { "quorum": quorum, "ttl": super::duration_text(spec.ttl), "resourceKey": resource_key,
                       "permits": spec.permits, "holder": { "jobs": jobs } }

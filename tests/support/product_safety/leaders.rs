@@ -77,7 +77,7 @@ impl LeaderSet {
 
     pub async fn create_lock(&self, cluster: &Cluster) {
         let object = serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+            "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
             "metadata": { "name": self.lock },
             "spec": { "quorum": self.quorum, "ttl": super::TTL, "resourceKey": self.resource_key,
                       "permits": self.permits, "holder": { "leaderElection": { "selector": { "matchLabels": { "app": self.lock } } } } }

@@ -18,6 +18,7 @@ pub mod findings;
 pub mod follow;
 pub mod guard;
 pub mod guard_controls;
+pub mod holder_cut;
 pub mod identity;
 pub mod jobs;
 pub mod leaders;
@@ -118,6 +119,9 @@ pub struct Scenario {
     pub guard_reports: guard::Reports,
     /// How long a Job's work takes to exit once its guard passed SIGTERM on (0: at once, as `sleep` does).
     pub work_stop_delay: Duration,
+    /// The negative control `holder-keeps-working-when-cut`: a Job pod's guard cut off from the API server and the
+    /// operator lets its work run on (`holder_cut.rs`).
+    pub guard_keeps_working_when_cut: bool,
     /// The guards' wall clock: shifted from the operator's (issue 48's skewed clocks), and whether they trust
     /// status's `validUntil` on it even where a channel is offered (the negative control `holders-trust-wall-clock`).
     pub guard_clock: HolderClock,
@@ -196,6 +200,7 @@ impl Default for Scenario {
             job_guard: Some(guard_default_margin()),
             guard_reports: guard::Reports::AfterTheWorkStopped,
             work_stop_delay: Duration::ZERO,
+            guard_keeps_working_when_cut: false,
             guard_clock: HolderClock::default(),
             beliefs_within_shown_validity: false,
             job_grace_seconds: 0,
@@ -243,6 +248,8 @@ pub struct Side {
     pub links: Vec<FaultProxy>,
     /// The holders' link to the API server (cut with the cluster's outages).
     pub holders_link: FaultProxy,
+    /// The Job pods cut off one by one (`holder_cut.rs`); `None` where the Jobs run without the guard.
+    pub cuts: Option<Arc<holder_cut::HolderCuts>>,
     pub leaders: Vec<LeaderSet>,
     pub identities: Vec<IdentityLock>,
     pub jobs: Vec<JobLock>,
@@ -299,7 +306,10 @@ impl Side {
             within_shown_validity: scenario.beliefs_within_shown_validity,
             ends_pods: cluster.server.is_some(),
             token_dir,
+            cuts: Arc::new(holder_cut::HolderCuts::default()),
+            keeps_working_when_cut: scenario.guard_keeps_working_when_cut,
         });
+        let cuts = guarding.as_ref().map(|guarding| guarding.cuts.clone());
         let within = scenario.beliefs_within_shown_validity;
         let followers = follow_holders(
             name,
@@ -318,6 +328,7 @@ impl Side {
             replicas,
             links,
             holders_link,
+            cuts,
             leaders: Vec::new(),
             identities: Vec::new(),
             jobs: Vec::new(),
@@ -406,7 +417,7 @@ async fn create_quorum(cluster: &Cluster, links: &[FaultProxy], ttl: Duration) -
     let quorum = format!("safety-{}", cluster.namespace);
     let urls: Vec<String> = links.iter().map(FaultProxy::url).collect();
     let object = serde_json::json!({
-        "apiVersion": "redlock.io/v1alpha1", "kind": "RedisQuorum", "metadata": { "name": quorum },
+        "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum", "metadata": { "name": quorum },
         "spec": { "endpoints": urls, "maxTtl": duration_text(ttl), "nodeTimeout": "100ms",
                   "sharedKeys": { "namespaces": [cluster.namespace] } }
     });
@@ -679,6 +690,7 @@ impl World {
             report.late_fences = report.fences.late();
         }
         report.late_beliefs = self.recorder.late_beliefs();
+        report.holder_cuts = self.recorder.cuts.all();
         report.broken_promises = self.recorder.broken_promises();
         if self.scenario.grants_after_quarantine {
             report.broken_promises.extend(controls::grants_in_quarantine(

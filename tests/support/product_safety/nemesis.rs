@@ -502,6 +502,9 @@ pub fn heal(world: &mut World) {
             link.heal();
         }
         side.holders_link.heal();
+        if let Some(cuts) = &side.cuts {
+            cuts.heal_all();
+        }
         for replica in &mut side.replicas {
             replica.proxy.heal();
             if replica.is_stopped() {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::holder_cut::CutRecord;
 use super::protected::ProtectedResource;
 use crate::support::history::Interval;
 
@@ -32,6 +33,8 @@ pub struct Recorder {
     /// Safeguards' promises seen broken (in runs that check them).
     broken_promises: Mutex<Vec<String>>,
     pub resource: ProtectedResource,
+    /// What each holder cut off came to (`holder_cut.rs`).
+    pub cuts: CutRecord,
 }
 
 impl Recorder {

@@ -216,7 +216,7 @@ mod tests {
 
     fn lock(holder_kind: &str, shown: Option<(&str, i64)>, given_up: Option<(&str, i64)>) -> DistributedLock {
         let mut lock: DistributedLock = serde_json::from_value(serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+            "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
             "metadata": {"name": "web", "namespace": "shop"},
             "spec": {"holder": {holder_kind: {"selector": {}}}}
         }))

@@ -212,7 +212,7 @@ mod tests {
 
     fn lock(token: i64, pin: &str) -> DistributedLock {
         let mut lock: DistributedLock = serde_json::from_value(serde_json::json!({
-            "apiVersion": "redlock.io/v1alpha1", "kind": "DistributedLock",
+            "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
             "metadata": {"name": "web", "namespace": "shop", "uid": "u-1"},
             "spec": {"holder": {"leaderElection": {"selector": {}}}}
         }))

@@ -268,7 +268,7 @@ mod tests {
 
     #[test]
     fn the_resource_version_is_read_from_the_answer_alone() {
-        let answer = r#"{"apiVersion":"redlock.io/v1alpha1","kind":"DistributedLock","metadata":{"name":"a","resourceVersion":"4711","generation":2},"spec":{"ttl":"10s"},"status":{"phase":"Held"}}"#;
+        let answer = r#"{"apiVersion":"redlock.io/v1beta1","kind":"DistributedLock","metadata":{"name":"a","resourceVersion":"4711","generation":2},"spec":{"ttl":"10s"},"status":{"phase":"Held"}}"#;
         assert_eq!(resource_version_of(answer).as_deref(), Some("4711"));
         assert_eq!(resource_version_of(r#"{"metadata":{}}"#), None);
         assert_eq!(
