@@ -212,9 +212,14 @@ if wanted redis; then
   redis=$(command -v redis-server)
   # The chart's StatefulSet: `redis-server` from PATH as 999:999 (the official image's `redis` user), working
   # directory /data (an emptyDir there; a read-only root filesystem elsewhere).
-  build "$MK_IMAGE" redis "$REDIS_TAG" "$(printf '%s\n' "$redis" "$SCRIPT" "$MK_IMAGE"; libraries "$redis")" '{"6379/tcp":{}}' "" \
+  # Also under the chart's default name (redis:<tag> of values.yaml, as Docker Hub names it), as a node that
+  # pulled it has it: what a user applies unchanged (the release's static manifest) finds its masters' image.
+  default_redis=$(awk '/^redis:/ { r = 1 } r && /^    repository:/ { repo = $2 } r && /^    tag:/ { gsub(/"/, "", $2); print repo ":" $2; exit }' \
+    charts/redlock-operator/values.yaml)
+  [ -n "$default_redis" ] || die "no redis.image in charts/redlock-operator/values.yaml"
+  build "$MK_IMAGE" redis "$REDIS_TAG" "$(printf '%s\n' "$redis" "$SCRIPT" "$MK_IMAGE" charts/redlock-operator/values.yaml; libraries "$redis")" '{"6379/tcp":{}}' "" \
     --bin "$redis:/usr/local/bin/redis-server" --passwd redis:999 --user 999:999 --workdir /data \
-    --cmd '["redis-server"]'
+    --cmd '["redis-server"]' --tag "docker.io/library/$default_redis"
   tars+=("$OUTDIR/redis.tar")
   helm_flags+=("--set redis.image.repository=${REDIS_TAG%:*}" "--set redis.image.tag=${REDIS_TAG##*:}")
 fi

@@ -13,10 +13,14 @@
 #   redlock-operator-<version>-crds.yaml            the two CRDs in one file (the chart's crds/, which Helm installs
 #                                                   but never upgrades): `kubectl apply --server-side
 #                                                   --force-conflicts -f` it before `helm upgrade`
+#   redlock-operator-<version>.yaml                 the static manifest: the chart rendered with its defaults
+#                                                   (release redlock, namespace redlock-system; Kubernetes 1.36+),
+#                                                   its generated Secrets left out and the commands that make them
+#                                                   in its header, for `kubectl apply --server-side` without Helm
 #   redlock-operator-<version>.cdx.json             a CycloneDX SBOM of Cargo.lock (every crate the build may link,
 #                                                   the tests' included), made by syft (scripts/install-tools.sh)
 #   CHANGELOG-<version>.md                          the CHANGELOG.md section of <version> (the release notes)
-#   SHA256SUMS                                      `sha256sum -c SHA256SUMS` checks the six above
+#   SHA256SUMS                                      `sha256sum -c SHA256SUMS` checks the seven above
 #
 # So that loading the image archive into a cluster's nodes and `helm install` of the .tgz need no --set.
 #
@@ -213,7 +217,17 @@ for crd in "$CHART"/crds/*.yaml; do
   cat "$crd"
 done >"$OUT/$CRDS"
 
-# 5. The SBOM: syft's cargo-lock cataloger over a folder holding only Cargo.toml and Cargo.lock (nothing else of
+# 5. The static manifest: the packaged chart rendered with its defaults (release redlock in redlock-system, as the
+# install page names them; injection by MutatingAdmissionPolicy v1, as on 1.36), its two generated Secrets left
+# out and the commands that make them at its top (scripts/static-manifest.py).
+MANIFEST=$NAME.yaml
+say "writing $MANIFEST"
+"$helm" template redlock "$OUT/$NAME.tgz" --namespace redlock-system --include-crds --skip-tests \
+  --api-versions admissionregistration.k8s.io/v1/MutatingAdmissionPolicy >"$WORK/rendered.yaml"
+python3 scripts/static-manifest.py "$WORK/rendered.yaml" "$VERSION" redlock-system >"$OUT/$MANIFEST" ||
+  die "the static manifest could not be made"
+
+# 6. The SBOM: syft's cargo-lock cataloger over a folder holding only Cargo.toml and Cargo.lock (nothing else of
 # the tree, target/ least of all, is catalogued), CycloneDX JSON.
 SBOM=$NAME.cdx.json
 # syft: the one on PATH when there is one that runs (a CI runner's, any architecture), else target/tools/bin's.
@@ -237,11 +251,11 @@ missing = locked - listed - {("redlock-operator", v) for _, v in locked}
 assert bom.get("bomFormat") == "CycloneDX" and not missing, sorted(missing)[:5]
 PY
 
-# 6. The CHANGELOG section and the checksums.
+# 7. The CHANGELOG section and the checksums.
 printf '%s\n' "$CHANGES" >"$OUT/CHANGELOG-$VERSION.md"
-(cd "$OUT" && sha256sum "$TARBALL" "$NAME.image.tar" "$NAME.tgz" "$CRDS" "$SBOM" "CHANGELOG-$VERSION.md" >SHA256SUMS)
+(cd "$OUT" && sha256sum "$TARBALL" "$NAME.image.tar" "$NAME.tgz" "$CRDS" "$MANIFEST" "$SBOM" "CHANGELOG-$VERSION.md" >SHA256SUMS)
 say "done: $OUT"
-for file in "$TARBALL" "$NAME.image.tar" "$NAME.tgz" "$CRDS" "$SBOM" "CHANGELOG-$VERSION.md" SHA256SUMS; do
+for file in "$TARBALL" "$NAME.image.tar" "$NAME.tgz" "$CRDS" "$MANIFEST" "$SBOM" "CHANGELOG-$VERSION.md" SHA256SUMS; do
   printf '%s\n' "$OUT/$file"
   say "  $(du -h "$OUT/$file" | cut -f1)	$file"
 done

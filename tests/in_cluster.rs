@@ -2,13 +2,13 @@
 //!
 //! Against the cluster of `REDLOCK_E2E_KUBECONFIG` (a kind cluster, a development cluster, the project's
 //! single-node cluster), with the images of `REDLOCK_E2E_OPERATOR_IMAGE` (default `localhost/redlock-operator:e2e`),
-//! and `REDLOCK_E2E_REDIS_IMAGE` (`localhost/redlock-redis:e2e`), which `scripts/build-images.sh` builds as tars to
-//! load into the cluster, and the examples' own `busybox:1.36` (the same script's `busybox`). One test, in phases
-//! that share one installation:
+//! and `REDLOCK_E2E_REDIS_IMAGE` (default: the chart's own, `redis:7.4`, a name `scripts/build-images.sh` gives the
+//! kit's image too), built as tars to load into the cluster, and the examples' own `busybox:1.36` (the same
+//! script's `busybox`). One test, in phases that share one installation:
 //!
 //! 1. `helm install` as the README and docs/how-to/install.md say (a fresh namespace; the chart's defaults but
-//!    for what the kit needs, the images loaded under local names, and a 30 s `maxTtl` that shortens the drills'
-//!    quarantines), the quorum Available, the operator Ready, `helm test`.
+//!    for a 30 s `maxTtl` that shortens the drills' quarantines), the quorum Available, the operator Ready, `helm
+//!    test`.
 //!    Then holders injected by the chart's admission policies (`injected`, first: its drill stops the operator):
 //!    examples/leader-election.yaml as written (busybox, no redlock binary) and examples/job-fencing.yaml, in
 //!    a namespace of their own, the leader's path to the reports port cut and healed (`cut_off`); a labelled pod without `command` refused; a Job's lock lost (the operator
@@ -22,6 +22,8 @@
 //!    queue run while a Job of the first's runs (`second_release`).
 //! 4. Uninstalling as docs/how-to/install.md#uninstall says: the locks deleted while the operator runs (each holder
 //!    fenced), `helm uninstall` (it leaves what the page lists, nothing more), the rest removed, the namespaces gone.
+//! 5. The release's static manifest applied as its header says, without Helm: the operator Ready, the quorum
+//!    Available, the README's first lock held; then removed with `kubectl delete -f`.
 //!
 //! Throughout, watches check what the docs promise: never two leaders, never more Jobs running than permits,
 //! tokens rising per lock and permit, fences before the validity shown. A failed check does not stop the phases
@@ -48,9 +50,11 @@ mod in_cluster {
     pub mod injected;
     pub mod install;
     pub mod manifests;
+    pub mod masters_restart;
     pub mod observe;
     pub mod report;
     pub mod second_release;
+    pub mod static_manifest;
     pub mod tutorials;
     pub mod uninstall;
 }
@@ -70,7 +74,12 @@ async fn helm_install_tutorials_failure_drills_and_uninstall() {
         cluster.release_ns,
         cluster.app_ns,
         cluster.operator_image.reference,
-        cluster.redis_image.reference,
+        cluster
+            .redis_image
+            .as_ref()
+            .map_or("the chart's default masters' image", |image| image
+                .reference
+                .as_str()),
     ));
     cluster.remove_leftovers().await;
     let mut cleanup = cluster.cleanup_guard();
@@ -101,6 +110,7 @@ async fn helm_install_tutorials_failure_drills_and_uninstall() {
         in_cluster::uninstall::run(&cluster, &report, &observer).await;
         // The release binds the holder ClusterRole there (a `helm upgrade` needs it until the uninstall).
         cluster.remove_namespace_now(&cluster.holders_ns).await;
+        in_cluster::static_manifest::run(&cluster, &report).await;
         cleanup.done = true;
     }
     let failed = report.summary();

@@ -121,7 +121,8 @@ pub struct Cluster {
     pub client: Client,
     pub root: PathBuf,
     pub operator_image: Image,
-    pub redis_image: Image,
+    /// The masters' image when `REDLOCK_E2E_REDIS_IMAGE` names one; the chart's default otherwise.
+    pub redis_image: Option<Image>,
     helm: PathBuf,
     kubectl: PathBuf,
     /// The release's namespace (the docs' `redlock-system`).
@@ -138,13 +139,6 @@ fn chart_from_env() -> Option<String> {
     std::env::var("REDLOCK_E2E_CHART")
         .ok()
         .filter(|chart| !chart.is_empty())
-}
-
-fn image_from_env(var: &str, default: &str) -> String {
-    std::env::var(var)
-        .ok()
-        .filter(|value| !value.is_empty())
-        .unwrap_or_else(|| default.to_owned())
 }
 
 impl Cluster {
@@ -178,10 +172,12 @@ impl Cluster {
                 }
                 _ => Image::parse("localhost/redlock-operator:e2e"),
             },
-            redis_image: Image::parse(&image_from_env(
-                "REDLOCK_E2E_REDIS_IMAGE",
-                "localhost/redlock-redis:e2e",
-            )),
+            // The chart's default (`redis:7.4`, which scripts/build-images.sh also names the kit's image) unless one
+            // is named here.
+            redis_image: std::env::var("REDLOCK_E2E_REDIS_IMAGE")
+                .ok()
+                .filter(|image| !image.is_empty())
+                .map(|image| Image::parse(&image)),
             root,
             helm,
             kubectl,
@@ -201,7 +197,9 @@ impl Cluster {
     /// the suite's namespace, since other tests share the cluster.
     pub fn values(&self) -> Vec<String> {
         let mut sets = self.operator_image.set_flags("image");
-        sets.extend(self.redis_image.set_flags("redis.image"));
+        if let Some(redis) = &self.redis_image {
+            sets.extend(redis.set_flags("redis.image"));
+        }
         // Shortens every master restart's quarantine in the drills (64 s by default); not a value holders need.
         sets.push("quorum.maxTtl=30s".into());
         sets.into_iter()
@@ -262,15 +260,50 @@ impl Cluster {
         self.run(&self.helm, args, None, patience).await
     }
 
+    /// `bash -euo pipefail -c script` in `dir`, with this cluster's kubeconfig and the suite's `kubectl` first on
+    /// PATH: commands as a page or a file's header gives them, run as written.
+    pub async fn shell_in(&self, dir: &Path, script: &str) -> Output {
+        let mut command = tokio::process::Command::new("bash");
+        command.args(["-euo", "pipefail", "-c", script]).current_dir(dir);
+        if let Some(bin) = self.kubectl.parent() {
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            let mut paths = vec![bin.to_path_buf()];
+            paths.extend(std::env::split_paths(&path));
+            if let Ok(joined) = std::env::join_paths(paths) {
+                command.env("PATH", joined);
+            }
+        }
+        let first = script.lines().next().unwrap_or_default();
+        self.finish(
+            command,
+            &format!("bash -c '{first} …'"),
+            None,
+            Duration::from_secs(120),
+        )
+        .await
+    }
+
     async fn run(&self, program: &Path, args: &[&str], stdin: Option<&str>, patience: Duration) -> Output {
         let name = program
             .file_name()
             .map(|name| name.to_string_lossy().into_owned());
         let shown = format!("{} {}", name.unwrap_or_default(), args.join(" "));
-        let started = Instant::now();
         let mut command = tokio::process::Command::new(program);
+        command.args(args);
+        self.finish(command, &shown, stdin, patience).await
+    }
+
+    /// Runs `command` (shown as `shown`) with this cluster's kubeconfig, `stdin` written to it, for at most
+    /// `patience`.
+    async fn finish(
+        &self,
+        mut command: tokio::process::Command,
+        shown: &str,
+        stdin: Option<&str>,
+        patience: Duration,
+    ) -> Output {
+        let started = Instant::now();
         command
-            .args(args)
             .env("KUBECONFIG", &self.kubeconfig)
             .stdin(if stdin.is_some() {
                 Stdio::piped()

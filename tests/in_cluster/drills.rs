@@ -30,6 +30,7 @@ pub async fn run(cluster: &Cluster, report: &Report, observer: &Observer, held: 
     operator_failover(cluster, report, observer, held).await;
     masters_down(cluster, report, observer, held).await;
     helm_upgrade(cluster, report, observer, held).await;
+    super::masters_restart::run(cluster, report, observer, held).await;
 }
 
 /// The holds the drills watch, as they are now.
@@ -98,7 +99,7 @@ fn changes_since(observer: &Observer, held: &Held, since: Instant, origin: Insta
         .collect()
 }
 
-fn check_kept(report: &Report, observer: &Observer, held: &Held, name: &str, since: Instant) {
+pub(super) fn check_kept(report: &Report, observer: &Observer, held: &Held, name: &str, since: Instant) {
     let changes = changes_since(observer, held, since, report.start());
     report.check(
         name,
@@ -489,7 +490,7 @@ async fn helm_upgrade(cluster: &Cluster, report: &Report, observer: &Observer, h
 }
 
 /// The container restarts of the masters' pods, summed.
-async fn restarts(pods: &Api<Pod>, masters: &ListParams) -> Option<i32> {
+pub(super) async fn restarts(pods: &Api<Pod>, masters: &ListParams) -> Option<i32> {
     let list = pods.list(masters).await.ok()?;
     Some(
         list.items
@@ -558,13 +559,13 @@ async fn next_version_chart(cluster: &Cluster, report: &Report) -> Option<String
 }
 
 /// The lowest `eligible` the quorum `default` showed while it ran, read every half second.
-struct QuorumWatch {
+pub(super) struct QuorumWatch {
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<Option<i32>>,
 }
 
 impl QuorumWatch {
-    fn start(cluster: &Cluster) -> Self {
+    pub(super) fn start(cluster: &Cluster) -> Self {
         let quorums: Api<RedisQuorum> = Api::all(cluster.client.clone());
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move {
@@ -585,7 +586,7 @@ impl QuorumWatch {
         Self { stop, task }
     }
 
-    async fn stop(self) -> Option<i32> {
+    pub(super) async fn stop(self) -> Option<i32> {
         let _ = self.stop.send(true);
         self.task.await.ok().flatten()
     }

@@ -71,7 +71,7 @@ pub async fn wait_for_quorum(cluster: &Cluster, report: &Report, name: &str, sta
     .await
     .map(|seen| {
         format!(
-            "{seen}, {:.0} s after helm install",
+            "{seen}, {:.0} s after the install began",
             started.elapsed().as_secs_f64()
         )
     });

@@ -17,7 +17,7 @@ use crate::controller::error::Error;
 
 /// Who keeps a lock, as its annotation says.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Keeper<'a> {
+pub enum Custody<'a> {
     /// This installation.
     Ours,
     /// Nobody yet: the first installation to claim it keeps it.
@@ -27,15 +27,15 @@ pub enum Keeper<'a> {
 }
 
 /// Who keeps `lock`, for the installation `ours`. Pure.
-pub fn keeper_of<'a>(lock: &'a DistributedLock, ours: &str) -> Keeper<'a> {
+pub fn custody_of<'a>(lock: &'a DistributedLock, ours: &str) -> Custody<'a> {
     match lock
         .annotations()
         .get(INSTALLATION_ANNOTATION)
         .map(String::as_str)
     {
-        None | Some("") => Keeper::Unclaimed,
-        Some(name) if name == ours => Keeper::Ours,
-        Some(name) => Keeper::Other(name),
+        None | Some("") => Custody::Unclaimed,
+        Some(name) if name == ours => Custody::Ours,
+        Some(name) => Custody::Other(name),
     }
 }
 
@@ -218,14 +218,14 @@ mod tests {
 
     #[test]
     fn the_annotation_names_the_keeper() {
-        assert_eq!(keeper_of(&lock(None), "ops/redlock"), Keeper::Unclaimed);
+        assert_eq!(custody_of(&lock(None), "ops/redlock"), Custody::Unclaimed);
         let empty = lock(Some(serde_json::json!({ INSTALLATION_ANNOTATION: "" })));
-        assert_eq!(keeper_of(&empty, "ops/redlock"), Keeper::Unclaimed);
+        assert_eq!(custody_of(&empty, "ops/redlock"), Custody::Unclaimed);
         let ours = lock(Some(
             serde_json::json!({ INSTALLATION_ANNOTATION: "ops/redlock" }),
         ));
-        assert_eq!(keeper_of(&ours, "ops/redlock"), Keeper::Ours);
-        assert_eq!(keeper_of(&ours, "dev/laptop"), Keeper::Other("ops/redlock"));
+        assert_eq!(custody_of(&ours, "ops/redlock"), Custody::Ours);
+        assert_eq!(custody_of(&ours, "dev/laptop"), Custody::Other("ops/redlock"));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use kube::{Resource, ResourceExt};
 
 use super::actions::holding::{DueRefresh, refresh_permits};
 use super::actions::{self, Target, give_up};
-use super::claim::{self, ClaimStep, Keeper, QuorumSeen, keeper_of};
+use super::claim::{self, ClaimStep, Custody, QuorumSeen, custody_of};
 use super::decide::{LockAction, Wanted, acquisition_in_status, current_holder, decide, known_floor};
 use super::handover::Release;
 use super::policy::{Policy, Turn};
@@ -54,9 +54,9 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
         tracing::debug!(lock = %lref, "watch caches not synced yet: waiting");
         return Ok(Action::requeue(CACHE_SYNC_RETRY));
     }
-    match keeper_of(&lock, &ctx.installation) {
-        Keeper::Ours => {}
-        Keeper::Unclaimed => {
+    match custody_of(&lock, &ctx.installation) {
+        Custody::Ours => {}
+        Custody::Unclaimed => {
             if lock.meta().deletion_timestamp.is_none() {
                 match claim_step_for(&lock, &ctx) {
                     ClaimStep::Claim => {}
@@ -80,7 +80,7 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
                 return Ok(Action::await_change());
             }
         }
-        Keeper::Other(other) => {
+        Custody::Other(other) => {
             claim::leave_alone(&lock, &ctx, other).await;
             return Ok(Action::await_change());
         }

@@ -34,7 +34,7 @@ use crate::api::DistributedLock;
 use crate::api::holder_contract::{REPORT_TOKEN_AUDIENCE, STOPPED_REPORT_PATH, StoppedReport};
 use crate::controller::context::Context;
 use crate::controller::keeper::PermitRef;
-use crate::controller::lock::claim::{Keeper, keeper_of};
+use crate::controller::lock::claim::{Custody, custody_of};
 use crate::controller::lock::releasing;
 
 /// A report is a lock name, a permit and a token: anything longer is not one.
@@ -230,7 +230,7 @@ async fn decide(
                 format!("no DistributedLock {}/{}", reporter.namespace, report.lock),
             )
         })?;
-    if !matches!(keeper_of(&lock, &ctx.installation), Keeper::Ours) {
+    if !matches!(custody_of(&lock, &ctx.installation), Custody::Ours) {
         return Err(Refused::new(
             421,
             "KeptByAnotherInstallation",
