@@ -84,9 +84,22 @@ pub struct Recorder {
     stale_wakes: AtomicU64,
     acts: AtomicU64,
     nemesis_events: AtomicU64,
+    /// Masters the nemesis restarted empty, and when.
+    restarts: Mutex<Vec<(usize, Instant)>>,
 }
 
 impl Recorder {
+    fn master_restarted(&self, index: usize) {
+        self.restarts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((index, Instant::now()));
+    }
+
+    fn master_restarts(&self) -> Vec<(usize, Instant)> {
+        self.restarts.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     fn grant(&self, grant: Grant) {
         self.grants.lock().unwrap_or_else(|e| e.into_inner()).push(grant);
     }
@@ -138,6 +151,7 @@ impl Recorder {
             excused_inversions,
             overlaps: history::find_overlaps(&per_resource, permits.max(1) as usize),
             token_regressions: find_token_regressions(&grants),
+            forgotten_token_regressions: Vec::new(),
             longest_unavailable: longest_unavailable(&per_resource, resources, from, to),
             grants: grants.len(),
             failed_attempts: self.failed_attempts.load(Ordering::Relaxed),
@@ -154,6 +168,8 @@ pub struct Report {
     pub grants: usize,
     pub overlaps: Vec<Overlap>,
     pub token_regressions: Vec<TokenRegression>,
+    /// Regressions the guarantees leave open (`forgotten`): reported, not failed.
+    pub forgotten_token_regressions: Vec<TokenRegression>,
     pub failed_attempts: u64,
     pub lost_signals: u64,
     pub stale_wakes: u64,
@@ -196,6 +212,12 @@ impl fmt::Display for Report {
         }
         for regression in self.token_regressions.iter().take(5) {
             write!(f, "\n  token regression: {regression}")?;
+        }
+        for regression in self.forgotten_token_regressions.iter().take(3) {
+            write!(
+                f,
+                "\n  token regression after a majority of masters restarted empty (a documented limit): {regression}"
+            )?;
         }
         for inversion in self.order_inversions.iter().take(5) {
             write!(f, "\n  order inversion: {inversion}")?;
@@ -575,6 +597,7 @@ impl Nemesis {
                     for &index in &targets {
                         // Restarted empty: every lock it held is forgotten.
                         let _ = self.cluster[index].restart();
+                        recorder.master_restarted(index);
                     }
                 }
                 2 | 3 => {
@@ -651,7 +674,50 @@ pub async fn random_run(
     let stop = || done(&recorder, started.elapsed());
     nemesis.run(&recorder, longest_fault, progress, stop).await;
     clients.await.expect("clients");
-    recorder.report(&workload.resources, workload.permits, started, Instant::now())
+    let mut report = recorder.report(&workload.resources, workload.permits, started, Instant::now());
+    // A restarted master sits out its quarantine (max-ttl, counted in whole seconds of uptime) before it votes.
+    let quarantine = workload.ttl + Duration::from_secs(1);
+    let (restarts, faults) = (recorder.master_restarts(), recorder.faults());
+    let (forgotten_ones, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut report.token_regressions)
+        .into_iter()
+        .partition(|regression| forgotten(regression, (&restarts, &faults), (5, quarantine)));
+    report.token_regressions = kept;
+    report.forgotten_token_regressions = forgotten_ones;
+    report
+}
+
+/// A master restarted empty, and when.
+type Restart = (usize, Instant);
+/// When a fault was thrown and healed.
+type FaultWindow = (Instant, Instant);
+
+/// How long before a grant a fault counts as one its acquisition met: its counter wait and a retry's.
+const ACQUISITION_WINDOW: Duration = Duration::from_secs(1);
+
+/// Whether a regression is the one the guarantees leave open for the engine, which keeps no floor (the `lock`
+/// command's case, docs/explanation/guarantees-and-limits.md): a majority of the `masters` restarted empty after
+/// the earlier grant, or shortly before it (still quarantined when it was granted, so never written by it), and
+/// before the later one; and the later acquisition met a fault (the nemesis throws one at a time: the masters that
+/// remember hung, cut off or slowed through its counter wait). (A master quarantined at the grant may have learned
+/// the token from an extension's repair since: counting it as forgetful can excuse a regression the guarantees
+/// would not, never the other way; the product checker's rule is the same.)
+fn forgotten(
+    regression: &TokenRegression,
+    (restarts, faults): (&[Restart], &[FaultWindow]),
+    (masters, quarantine): (usize, Duration),
+) -> bool {
+    let (earlier, later) = (&regression.earlier, &regression.later);
+    let since = earlier.start.checked_sub(quarantine).unwrap_or(earlier.start);
+    let forgetful: std::collections::BTreeSet<usize> = restarts
+        .iter()
+        .filter(|(_, at)| *at >= since && *at <= later.start)
+        .map(|(master, _)| *master)
+        .collect();
+    let acquiring_from = later.start.checked_sub(ACQUISITION_WINDOW).unwrap_or(later.start);
+    let met_a_fault = faults
+        .iter()
+        .any(|(began, ended)| *began <= later.start && *ended >= acquiring_from);
+    forgetful.len() > masters / 2 && met_a_fault
 }
 
 /// `workload` on five masters without faults for `duration`: the fair mode's order check with nothing to
