@@ -63,6 +63,15 @@ impl ReportingLeader {
         ready_pods(env, &["web-0", "web-1"]).await;
         web_lock(env, quorum, ttl, None).await;
         wait_for_leader(env, "web-0").await;
+        Self::spawn_on_web_0(env, clock_offset_ms).await
+    }
+
+    /// web-0's elect, on a lock and pods already there (web-0 leading), once its command has started.
+    pub(super) async fn start_on_web_0(env: &Env) -> Self {
+        Self::spawn_on_web_0(env, 0).await.started().await
+    }
+
+    async fn spawn_on_web_0(env: &Env, clock_offset_ms: i64) -> Self {
         let dir = tempfile::tempdir().expect("dir");
         let token_file = dir.path().join("web-0.token");
         let token = pod_token(env, "web-0", "redlock-operator").await;

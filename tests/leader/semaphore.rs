@@ -24,7 +24,11 @@ async fn leaders_shown(env: &Env) -> BTreeMap<String, (u32, i64)> {
 
 /// Waits until exactly `pods` carry the label, each with a permit and token, asserting on every look that no
 /// more than `permits` pods do and that no permit is shown on two pods.
-async fn wait_for_leaders(env: &Env, pods: &[&str], permits: usize) -> BTreeMap<String, (u32, i64)> {
+pub(super) async fn wait_for_leaders(
+    env: &Env,
+    pods: &[&str],
+    permits: usize,
+) -> BTreeMap<String, (u32, i64)> {
     eventually(&format!("{pods:?} to be the labelled pods"), || async {
         let now = labelled(env).await;
         assert!(now.len() <= permits, "more leaders than permits: {now:?}");
