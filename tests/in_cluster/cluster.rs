@@ -216,6 +216,11 @@ impl Cluster {
             .await
     }
 
+    /// [`Cluster::kubectl`] for a command that may take longer than two minutes (a rollout's status).
+    pub async fn kubectl_within(&self, args: &[&str], patience: Duration) -> Output {
+        self.run(&self.kubectl, args, None, patience).await
+    }
+
     pub async fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
         self.run(&self.kubectl, args, Some(stdin), Duration::from_secs(120))
             .await
@@ -527,7 +532,9 @@ impl Drop for Cleanup {
 /// `kubectl rollout status WHAT -n NAMESPACE --timeout=…`: waits until a Deployment's rollout is complete.
 pub async fn rolled_out(cluster: &Cluster, what: &str, namespace: &str, timeout_seconds: u64) -> Output {
     let timeout = format!("--timeout={timeout_seconds}s");
+    // kubectl's own timeout first, with room for it to say so.
+    let patience = Duration::from_secs(timeout_seconds.saturating_add(30));
     cluster
-        .kubectl(&["rollout", "status", what, "-n", namespace, &timeout])
+        .kubectl_within(&["rollout", "status", what, "-n", namespace, &timeout], patience)
         .await
 }

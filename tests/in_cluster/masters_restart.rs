@@ -1,8 +1,10 @@
 //! Phase 3c': a change the masters must restart for (their image: the same redis-server under another name, the
 //! kit's `localhost/redlock-redis:e2e` for the chart's default `redis:7.4`), by `helm upgrade` while the locks are
-//! held, then `helm rollback`. Each time every master is replaced once, one at a time (a master is Ready only once
-//! its restart quarantine is over, and the StatefulSet rolls on only then): the quorum never has fewer than four
-//! of five eligible (three required), no lock is lost and no token changes.
+//! held, then `helm rollback` once that roll has ended (as the upgrade page says: a change made mid-roll takes a
+//! second master while the first is still quarantined, which this drill found). Each time every master is replaced
+//! once, one at a time (a master is Ready only once its restart quarantine is over, and the StatefulSet rolls on
+//! only then): the quorum never has fewer than four of five eligible (three required), no lock is lost and no token
+//! changes.
 //!
 //! Each roll takes five quarantines (about three minutes at the suite's 30 s `maxTtl`), both about six: more than
 //! the test command's time allows, so the phase runs only with `REDLOCK_E2E_MASTERS_RESTART=1`.
