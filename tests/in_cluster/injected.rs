@@ -234,19 +234,17 @@ async fn leader(cluster: &Cluster, report: &Report, observer: &Observer) -> bool
         },
     );
     if held {
-        let logs = cluster
-            .kubectl(&[
-                "logs",
-                &leader.map(|(pod, _)| pod).unwrap_or_default(),
-                "-n",
-                &cluster.holders_ns,
-            ])
-            .await;
-        report.check(
-            "the leader's work runs under its fencing token",
-            logs.stdout.contains("leader work started under fencing token"),
-            logs.text(),
-        );
+        // Its elect starts the work once the active replica has told it the grant's validity: a moment after the
+        // label, which the observer saw first. Waited for, so that the cut-off drill cuts a leader at work.
+        let pod = leader.map(|(pod, _)| pod).unwrap_or_default();
+        let started = wait_for("the leader's work started", Duration::from_secs(30), || async {
+            let logs = cluster.kubectl(&["logs", &pod, "-n", &cluster.holders_ns]).await;
+            logs.stdout
+                .contains("leader work started under fencing token")
+                .then_some(logs.text())
+        })
+        .await;
+        return report.check_result("the leader's work runs under its fencing token", started);
     }
     held
 }

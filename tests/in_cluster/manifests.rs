@@ -168,6 +168,16 @@ fn path_mut<'a>(value: &'a mut Value, path: &[&str]) -> Option<&'a mut Value> {
 }
 
 /// A Job's work of `seconds`: says which grant it runs under, works, says it is done.
+/// [`job_work`] whose lines end with `at <seconds since boot>` (from /proc/uptime, to the hundredth), read by the
+/// work itself just after its lock was granted and just before it exits (so before the lock goes): one clock for
+/// every pod of the node, at the moment of writing, which the kubelet's log timestamps are not (they are taken
+/// when the runtime reads each container's output, late by as much as it lags).
+pub fn job_work_stamped(seconds: u32) -> String {
+    format!(
+        r#"echo "work started: job $REDLOCK_JOB permit ${{REDLOCK_PERMIT:-0}} token $REDLOCK_FENCING_TOKEN at $(cut -d' ' -f1 /proc/uptime)"; sleep {seconds}; echo "work done at $(cut -d' ' -f1 /proc/uptime)""#
+    )
+}
+
 pub fn job_work(seconds: u32) -> String {
     format!(
         r#"echo "work started: job $REDLOCK_JOB permit ${{REDLOCK_PERMIT:-0}} token $REDLOCK_FENCING_TOKEN"; sleep {seconds}; echo "work done""#

@@ -11,7 +11,7 @@ use redlock_operator::api::{DistributedLock, LockPhase};
 
 use super::cluster::{Cluster, FULLNAME, rolled_out};
 use super::holder_phases::{apply_in, check_hand_over, installation, jobs_complete};
-use super::manifests::{Manifest, job_work};
+use super::manifests::{Manifest, job_work, job_work_stamped};
 use super::observe::Observer;
 use super::report::{Report, wait_for};
 
@@ -402,8 +402,8 @@ async fn leader_semaphore(cluster: &Cluster, report: &Report) {
 /// examples/job-semaphore.yaml: ten Jobs' pods, five at a time, under `redlock-operator lock --permits 3` on the
 /// embedded masters, as its header says to run it (the masters' password copied into the namespace's Secret
 /// `redis-password`; the masters' addresses those of this release's namespace, which the header says to change;
-/// each pod's work shortened). By the kubelet's log timestamps, never more than three work at once, each under a
-/// permit 0-2, and all ten complete. Removed afterwards.
+/// each pod's work shortened). By the node's uptime each work writes with its lines, never more than three work at
+/// once, each under a permit 0-2, and all ten complete. Removed afterwards.
 async fn lock_command_semaphore(cluster: &Cluster, report: &Report) {
     report.step("2f. a Job semaphore of the lock command (examples/job-semaphore.yaml)");
     let ns = &cluster.holders_ns;
@@ -436,7 +436,7 @@ async fn lock_command_semaphore(cluster: &Cluster, report: &Report) {
         return;
     }
     let manifest = Manifest::example(&cluster.root, "job-semaphore.yaml")
-        .with_work(&job_work(3))
+        .with_work(&job_work_stamped(3))
         .with_operator_image(&cluster.operator_image.reference)
         .with_env_replaced(".redlock-system.svc", &format!(".{}.svc", cluster.release_ns));
     if let Err(err) = apply_in(cluster, ns, &manifest).await {
@@ -461,7 +461,6 @@ async fn lock_command_semaphore(cluster: &Cluster, report: &Report) {
             ns,
             "-l",
             "batch.kubernetes.io/job-name=warehouse-reports",
-            "--timestamps",
             "--prefix",
             "--tail=-1",
             "--max-log-requests=20",
@@ -489,18 +488,19 @@ async fn lock_command_semaphore(cluster: &Cluster, report: &Report) {
     );
 }
 
-/// From `kubectl logs --prefix --timestamps` of the semaphore's pods: the most that worked at once (between a
-/// pod's `work started` and its `work done`, on the node's one clock), which must be 3 at most, and the permits.
+/// From `kubectl logs --prefix` of the semaphore's pods: the most that worked at once (between a pod's `work
+/// started` and its `work done`, by the node's uptime each line carries: read by the work as it writes, on one
+/// clock), which must be 3 at most, and the permits.
 fn at_most_three(logs: &str) -> Result<String, String> {
-    let mut edges: Vec<(k8s_openapi::jiff::Timestamp, i32)> = Vec::new();
+    let mut edges: Vec<(u64, i32)> = Vec::new();
     let mut permits = std::collections::BTreeSet::new();
     for line in logs.lines() {
-        // `[pod/<name>/<container>] <timestamp> <text>`
-        let mut words = line.split_whitespace();
-        let (Some(_), Some(stamp)) = (words.next(), words.next()) else {
-            continue;
-        };
-        let Ok(at) = stamp.parse::<k8s_openapi::jiff::Timestamp>() else {
+        // `[pod/<name>/<container>] <text> at <seconds since boot>`
+        let Some(at) = line
+            .rsplit_once(" at ")
+            .and_then(|(_, uptime)| uptime.trim().parse::<f64>().ok())
+            .map(|seconds| (seconds * 100.0).round() as u64)
+        else {
             continue;
         };
         if line.contains("work started:") {
@@ -683,4 +683,31 @@ async fn drill_job(cluster: &Cluster, report: &Report, observer: &Observer) -> b
         "a long Job of the queue runs under its grant (for the drills)",
         running.map(|token| format!("token {token:?}")),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::at_most_three;
+
+    #[test]
+    fn works_are_counted_by_the_uptime_they_wrote_and_a_handover_at_one_instant_is_no_overlap() {
+        let line = |pod: &str, text: &str, at: f64| format!("[pod/{pod}/work] {text} at {at:.2}\n");
+        let mut logs = String::new();
+        // Four rounds of three works, each taking its permit at the hundredth the last round's work gave it up.
+        for round in 0..4 {
+            for permit in 0..3 {
+                let start = 10.0 + 3.0 * f64::from(round) + 0.01 * f64::from(permit);
+                let pod = format!("w-{round}-{permit}");
+                logs += &line(
+                    &pod,
+                    &format!("work started: job w permit {permit} token {round}"),
+                    start,
+                );
+                logs += &line(&pod, "work done", start + 3.0);
+            }
+        }
+        assert!(at_most_three(&logs).is_ok(), "{:?}", at_most_three(&logs));
+        logs += &line("late", "work started: job w permit 1 token 9", 12.0);
+        assert!(at_most_three(&logs).is_err(), "a fourth starts while three work");
+    }
 }
