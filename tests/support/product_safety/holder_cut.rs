@@ -95,7 +95,7 @@ const ROUNDS: usize = 2;
 /// while a Job's pod works, that pod alone is cut off for [`CUT_FOR`]. The guards keep working when cut in the
 /// control (`keeps_working`), and stop as `guard` does otherwise.
 pub async fn partition_run(seed: u64, keeps_working: bool) -> Report {
-    let mut world = World::start(Scenario {
+    let world = World::start(Scenario {
         job_locks: 1,
         outside_clients: 1,
         churn_keys: 1,
@@ -115,7 +115,7 @@ pub async fn partition_run(seed: u64, keeps_working: bool) -> Report {
         let Some(pod) = working_pod(&world).await else {
             continue;
         };
-        cut_one(&mut world, &key, &pod).await;
+        cut_one(&world, &key, &pod).await;
         if keeps_working && caught(&world) {
             break;
         }
@@ -143,7 +143,7 @@ async fn working_pod(world: &World) -> Option<String> {
 
 /// Cuts `pod` off for [`CUT_FOR`], then heals it; records whether the lock moved off it meanwhile: the cut pod's
 /// work ended and a write under the lock's key came from another pod's work after it.
-async fn cut_one(world: &mut World, key: &str, pod: &str) {
+async fn cut_one(world: &World, key: &str, pod: &str) {
     let side = &world.sides[0];
     let Some(cuts) = side.cuts.clone() else {
         return;
