@@ -399,3 +399,66 @@ async fn a_successor_releases_a_given_up_key_when_status_says_not_when_it_expire
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
 }
+
+/// A Pod object gone is no proof that its containers stopped: `kubectl delete --force --grace-period=0` removes it
+/// while they run on (a node cut off never stops them). So a leader force-deleted while it runs keeps its key
+/// until the validity it was shown has ended: the next leader is labelled no sooner. One whose kubelet reported it
+/// finished before the object went (as the kubelet does on every deletion it carries out) has stopped: its key
+/// goes at once, which the `Released` note says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_force_deleted_while_it_runs_keeps_its_key_until_its_validity_ends() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let (quorum, running, shutdown) = setup(&masters, &env, 36).await;
+    ready_pods(&env, &["web-0", "web-1", "web-2"]).await;
+    web_lock(&env, &quorum, "3s", None).await;
+    wait_for_leader(&env, "web-0").await;
+
+    // Force-deleted while Running: web-1 leads only once the validity shown to web-0 has ended.
+    let shown = valid_until(&env, "web-0").await;
+    pods(&env)
+        .delete("web-0", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("force delete");
+    wait_for_leader(&env, "web-1").await;
+    let moved_at = k8s_openapi::jiff::Timestamp::now();
+    assert!(
+        moved_at >= shown,
+        "web-1 led at {moved_at}, before the validity {shown} shown to the force-deleted web-0 ended"
+    );
+
+    // Reported finished by its kubelet, then deleted: its key goes at once, whatever the validity shown.
+    let finished = serde_json::json!({ "status": { "phase": "Failed" } });
+    pods(&env)
+        .patch_status("web-1", &PatchParams::default(), &Patch::Merge(&finished))
+        .await
+        .expect("pod status");
+    pods(&env)
+        .delete("web-1", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("delete");
+    wait_for_leader(&env, "web-2").await;
+    let notes = eventually("the Released note of web-1's key", || async {
+        let list = env.events().list(&ListParams::default()).await.ok()?;
+        let notes: Vec<String> = list
+            .items
+            .into_iter()
+            .filter(|event| {
+                event.reason.as_deref() == Some("Released")
+                    && event
+                        .note
+                        .as_deref()
+                        .is_some_and(|note| note.contains("released for web-1"))
+            })
+            .filter_map(|event| event.note)
+            .collect();
+        (!notes.is_empty()).then_some(notes)
+    })
+    .await;
+    assert!(
+        notes.iter().any(|note| note.contains("released now")),
+        "web-1 was reported finished: its key goes at once: {notes:?}"
+    );
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}

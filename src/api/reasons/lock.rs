@@ -172,7 +172,7 @@ pub(super) const REASONS: &[Reason] = &[
         },
         meaning: "Leader election, spec.permits lowered: the permit the note names, above the new count, was \
             given up: its leader lost the label, and the permit is released once the validity shown to it has \
-            ended, or at once if its pod is gone (the note says which); no pod gets it while it is above the \
+            ended, or at once if its pod was deleted once finished (the note says which); no pod gets it while it is above the \
             count. Nothing to do.",
     },
     Reason {

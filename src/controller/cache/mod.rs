@@ -2,6 +2,7 @@
 //! fencing read, and indexed by namespace and label. Below `context` and the policies that read them; the wiring
 //! (`run`) only feeds them from its watches.
 
+pub mod finished_pods;
 pub mod pod_cache;
 pub mod pod_index;
 pub mod stopped_pods;

@@ -13,6 +13,8 @@ use kube::core::{Selector, SelectorExt};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
+use super::finished_pods::FinishedPods;
+
 type Labels = BTreeMap<String, String>;
 
 /// The pods of one namespace: each pod's labels as last indexed, and for each label key and value the pods
@@ -82,6 +84,8 @@ struct State {
     namespaces: HashMap<String, Namespace>,
     /// Filled during a (re)list and swapped in when it is done, as the reflector does with its store.
     relisting: Option<HashMap<String, Namespace>>,
+    /// The pods deleted after they had finished: stopped for sure, where a pod merely gone may run on.
+    finished: FinishedPods,
 }
 
 /// Kept up to date from the pod watch, next to the reflector's store.
@@ -97,6 +101,7 @@ impl PodIndex {
         match event {
             watcher::Event::Init => state.relisting = Some(HashMap::new()),
             watcher::Event::InitApply(pod) => {
+                state.finished.seen(pod);
                 if let Some(relisting) = state.relisting.as_mut() {
                     insert(relisting, pod);
                 }
@@ -107,8 +112,12 @@ impl PodIndex {
                     state.synced = true;
                 }
             }
-            watcher::Event::Apply(pod) => insert(&mut state.namespaces, pod),
+            watcher::Event::Apply(pod) => {
+                state.finished.seen(pod);
+                insert(&mut state.namespaces, pod);
+            }
             watcher::Event::Delete(pod) => {
+                state.finished.deleted(pod);
                 if let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name)
                     && let Some(pods) = state.namespaces.get_mut(namespace)
                 {
@@ -122,6 +131,12 @@ impl PodIndex {
     /// first), so the caches count as synced only once both are.
     pub fn is_synced(&self) -> bool {
         self.read().synced
+    }
+
+    /// Whether the pod last deleted as `namespace`/`name` had finished (its kubelet reported its containers
+    /// stopped) before the watch showed it deleted.
+    pub fn deleted_finished(&self, namespace: &str, name: &str) -> bool {
+        self.read().finished.finished(namespace, name)
     }
 
     /// The names of the pods of `namespace` that carry every label of `required` (all of them when it is empty).

@@ -28,7 +28,7 @@ pub fn shown_until(in_status: Option<Timestamp>, kept: Option<Timestamp>) -> Opt
 }
 
 /// Whether the key may go now. `holder_stopped`: confirmed with a direct read that the holder cannot act any more
-/// (a leader pod whose Pod object is gone). No validity known means none was shown.
+/// (a leader pod deleted once its kubelet reported it finished). No validity known means none was shown.
 pub fn when_to_release(shown_until: Option<Timestamp>, holder_stopped: bool, now: Timestamp) -> Release {
     match shown_until {
         Some(until) if !holder_stopped && now < until => Release::At(until),

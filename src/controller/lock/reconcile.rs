@@ -142,7 +142,7 @@ fn rules_of(engine: &QuorumEngine) -> QuorumRules<'_> {
 /// A lock being deleted gives its keys up as on a move, after fencing its holders: a leader loses the label first
 /// (so that no pod keeps the label of a lock that is gone while another holder takes the key), a running Job is
 /// suspended. Then the keys are not extended any more and are released once the validity shown to each holder
-/// has ended, or sooner once the holder is known to have stopped (its pod gone; the Job's pods gone) — a holder
+/// has ended, or sooner once the holder is known to have stopped (its pod deleted once finished; the Job's pods gone) — a holder
 /// learns of the deletion only through its watch, or not at all when cut off from the API server (found by the
 /// product safety checker; released at once, a Job's key went to a `lock` process 43 ms after `kubectl delete`
 /// while the Job's pod still ran). `Some(wait)`: the finalizer stays that much longer.

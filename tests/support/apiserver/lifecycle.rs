@@ -12,10 +12,11 @@ use super::errors::{ApiError, ApiResult, bad_json};
 use super::kinds::{Kind, Special, kind_of};
 use super::meta::{
     finalizers, generation, grace_period, is_deleting, meta_mut, name_of, namespace_of, next_generation, now,
-    timestamp, uid_of,
+    pod_finished, timestamp, uid_of,
 };
 use super::routes::Query;
 use super::store::{EventType, GracefulPod, State};
+use super::write::update;
 
 /// A year: longer grace periods are stored as requested but finish after this.
 const LONGEST_GRACE_PERIOD: i64 = 365 * 86_400;
@@ -129,10 +130,7 @@ fn pod_grace_period(pod: &Value, requested: Option<i64>) -> i64 {
         .pointer("/spec/nodeName")
         .and_then(Value::as_str)
         .is_some_and(|n| !n.is_empty());
-    let finished = matches!(
-        pod.pointer("/status/phase").and_then(Value::as_str),
-        Some("Succeeded" | "Failed")
-    );
+    let finished = pod_finished(pod);
     match requested.unwrap_or(default) {
         _ if !scheduled || finished => 0,
         period if period < 0 => 1,
@@ -199,17 +197,34 @@ pub(super) fn sweep(state: &mut State) {
     state.graceful = pending;
     let pods = kind_of(Special::Pod);
     for pod in due {
-        let still_terminating = state
+        let Some(current) = state
             .get(pods, &pod.namespace, &pod.name)
-            .is_some_and(|current| uid_of(&current) == pod.uid && is_deleting(&current));
-        if still_terminating {
-            let _ = delete(
-                state,
-                pods,
-                &pod.namespace,
-                &pod.name,
-                &DeleteOptions::immediate(),
-            );
+            .filter(|current| uid_of(current) == pod.uid && is_deleting(current))
+        else {
+            continue;
+        };
+        // Since 1.27 the kubelet moves a deleted pod to a terminal phase once its containers have stopped, before
+        // its final delete: the last state a watch shows of a pod that stopped is a finished one.
+        if !pod_finished(&current) {
+            let mut ended = (*current).clone();
+            if let Some(status) = ended
+                .as_object_mut()
+                .map(|object| object.entry("status").or_insert_with(|| json!({})))
+                .and_then(Value::as_object_mut)
+            {
+                status.insert("phase".into(), "Failed".into());
+            }
+            // A status write, as the kubelet's: nothing but status changes.
+            if update(state, pods, true, &current, ended).is_err() {
+                continue;
+            }
         }
+        let _ = delete(
+            state,
+            pods,
+            &pod.namespace,
+            &pod.name,
+            &DeleteOptions::immediate(),
+        );
     }
 }

@@ -58,6 +58,14 @@ pub(super) fn is_deleting(object: &Value) -> bool {
         .is_some_and(|t| !t.is_null())
 }
 
+/// A pod in a terminal phase: its containers have stopped for good.
+pub(super) fn pod_finished(pod: &Value) -> bool {
+    matches!(
+        pod.pointer("/status/phase").and_then(Value::as_str),
+        Some("Succeeded" | "Failed")
+    )
+}
+
 pub(super) fn grace_period(object: &Value) -> Option<i64> {
     meta(object)?.get("deletionGracePeriodSeconds")?.as_i64()
 }

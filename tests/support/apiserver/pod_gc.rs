@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use super::Shared;
 use super::kinds::{self, Kind, Special, kind_of};
 use super::lifecycle::{DeleteOptions, delete};
-use super::meta::{name_of, namespace_of, now};
+use super::meta::{name_of, namespace_of, now, pod_finished};
 use super::selectors::Filter;
 use super::store::State;
 use super::write::update;
@@ -184,11 +184,7 @@ fn delete_orphan(state: &mut State, pods: &'static Kind, namespace: &str, name: 
     let Some(current) = state.get(pods, namespace, name) else {
         return;
     };
-    let finished = matches!(
-        current.pointer("/status/phase").and_then(Value::as_str),
-        Some("Succeeded" | "Failed")
-    );
-    if !finished {
+    if !pod_finished(&current) {
         let mut failed = (*current).clone();
         mark_failed(&mut failed);
         // A status write, as the collector's patch of pods/status: nothing but status changes.

@@ -12,6 +12,7 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -26,12 +27,17 @@ pub struct Seen {
     pub evidence: String,
 }
 
+/// The process of the object named `.0` is killed (its kubelet stops its containers): its belief ends now, and
+/// it never believes again. `.1` is told once that is recorded.
+pub type Kill = (String, oneshot::Sender<()>);
+
 /// Follows the objects of `api` (selected by `config`) until `stop`; `view` says what each object's holder sees.
+/// `kills`: the processes killed from outside (a leader pod's by the harness's kubelet), if any.
 pub async fn follow<K>(
     api: Api<K>,
     config: watcher::Config,
     view: impl Fn(&K, Instant) -> Option<Seen>,
-    recorder: Arc<Recorder>,
+    (recorder, mut kills): (Arc<Recorder>, Option<mpsc::UnboundedReceiver<Kill>>),
     stop: CancellationToken,
 ) where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
@@ -39,14 +45,29 @@ pub async fn follow<K>(
     let stream = watcher::watcher(api, config).default_backoff();
     let mut stream = std::pin::pin!(stream);
     let mut believing: BTreeMap<String, Belief> = BTreeMap::new();
+    // The objects whose process was killed: what their object shows later is seen by nobody.
+    let mut dead: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     // The objects of a relist in progress, seen all at once when it is done.
     let mut relisted: Option<Vec<K>> = None;
     let mut next_act = Instant::now() + ACT_INTERVAL;
     loop {
         let next_fence = believing.values().map(|belief| belief.fence_at).min();
         let wake = next_fence.map_or(next_act, |fence| fence.min(next_act));
+        let killed = async {
+            match kills.as_mut() {
+                Some(kills) => kills.recv().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = stop.cancelled() => break,
+            Some((name, done)) = killed => {
+                if let Some(belief) = believing.remove(&name) {
+                    belief.end(&recorder, Instant::now(), "its process was killed");
+                }
+                dead.insert(name);
+                let _ = done.send(());
+            }
             () = tokio::time::sleep_until(wake) => {
                 let now = Instant::now();
                 let fenced: Vec<String> = believing
@@ -70,7 +91,8 @@ pub async fn follow<K>(
                 let now = Instant::now();
                 match event {
                     Some(Ok(watcher::Event::Apply(object))) => {
-                        see(object.name_any(), view(&object, now), &mut believing, &recorder, now);
+                        let seen = view(&object, now).filter(|_| !dead.contains(&object.name_any()));
+                        see(object.name_any(), seen, &mut believing, &recorder, now);
                     }
                     Some(Ok(watcher::Event::Delete(object))) => {
                         if let Some(belief) = believing.remove(&object.name_any()) {
@@ -86,7 +108,10 @@ pub async fn follow<K>(
                             .take()
                             .unwrap_or_default()
                             .iter()
-                            .map(|object| (object.name_any(), view(object, now)))
+                            .map(|object| {
+                                let seen = view(object, now).filter(|_| !dead.contains(&object.name_any()));
+                                (object.name_any(), seen)
+                            })
                             .collect();
                         see_snapshot(snapshot, &mut believing, &recorder, now);
                     }

@@ -108,7 +108,7 @@ pub async fn follow_locks(
         api,
         config,
         move |lock, now| holding(&cluster, lock, now),
-        recorder,
+        (recorder, None),
         stop,
     )
     .await;

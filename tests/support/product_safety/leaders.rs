@@ -18,11 +18,12 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use redlock_operator::api::DistributedLock;
 use redlock_operator::cli::term::{Term, fence_instant};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::cluster::Cluster;
-use super::follow::{Seen, follow};
+use super::follow::{Kill, Seen, follow};
 use super::permits::permit_resource;
 use super::recorder::Recorder;
 
@@ -113,7 +114,9 @@ impl LeaderSet {
                           "annotations": { KEY_ANNOTATION: self.key } },
             "spec": {
                 "nodeName": cluster.pod_node(),
-                "terminationGracePeriodSeconds": 1,
+                // The harness's kubelet (`replace`) ends a deletion after a second; the test API server's own
+                // sweep would end it when the grace period is over, without stopping the process.
+                "terminationGracePeriodSeconds": 30,
                 "containers": [{ "name": "app", "image": "registry.invalid/app:1" }]
             }
         }))
@@ -135,20 +138,44 @@ impl LeaderSet {
             .unwrap_or_default()
     }
 
-    /// Deletes `pod` as a node drain would (graceful, then gone after its grace period, which the harness's
-    /// kubelet confirms) and creates its replacement.
-    pub async fn replace(&mut self, cluster: &Cluster, pod: &str) {
+    /// Deletes `pod` and creates its replacement. `Removal::Drain`: as a node drain does (graceful; the pod's
+    /// process sees it through its watch, if that delivers), and after a second the harness's kubelet kills the
+    /// process, reports the pod `Failed` and finalizes the deletion, as a real one does. `Removal::Force`: the
+    /// same deletion, and after a second a force delete (`--grace-period=0`) while the process runs on: nothing
+    /// stops it but its watch showing the pod gone, or its fence time.
+    pub async fn replace(&mut self, cluster: &Cluster, kubelet: &Kubelet, pod: &str, removal: Removal) {
         self.pods.retain(|name| name != pod);
         let _ = pods(cluster).delete(pod, &DeleteParams::default()).await;
         let api = pods(cluster);
         let name = pod.to_owned();
+        let kubelet = kubelet.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(1)).await;
+            if removal == Removal::Drain {
+                let (done, killed) = tokio::sync::oneshot::channel();
+                if kubelet.send((name.clone(), done)).is_ok() {
+                    let _ = killed.await;
+                }
+                let status = serde_json::json!({ "status": { "phase": "Failed" } });
+                let _ = api
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                    .await;
+            }
             let _ = api.delete(&name, &DeleteParams::default().grace_period(0)).await;
         });
         self.add_pod(cluster).await;
     }
 }
+
+/// How a leader pod is removed ([`LeaderSet::replace`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Removal {
+    Drain,
+    Force,
+}
+
+/// What the harness's kubelet uses to kill a leader pod's process (`follow::Kill`).
+pub type Kubelet = mpsc::UnboundedSender<Kill>;
 
 fn pods(cluster: &Cluster) -> Api<Pod> {
     Api::namespaced(cluster.client.clone(), &cluster.namespace)
@@ -200,12 +227,12 @@ fn leading(cluster: &str, pod: &Pod, now: Instant) -> Option<Seen> {
 }
 
 /// The processes of every leader pod of `cluster`, through `client` (cut with the cluster's outages), until
-/// `stop`; their beliefs go to `recorder`, their acts to its protected resource.
+/// `stop`; their beliefs go to `recorder`, their acts to its protected resource; `kills`: the harness's kubelet.
 pub async fn follow_pods(
     cluster: String,
     client: Client,
     namespace: String,
-    recorder: Arc<Recorder>,
+    (recorder, kills): (Arc<Recorder>, mpsc::UnboundedReceiver<Kill>),
     stop: CancellationToken,
 ) {
     let api: Api<Pod> = Api::namespaced(client, &namespace);
@@ -214,7 +241,7 @@ pub async fn follow_pods(
         api,
         config,
         move |pod, now| leading(&cluster, pod, now),
-        recorder,
+        (recorder, Some(kills)),
         stop,
     )
     .await;

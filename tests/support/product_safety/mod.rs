@@ -251,6 +251,8 @@ pub struct Side {
     /// The Job pods cut off one by one (`holder_cut.rs`); `None` where the Jobs run without the guard.
     pub cuts: Option<Arc<holder_cut::HolderCuts>>,
     pub leaders: Vec<LeaderSet>,
+    /// The harness's kubelet for the leader pods: kills a pod's process before it finalizes its deletion.
+    pub kubelet: leaders::Kubelet,
     pub identities: Vec<IdentityLock>,
     pub jobs: Vec<JobLock>,
     /// The Job controller and kubelet next to a test API server (a real cluster has its own).
@@ -311,10 +313,11 @@ impl Side {
         });
         let cuts = guarding.as_ref().map(|guarding| guarding.cuts.clone());
         let within = scenario.beliefs_within_shown_validity;
+        let (kubelet, kills) = tokio::sync::mpsc::unbounded_channel();
         let followers = follow_holders(
             name,
             &cluster,
-            (holders_client, guarding, within),
+            (holders_client, guarding, within, kills),
             recorder,
             holders_stop,
         );
@@ -330,6 +333,7 @@ impl Side {
             holders_link,
             cuts,
             leaders: Vec::new(),
+            kubelet,
             identities: Vec::new(),
             jobs: Vec::new(),
             _job_runtime: job_runtime,
@@ -448,7 +452,12 @@ fn write_installation_secret(cluster: &str) -> (tempfile::TempDir, PathBuf) {
 fn follow_holders(
     name: &str,
     cluster: &Cluster,
-    (holders_client, guarding, within_shown_validity): (kube::Client, Option<guard::Guarding>, bool),
+    (holders_client, guarding, within_shown_validity, kills): (
+        kube::Client,
+        Option<guard::Guarding>,
+        bool,
+        tokio::sync::mpsc::UnboundedReceiver<follow::Kill>,
+    ),
     recorder: &Arc<Recorder>,
     stop: &CancellationToken,
 ) -> Vec<JoinHandle<()>> {
@@ -457,7 +466,7 @@ fn follow_holders(
             name.to_owned(),
             holders_client.clone(),
             cluster.namespace.clone(),
-            recorder.clone(),
+            (recorder.clone(), kills),
             stop.clone(),
         )),
         tokio::spawn(identity::follow_locks(

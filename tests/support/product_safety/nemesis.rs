@@ -9,7 +9,7 @@ use rand::seq::SliceRandom;
 use tokio::time::Instant;
 
 use super::World;
-use super::leaders::set_ready;
+use super::leaders::{Removal, set_ready};
 use super::permits::excess_holders;
 use super::replica::takeover_allowance;
 use super::rules::FORCED;
@@ -316,6 +316,13 @@ async fn inject(world: &mut World, fault: Fault, side: usize) {
         Fault::LeaderUnready | Fault::LeaderDeleted => {
             let lock = world.rng.random_range(0..world.sides[side].leaders.len());
             let hold = millis(world, 300..2_000);
+            // A drain's deletion (the kubelet stops the process before the object goes), or a force deletion
+            // while the process runs on: the operator cannot tell them apart by the object's absence alone.
+            let removal = if world.rng.random_bool(0.5) {
+                Removal::Drain
+            } else {
+                Removal::Force
+            };
             let side = &mut world.sides[side];
             let set = &mut side.leaders[lock];
             let Some(leader) = set.labelled(&side.cluster).await.into_iter().next() else {
@@ -333,8 +340,11 @@ async fn inject(world: &mut World, fault: Fault, side: usize) {
             } else {
                 world
                     .recorder
-                    .nemesis(format!("{cluster}/{leader} deleted and replaced"));
-                set.replace(&side.cluster, &leader).await;
+                    .nemesis(format!("{cluster}/{leader} deleted ({removal:?}) and replaced"));
+                let kubelet = side.kubelet.clone();
+                side.leaders[lock]
+                    .replace(&side.cluster, &kubelet, &leader, removal)
+                    .await;
             }
             // A failover excuses nothing: the next leader should hold the key at once.
             return;

@@ -48,7 +48,7 @@ impl GaveUp {
 }
 
 /// Gives `given` up: released now, or remembered to be released when the validity shown has ended. `policy`
-/// tells whether the holder is known to have stopped (a leader pod gone from the API server).
+/// tells whether the holder is known to have stopped (a leader pod deleted once finished).
 pub async fn give_up(
     ctx: &Context,
     lock: &DistributedLock,
@@ -130,9 +130,10 @@ pub async fn give_up_kept(
 }
 
 /// Whether the holder is known to have stopped: a leader that reported so for this grant (`lock::reports`), that
-/// asked during it and was silent until every validity told to it ended (`holder_liveness`), or whose Pod object
-/// is gone; a Job gone, suspended or finished with no pod of its grant (`token`) left running
-/// or stopping but those that reported their work stopped. Read directly, not from the caches.
+/// asked during it and was silent until every validity told to it ended (`holder_liveness`), or whose pod was
+/// deleted once finished (a force-deleted one may run on); a Job gone, suspended or finished with no pod of its
+/// grant (`token`) left running or stopping but those that reported their work stopped. Read directly, not from
+/// the caches.
 async fn holder_stopped(
     ctx: &Context,
     policy: Option<&Policy>,
@@ -153,7 +154,7 @@ async fn holder_stopped(
             tracing::info!(lock = %lref.lock, pod = holder, token, "the leader stopped asking and the validity told to it has ended: it has stopped, the key goes now");
             Ok(true)
         }
-        Some(Policy::Leader(election)) => election.pod_gone(ctx, holder).await,
+        Some(Policy::Leader(election)) => election.pod_stopped(ctx, holder).await,
         Some(Policy::Jobs(queue)) => {
             let reported = ctx.lock_controller.stopped.pods(lref, token);
             queue.grant_stopped(holder, token, &reported).await
@@ -163,7 +164,7 @@ async fn holder_stopped(
 }
 
 /// Releases the key waiting for the lock once the validity shown has ended, or its holder is known to have
-/// stopped since (a deleted leader pod whose grace period ended, a suspended Job's last pod: their deletion wakes
+/// stopped since (a leader pod deleted once its kubelet reported it finished, a suspended Job's last pod: their deletion wakes
 /// the lock). `Some(at)`: it
 /// still waits until then, and nobody may take the lock meanwhile.
 pub async fn settle(

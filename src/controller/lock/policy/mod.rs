@@ -73,7 +73,7 @@ pub struct Decoration {
 /// What happens to the keys of a lost lock once its holder is fenced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeysAfterLoss {
-    /// Released once the validity shown to the holder has ended (at once if its pod is gone): the holder was
+    /// Released once the validity shown to the holder has ended (at once if its pod was deleted once finished): the holder was
     /// fenced in a way it sees (its label is gone), but it sees that late through its watch, or never when it is
     /// cut off from the API server.
     ReleaseAfterShownValidity,

@@ -16,6 +16,7 @@ use crate::api::DistributedLock;
 use crate::api::holder_contract::VALID_UNTIL_ANNOTATION;
 use crate::api::holder_contract::{PERMIT_ANNOTATION, TOKEN_ANNOTATION};
 use crate::api::lock::LeaderElectionPolicy;
+use crate::controller::cache::finished_pods::is_finished;
 use crate::controller::cache::pod_index::pods_selected;
 use crate::controller::context::Context;
 use crate::controller::error::{Error, is_not_found};
@@ -190,15 +191,20 @@ impl Election {
         }
     }
 
-    /// Whether `pod` is gone from the API server: a leader whose Pod object is gone cannot be acting any more, so
-    /// its key need not wait for the validity it was shown. A pod the cache still shows counts as there; one it
-    /// does not is confirmed with a direct read (the cache may lag behind a pod created again under its name).
-    pub async fn pod_gone(&self, ctx: &Context, pod: &str) -> Result<bool, Error> {
-        let cached = ObjectRef::new(pod).within(&self.api_namespace());
-        if ctx.pods.get(&cached).is_some() {
-            return Ok(false);
+    /// Whether `pod` has stopped for sure, so that its key need not wait for the validity it was shown: it shows a
+    /// finished phase (its kubelet stopped its containers for good), or its object is gone (read directly) and
+    /// the watch showed it finished when it was deleted. A pod merely gone may have been force-deleted while its
+    /// containers run on (`finished_pods`); its key waits. A pod the cache shows is judged by the cache (the
+    /// cache may lag behind a pod created again under its name, which is not the holder).
+    pub async fn pod_stopped(&self, ctx: &Context, pod: &str) -> Result<bool, Error> {
+        let namespace = self.api_namespace();
+        if let Some(cached) = ctx.pods.get(&ObjectRef::new(pod).within(&namespace)) {
+            return Ok(is_finished(&cached));
         }
-        Ok(self.api.get_opt(pod).await?.is_none())
+        Ok(match self.api.get_opt(pod).await? {
+            Some(current) => is_finished(&current),
+            None => ctx.pod_index.deleted_finished(&namespace, pod),
+        })
     }
 
     /// Labels `pod` as the leader with its fencing token and validity (and a semaphore's permit number), unless
