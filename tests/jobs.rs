@@ -35,6 +35,8 @@ fn job_runtime(env: &Env) -> Option<FakeJobRuntime> {
         .map(|server| FakeJobRuntime::start(server.controller_client(), Some(&env.namespace)))
 }
 
+#[path = "jobs/force_deleted.rs"]
+mod force_deleted;
 #[path = "jobs/masters.rs"]
 mod masters;
 #[path = "jobs/quarantine.rs"]

@@ -4,11 +4,15 @@
 //! it while they run on, and Kubernetes says so. Since 1.27 the kubelet moves a deleted pod to a terminal phase
 //! once its containers have stopped, before it removes the object, so the last state the watch shows of a pod
 //! that really stopped is a finished one; of a pod force-deleted while running, it is not. Kept per name, for the
-//! uid that finished; a pod created again under the name replaces the record, and the record is bounded.
+//! uid that finished; a pod created again under the name replaces the record, and the record is bounded. Of a
+//! Job's grant nothing but its pods' annotations names them, so the pods of grants deleted while they ran are
+//! kept apart ([`RunningWhenDeleted`]): their grant has not stopped for sure, whatever the API server lists.
 
 use std::collections::{HashMap, VecDeque};
 
 use k8s_openapi::api::core::v1::Pod;
+
+use crate::api::holder_contract::{LOCK_LABEL, TOKEN_ANNOTATION};
 
 /// How many deletions are remembered: a hand-over asks about a pod within a TTL or so of its deletion, and a
 /// cluster deletes far fewer pods than this in that time.
@@ -89,6 +93,83 @@ impl FinishedPods {
     }
 }
 
+/// A pod of a Job lock's grant that the watch showed deleted while it ran (not finished): force-deleted, or
+/// deleted with a grace period of 0, so its containers may run on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct GrantPod {
+    namespace: String,
+    name: String,
+    lock: String,
+    job: Option<String>,
+    token: Option<i64>,
+}
+
+/// The pods of grants deleted while they ran, the latest [`REMEMBERED`] of them.
+#[derive(Debug, Default)]
+pub struct RunningWhenDeleted {
+    pods: VecDeque<GrantPod>,
+}
+
+impl RunningWhenDeleted {
+    /// The watch showed `pod` deleted: remembered when it belongs to a Job lock's grant and had not finished.
+    pub fn deleted(&mut self, pod: &Pod) {
+        if is_finished(pod) {
+            return;
+        }
+        let Some(annotations) = pod.metadata.annotations.as_ref() else {
+            return;
+        };
+        let (Some(namespace), Some(name), Some(lock)) = (
+            pod.metadata.namespace.clone(),
+            pod.metadata.name.clone(),
+            annotations.get(LOCK_LABEL),
+        ) else {
+            return;
+        };
+        let job = owning_job(pod);
+        let token = annotations
+            .get(TOKEN_ANNOTATION)
+            .and_then(|token| token.parse().ok());
+        self.pods.push_back(GrantPod {
+            namespace,
+            name,
+            lock: lock.clone(),
+            job,
+            token,
+        });
+        while self.pods.len() > REMEMBERED {
+            self.pods.pop_front();
+        }
+    }
+
+    /// Whether a pod of `lock`'s grant of `job` with `token` (owned by the Job, or carrying the token) was
+    /// deleted while it ran, but those named in `reported` (they reported their work stopped).
+    pub fn of_grant(
+        &self,
+        (namespace, lock): (&str, &str),
+        job: &str,
+        token: i64,
+        reported: &[String],
+    ) -> bool {
+        self.pods.iter().any(|pod| {
+            pod.namespace == namespace
+                && pod.lock == lock
+                && !reported.contains(&pod.name)
+                && (pod.job.as_deref() == Some(job) || pod.token == Some(token))
+        })
+    }
+}
+
+/// The Job that owns `pod`, if one does.
+pub fn owning_job(pod: &Pod) -> Option<String> {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|owner| owner.kind == "Job")
+        .map(|owner| owner.name.clone())
+}
+
 fn key_of(pod: &Pod) -> Option<(String, String)> {
     Some((pod.metadata.namespace.clone()?, pod.metadata.name.clone()?))
 }
@@ -137,6 +218,62 @@ mod tests {
         record.deleted(&pod("web-0", "c", "Failed"));
         record.deleted(&pod("web-0", "d", "Running"));
         assert!(!record.finished("shop", "web-0"), "the last deletion decides");
+    }
+
+    fn granted(name: &str, job: &str, token: &str, phase: &str) -> Pod {
+        let mut pod = pod(name, "u", phase);
+        pod.metadata.annotations = Some(
+            [
+                (LOCK_LABEL.to_owned(), "batch".to_owned()),
+                (TOKEN_ANNOTATION.to_owned(), token.to_owned()),
+            ]
+            .into(),
+        );
+        pod.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                kind: "Job".into(),
+                name: job.into(),
+                ..Default::default()
+            },
+        ]);
+        pod
+    }
+
+    #[test]
+    fn a_grants_pod_deleted_while_it_ran_is_remembered_by_job_and_token() {
+        let mut record = RunningWhenDeleted::default();
+        record.deleted(&granted("first-a", "first", "3", "Succeeded"));
+        record.deleted(&granted("other", "other", "x", "Running"));
+        assert!(
+            !record.of_grant(("shop", "batch"), "first", 3, &[]),
+            "it finished"
+        );
+        record.deleted(&granted("first-b", "first", "4", "Running"));
+        assert!(
+            record.of_grant(("shop", "batch"), "first", 9, &[]),
+            "owned by the Job"
+        );
+        assert!(
+            record.of_grant(("shop", "batch"), "second", 4, &[]),
+            "carrying the token"
+        );
+        assert!(!record.of_grant(("shop", "batch"), "second", 5, &[]));
+        assert!(
+            !record.of_grant(("shop", "batch"), "first", 4, &["first-b".to_owned()]),
+            "it reported its work stopped"
+        );
+        assert!(!record.of_grant(("shop", "other-lock"), "first", 4, &[]));
+        assert!(!record.of_grant(("elsewhere", "batch"), "first", 4, &[]));
+        record.deleted(&pod("plain", "p", "Running"));
+        assert_eq!(record.pods.len(), 2, "a pod of no grant is not remembered");
+        for index in 0..REMEMBERED {
+            record.deleted(&granted(&format!("p-{index}"), "filler", "1", "Running"));
+        }
+        assert!(
+            !record.of_grant(("shop", "batch"), "first", 9, &[]),
+            "forgotten, oldest first"
+        );
+        assert_eq!(record.pods.len(), REMEMBERED);
     }
 
     #[test]

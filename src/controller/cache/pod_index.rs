@@ -13,7 +13,7 @@ use kube::core::{Selector, SelectorExt};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
-use super::finished_pods::FinishedPods;
+use super::finished_pods::{FinishedPods, RunningWhenDeleted};
 
 type Labels = BTreeMap<String, String>;
 
@@ -86,6 +86,8 @@ struct State {
     relisting: Option<HashMap<String, Namespace>>,
     /// The pods deleted after they had finished: stopped for sure, where a pod merely gone may run on.
     finished: FinishedPods,
+    /// The pods of Job grants deleted while they ran.
+    running_when_deleted: RunningWhenDeleted,
 }
 
 /// Kept up to date from the pod watch, next to the reflector's store.
@@ -118,6 +120,7 @@ impl PodIndex {
             }
             watcher::Event::Delete(pod) => {
                 state.finished.deleted(pod);
+                state.running_when_deleted.deleted(pod);
                 if let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name)
                     && let Some(pods) = state.namespaces.get_mut(namespace)
                 {
@@ -137,6 +140,20 @@ impl PodIndex {
     /// stopped) before the watch showed it deleted.
     pub fn deleted_finished(&self, namespace: &str, name: &str) -> bool {
         self.read().finished.finished(namespace, name)
+    }
+
+    /// Whether a pod of the grant of `job` with `token` by the lock `namespace`/`lock` was deleted while it ran,
+    /// but those in `reported` (they reported their work stopped).
+    pub fn grant_pod_deleted_running(
+        &self,
+        namespace_and_lock: (&str, &str),
+        job: &str,
+        token: i64,
+        reported: &[String],
+    ) -> bool {
+        self.read()
+            .running_when_deleted
+            .of_grant(namespace_and_lock, job, token, reported)
     }
 
     /// The names of the pods of `namespace` that carry every label of `required` (all of them when it is empty).

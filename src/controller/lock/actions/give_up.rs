@@ -157,6 +157,14 @@ async fn holder_stopped(
         Some(Policy::Leader(election)) => election.pod_stopped(ctx, holder).await,
         Some(Policy::Jobs(queue)) => {
             let reported = ctx.lock_controller.stopped.pods(lref, token);
+            // A pod of the grant force-deleted while it ran is listed nowhere, and may run on.
+            let namespace = lref.lock.namespace.as_deref().unwrap_or_default();
+            if ctx
+                .pod_index
+                .grant_pod_deleted_running((namespace, &lref.lock.name), holder, token, &reported)
+            {
+                return Ok(false);
+            }
             queue.grant_stopped(holder, token, &reported).await
         }
         _ => Ok(false),

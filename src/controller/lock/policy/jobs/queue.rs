@@ -11,6 +11,7 @@ use crate::api::holder_contract::{
     FENCED_ANNOTATION, FENCED_AT_ANNOTATION, LOCK_LABEL, PERMIT_ANNOTATION, PRIORITY_ANNOTATION,
     REQUEUED_ANNOTATION, STALE_ANNOTATION, TOKEN_ANNOTATION,
 };
+use crate::controller::cache::finished_pods::owning_job;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobView {
@@ -157,13 +158,7 @@ impl GrantedPod {
         if matches!(phase, Some("Succeeded" | "Failed")) {
             return None;
         }
-        let job = pod
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|owner| owner.kind == "Job")
-            .map(|owner| owner.name.clone());
+        let job = owning_job(pod);
         Some(Self {
             name: pod.metadata.name.clone().unwrap_or_default(),
             job,

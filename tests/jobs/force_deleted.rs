@@ -1,0 +1,58 @@
+//! A Job pod force-deleted while it runs: listed nowhere any more, but its containers may run on (on a node cut
+//! off, until it comes back), so its grant has not stopped for sure and the key waits for the validity shown.
+
+use super::*;
+
+/// Deleting the lock suspends the running Job; its pod, Terminating (a 30 s grace period), is then force-deleted
+/// (`--grace-period=0`). No pod of the grant is listed and the Job is suspended, which counted as stopped; the key
+/// must stay on a majority of masters until the validity shown to the Job has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_pod_force_deleted_while_it_runs_keeps_the_key_until_its_validity_ends() {
+    let masters = RedisCluster::start(3).expect("masters");
+    let env = Env::new().await;
+    let _runtime = job_runtime(&env);
+    let (quorum, running, shutdown) = first_running(&masters, &env, 41, 30, "3s", None).await;
+    let key = format!("{}/batch", env.namespace);
+    env.locks()
+        .delete("batch", &DeleteParams::default())
+        .await
+        .expect("delete the lock");
+    wait_for_suspension(&env, "first").await;
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    let granted = live_granted_pods(&env).await;
+    for (pod, _) in &granted {
+        let _ = pods.delete(pod, &DeleteParams::default().grace_period(0)).await;
+    }
+    assert!(!granted.is_empty(), "the grant's pod was there to force-delete");
+    let latest = std::sync::Mutex::new(None);
+    eventually("the lock to be gone and its key released", || async {
+        // Read in this order: a validity shown later than this read only widens what the key must wait for.
+        let lock = env.locks().get_opt("batch").await.ok()?;
+        let until = lock
+            .as_ref()
+            .and_then(|lock| lock.status.as_ref())
+            .and_then(|status| status.valid_until.as_ref())
+            .map(|until| until.0);
+        let shown = {
+            let mut latest = latest.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            *latest = (*latest).max(until);
+            *latest
+        };
+        let (count, _) = key_on(&masters.urls(), &key).await;
+        let now = k8s_openapi::jiff::Timestamp::now();
+        if count < 2 {
+            assert!(
+                shown.is_none_or(|shown| now >= shown),
+                "the key was released at {now}, before the validity {shown:?} shown to the force-deleted pod ended"
+            );
+        }
+        (lock.is_none() && count == 0).then_some(())
+    })
+    .await;
+    assert!(
+        latest.lock().is_ok_and(|shown| shown.is_some()),
+        "the lock showed a validity to check the release against"
+    );
+    stop(running, shutdown).await;
+    env.cleanup(&[&quorum]).await;
+}
