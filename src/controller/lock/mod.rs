@@ -14,6 +14,7 @@ pub mod decide;
 pub mod earlier_values;
 pub mod handover;
 pub mod holder_liveness;
+pub mod permit_count;
 pub mod policy;
 pub mod queue_tickets;
 pub mod reconcile;

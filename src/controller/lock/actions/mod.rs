@@ -20,9 +20,9 @@ use std::sync::Arc;
 
 use kube::runtime::events::EventType;
 
+use super::permit_count::is_semaphore;
 use super::policy::Policy;
 use super::settings::LockSettings;
-use super::status::permits::is_semaphore;
 use crate::api::DistributedLock;
 use crate::controller::context::Context;
 use crate::controller::engines::QuorumEngine;

@@ -11,9 +11,10 @@ use crate::api::{DistributedLock, LockPhase};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::lock::handover::Release;
+use crate::controller::lock::permit_count::{is_closing, open_permits, permits_of};
 use crate::controller::lock::policy::Waiting;
 use crate::controller::lock::status;
-use crate::controller::lock::status::permits::{is_closing, open_permits, permits_of, status_of};
+use crate::controller::lock::status::permits::status_of;
 use crate::controller::lock::status::write::stamp_now;
 use crate::controller::lock::status::write::{write_permit_status, write_status};
 

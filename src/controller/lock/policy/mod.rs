@@ -14,8 +14,8 @@ use kube::ResourceExt;
 
 use self::jobs::{JobQueue, JobStep};
 use self::leader::Election;
+use super::permit_count::is_semaphore;
 use super::settings::{HolderKind, LockSettings};
-use super::status::permits::is_semaphore;
 use crate::api::DistributedLock;
 use crate::api::holder_contract::LOCK_LABEL;
 use crate::controller::context::Context;

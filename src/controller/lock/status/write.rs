@@ -9,11 +9,12 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 
-use super::permits::{fold_permits, is_semaphore};
+use super::permits::fold_permits;
 use crate::api::conditions::Stamp;
 use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
 use crate::controller::context::Context;
 use crate::controller::error::{Error, is_conflict};
+use crate::controller::lock::permit_count::is_semaphore;
 use k8s_openapi::jiff::Timestamp;
 
 /// Replaces the status with what `edit` makes of the current one, with the resourceVersion it was read at as a

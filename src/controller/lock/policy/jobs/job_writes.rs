@@ -20,7 +20,7 @@ use crate::api::holder_contract::{
 use crate::controller::cache::pod_index::pods_in;
 use crate::controller::context::Context;
 use crate::controller::error::{Error, is_not_found};
-use crate::controller::lock::status::permits::open_permits;
+use crate::controller::lock::permit_count::open_permits;
 
 /// One look at the Jobs queued for a lock.
 pub struct JobQueue {

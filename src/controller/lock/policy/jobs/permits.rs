@@ -7,7 +7,7 @@
 //! exactly [`next_step`].
 
 use super::queue::{GrantedPod, JobStep, JobView, next_step, queue};
-use crate::controller::lock::status::permits::is_closing;
+use crate::controller::lock::permit_count::is_closing;
 
 /// What one permit is, as far as the Jobs are concerned.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -20,7 +20,7 @@ use crate::controller::cache::finished_pods::is_finished;
 use crate::controller::cache::pod_index::pods_selected;
 use crate::controller::context::Context;
 use crate::controller::error::{Error, is_not_found};
-use crate::controller::lock::status::permits::{is_closing, open_permits};
+use crate::controller::lock::permit_count::{is_closing, open_permits};
 
 /// One look at the pods of a leader-election lock. A semaphore (spec.permits above 1) elects one leader per
 /// permit; a lock of one permit is the semaphore of one.
