@@ -35,8 +35,10 @@ fn job_runtime(env: &Env) -> Option<FakeJobRuntime> {
         .map(|server| FakeJobRuntime::start(server.controller_client(), Some(&env.namespace)))
 }
 
-#[path = "jobs/force_deleted.rs"]
-mod force_deleted;
+#[path = "jobs/deletion.rs"]
+mod deletion;
+#[path = "jobs/guard.rs"]
+mod guard;
 #[path = "jobs/masters.rs"]
 mod masters;
 #[path = "jobs/quarantine.rs"]
@@ -45,6 +47,8 @@ mod quarantine;
 mod reports;
 #[path = "jobs/semaphore.rs"]
 mod semaphore;
+#[path = "jobs/shared_key.rs"]
+mod shared_key;
 #[path = "jobs/status_queue.rs"]
 mod status_queue;
 use masters::{keep_key, let_in, lock_out, redis_connection};
@@ -591,130 +595,6 @@ async fn an_invalid_edit_keeps_the_running_job_holding_under_the_last_valid_spec
     env.cleanup(&[&quorum]).await;
 }
 
-/// A `redlock-operator guard` process standing in for a Job pod's container: the grant's token as the downward
-/// API would pass it from the pod's annotation, and `script` as the work, with `$OUT` to write to.
-fn guard(env: &Env, job: &str, token: &str, out: &std::path::Path, script: &str) -> tokio::process::Child {
-    spawn_helper(
-        env,
-        &["guard", "--lock", "batch"],
-        script,
-        &[
-            ("JOB_NAME", job.as_ref()),
-            ("REDLOCK_GRANTED_TOKEN", token.as_ref()),
-            ("OUT", out.as_os_str()),
-        ],
-    )
-}
-
-async fn exit_status(child: &mut tokio::process::Child) -> Option<i32> {
-    tokio::time::timeout(PATIENCE, child.wait())
-        .await
-        .expect("guard exits")
-        .expect("status")
-        .code()
-}
-
-/// Issue 29: a Job pod's work run under `guard` stops on the guard's own clock, before the validity it was
-/// shown ends, when no operator replica extends the lock any more (a failover, a stopped operator): nothing
-/// in the lock changes to tell it. It ends with exit status 76 (which a `podFailurePolicy` ignores). A pod
-/// created under another grant never starts its work, and work that ends by itself gives its own status.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_guarded_job_pod_stops_its_work_on_its_own_clock_when_no_operator_extends_the_lock() {
-    let masters = RedisCluster::start(3).expect("masters");
-    let env = Env::new().await;
-    let _runtime = job_runtime(&env);
-    create_job(&env, "report", None, true, 0, Work::Seconds(600)).await;
-    let (quorum, running, shutdown) = setup(&masters, &env, 38, "3s", None).await;
-    wait_for_grant(&env, "report", 1).await;
-
-    let dir = tempfile::tempdir().expect("dir");
-    let read = |path: &std::path::Path| std::fs::read_to_string(path).unwrap_or_default();
-    let forever = "echo \"start $REDLOCK_JOB $REDLOCK_FENCING_TOKEN\" >> \"$OUT\"; trap 'echo stop >> \"$OUT\"; exit 0' TERM; while true; do sleep 0.05; done";
-    let (stale_out, held_out) = (dir.path().join("stale"), dir.path().join("held"));
-    let mut stale = guard(&env, "report", "2", &stale_out, forever);
-    let mut held = guard(&env, "report", "1", &held_out, forever);
-    eventually("the granted pod's work to start", || async {
-        (read(&held_out) == "start report 1\n").then_some(())
-    })
-    .await;
-    let mut finishing = guard(&env, "report", "1", &dir.path().join("done"), "exit 3");
-    assert_eq!(
-        exit_status(&mut finishing).await,
-        Some(3),
-        "work that ends by itself gives its own status"
-    );
-
-    // No replica extends the lock from here on; the API server still answers, and shows the last validity.
-    stop(running, shutdown).await;
-    let shown = env.locks().get("batch").await.expect("lock");
-    assert_eq!(
-        exit_status(&mut held).await,
-        Some(76),
-        "the guard stops the work when the grant runs out"
-    );
-    assert_eq!(read(&held_out), "start report 1\nstop\n");
-    let after = env.locks().get("batch").await.expect("lock");
-    assert_eq!(
-        after.metadata.resource_version, shown.metadata.resource_version,
-        "nothing in the lock told the guard: it stopped on its own clock"
-    );
-
-    assert_eq!(read(&stale_out), "", "a pod of another grant started its work");
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(stale.id().expect("pid")).expect("pid"));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
-    assert_eq!(
-        exit_status(&mut stale).await,
-        Some(76),
-        "a pod stopped before its grant was current did not succeed"
-    );
-    env.cleanup(&[&quorum]).await;
-}
-
-/// Issue 29: deleting a Job-fencing lock fences first. The running Job is suspended (Event `Fenced`), and its key
-/// is released only once the Job's pods are gone or the validity shown to them has ended; the finalizer keeps
-/// the lock until then. Released at once, the key was free 43 ms after `kubectl delete` while the pod still ran.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deleting_a_job_lock_suspends_its_running_job_before_the_key_is_released() {
-    let masters = RedisCluster::start(3).expect("masters");
-    let env = Env::new().await;
-    let _runtime = job_runtime(&env);
-    let (quorum, running, shutdown) = first_running(&masters, &env, 39, 0, "3s", None).await;
-    let key = format!("{}/batch", env.namespace);
-    env.locks()
-        .delete("batch", &DeleteParams::default())
-        .await
-        .expect("delete the lock");
-    eventually("the lock to be gone and its key released", || async {
-        // Read in this order: a validity shown later than this read only widens what the key must wait for, and
-        // pods of a suspended Job never come back, so one seen live after the key was seen free was live then.
-        let lock = env.locks().get_opt("batch").await.ok()?;
-        let shown = lock
-            .as_ref()
-            .and_then(|lock| lock.status.as_ref())
-            .and_then(|status| status.valid_until.as_ref())
-            .map(|until| until.0);
-        let (count, _) = key_on(&masters.urls(), &key).await;
-        let live = live_granted_pods(&env).await;
-        let now = k8s_openapi::jiff::Timestamp::now();
-        if count < 2 && !live.is_empty() {
-            assert!(
-                shown.is_none_or(|shown| now >= shown),
-                "the key was released while pods of the grant ran ({live:?}) and the validity shown to them ({shown:?}) had not ended"
-            );
-        }
-        (lock.is_none() && count == 0).then_some(())
-    })
-    .await;
-    assert!(!job_state(&env, "first").await.0, "the running Job was suspended");
-    events_seen(&env.events(), Some("Job"), "first", &["Fenced"]).await;
-    assert!(
-        !job_state(&env, "second").await.0,
-        "a waiting Job stays suspended"
-    );
-    stop(running, shutdown).await;
-    env.cleanup(&[&quorum]).await;
-}
-
 /// Issue 29's late fence: a Job semaphore's lost permit is fenced without waiting for the reconcile's re-list of
 /// the lock's pods, which it makes whenever a Job is about to be let run (here always: permit 1's key is held
 /// outside Kubernetes, so the second Job's grant is tried again and again). Pod lists are made slower than the
@@ -797,101 +677,6 @@ async fn a_lost_permit_is_fenced_without_waiting_for_a_slow_pod_list() {
     let_in(&urls[1]).await;
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
-}
-
-/// Issue 31: two clusters' Job queues on a shared key are served in the order their Jobs asked. Each cluster's
-/// lock waits in the key's fair queue on behalf of its queue's head, so the clusters take turns as their Jobs
-/// arrived. Each cluster is a test API server of its own, with its own Job controller and operator; only the
-/// masters are shared.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_clusters_jobs_on_a_shared_key_run_in_the_order_they_asked() {
-    let masters = RedisCluster::start(3).expect("masters");
-    let east = Env::test_server().await;
-    let west = Env::test_server().await;
-    let _east_jobs = job_runtime(&east);
-    let _west_jobs = job_runtime(&west);
-    let mut clusters = Vec::new();
-    for (env, seed) in [(&east, 41u8), (&west, 42)] {
-        let quorum = env.unique("q");
-        env.create_quorum_from(serde_json::json!({
-            "apiVersion": "redlock.io/v1beta1", "kind": "RedisQuorum", "metadata": { "name": quorum },
-            "spec": { "endpoints": masters.urls(), "maxTtl": "6s", "nodeTimeout": "100ms",
-                      "sharedKeys": { "namespaces": [env.namespace], "prefix": "shared:" } }
-        }))
-        .await;
-        let (running, shutdown) = operator(env, &installation_secret(seed), None).await;
-        quorum_available(env, &quorum).await;
-        env.create_lock_from(serde_json::json!({
-            "apiVersion": "redlock.io/v1beta1", "kind": "DistributedLock",
-            "metadata": { "name": "batch" },
-            "spec": { "quorum": quorum, "ttl": "3s", "resourceKey": "reports", "holder": { "jobs": {} } }
-        }))
-        .await;
-        clusters.push((quorum, running, shutdown));
-    }
-    let queued_next = |lock: &redlock_operator::api::DistributedLock| {
-        phase(lock) == Some(LockPhase::Contended)
-            && lock.status.as_ref().and_then(|status| status.queue_place) == Some(1)
-    };
-    // Arrivals, each once the one before runs or waits: east's e1 (which runs until it is deleted, so that
-    // the others arrive while it holds the key, however slow the API servers), west's w1, east's e2, west's w2.
-    create_job(&east, "e1", None, true, 0, Work::Seconds(600)).await;
-    let first = wait_for_grant_after(&east, "e1", 0).await;
-    create_job(&west, "w1", None, true, 0, Work::Seconds(2)).await;
-    lock_where(&west, "batch", "west next in the key's queue", queued_next).await;
-    // Issue 41: while it waits behind e1, west's lock asks the masters again and again, but lists its pods only
-    // once it has won the key (each attempt used to list them first).
-    let west_server = west.server.as_ref().expect("the test server");
-    let west_metrics = clusters[1].1.metrics_addr;
-    let attempts = || async {
-        metric(west_metrics, "redlock_acquire_duration_seconds_count")
-            .await
-            .unwrap_or(0.0)
-    };
-    // The recount's lists select the lock's pods; the pod cache's relists (a watch ended with 410) do not.
-    let recounts = || west_server.operator_lists_selecting("pods", "redlock.io/lock=");
-    let (lists_before, attempts_before) = (recounts(), attempts().await);
-    // West's first attempt, before it had a place in the queue, counted the pods first: the count sees them.
-    assert!(lists_before > 0, "no recount of west's pods was ever counted");
-    eventually("west to ask the masters three more times", || async {
-        (attempts().await >= attempts_before + 3.0).then_some(())
-    })
-    .await;
-    let lists = recounts() - lists_before;
-    println!(
-        "west's queued lock: {} attempts, {lists} pod lists",
-        attempts().await - attempts_before
-    );
-    assert_eq!(
-        lists, 0,
-        "a queued Job lock listed its pods while it could not hold"
-    );
-    create_job(&east, "e2", None, true, 0, Work::Seconds(2)).await;
-    create_job(&west, "w2", None, true, 0, Work::Seconds(2)).await;
-    jobs(&east)
-        .delete("e1", &Default::default())
-        .await
-        .expect("delete e1");
-
-    // The key's tokens rise in grant order, across the clusters: each Job's grant is above the one before it
-    // in arrival order only if the clusters took turns as their Jobs asked.
-    let mut tokens = vec![("e1", first)];
-    for (env, job) in [(&west, "w1"), (&east, "e2"), (&west, "w2")] {
-        let token = eventually(&format!("{job} to be granted"), || async {
-            let (_, shown) = job_state(env, job).await;
-            shown?.parse::<i64>().ok()
-        })
-        .await;
-        tokens.push((job, token));
-    }
-    assert!(
-        tokens.windows(2).all(|pair| pair[0].1 < pair[1].1),
-        "the clusters' Jobs ran out of the order they asked in: {tokens:?}"
-    );
-    for ((quorum, running, shutdown), env) in clusters.into_iter().zip([&east, &west]) {
-        stop(running, shutdown).await;
-        env.cleanup(&[&quorum]).await;
-    }
 }
 
 /// Found on a real cluster: a Job lock recovered a TTL late. Two masters are cut off while the Job holds the lock: what the operator

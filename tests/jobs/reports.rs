@@ -1,6 +1,7 @@
 //! The Job guard's reports that its work stopped: taken at once (issue 29), and sent, with the pod's token, only to
 //! the server whose certificate status pins (issue 39).
 
+use super::guard::exit_status;
 use super::*;
 use crate::support::report_door::Impostor;
 
