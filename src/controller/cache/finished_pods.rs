@@ -94,7 +94,7 @@ impl FinishedPods {
 }
 
 /// A pod of a Job lock's grant that the watch showed deleted while it ran (not finished): force-deleted, or
-/// deleted with a grace period of 0, so its containers may run on.
+/// removed without its kubelet reporting it finished (a grace period of 0), so its containers may run on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct GrantPod {
     namespace: String,

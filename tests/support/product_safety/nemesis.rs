@@ -341,9 +341,8 @@ async fn inject(world: &mut World, fault: Fault, side: usize) {
                 world
                     .recorder
                     .nemesis(format!("{cluster}/{leader} deleted ({removal:?}) and replaced"));
-                let kubelet = side.kubelet.clone();
                 side.leaders[lock]
-                    .replace(&side.cluster, &kubelet, &leader, removal)
+                    .replace(&side.cluster, &side.kubelet, &leader, removal)
                     .await;
             }
             // A failover excuses nothing: the next leader should hold the key at once.

@@ -194,16 +194,18 @@ impl Election {
     /// Whether `pod` has stopped for sure, so that its key need not wait for the validity it was shown: it shows a
     /// finished phase (its kubelet stopped its containers for good), or its object is gone (read directly) and
     /// the watch showed it finished when it was deleted. A pod merely gone may have been force-deleted while its
-    /// containers run on (`finished_pods`); its key waits. A pod the cache shows is judged by the cache (the
-    /// cache may lag behind a pod created again under its name, which is not the holder).
+    /// containers run on (`finished_pods`); its key waits. A pod the cache shows running is there; what would
+    /// let the key go is read directly (the cache may lag behind a pod created again under its name).
     pub async fn pod_stopped(&self, ctx: &Context, pod: &str) -> Result<bool, Error> {
         let namespace = self.api_namespace();
-        if let Some(cached) = ctx.pods.get(&ObjectRef::new(pod).within(&namespace)) {
-            return Ok(is_finished(&cached));
+        let cached = ctx.pods.get(&ObjectRef::new(pod).within(&namespace));
+        if cached.as_ref().is_some_and(|cached| !is_finished(cached)) {
+            return Ok(false);
         }
         Ok(match self.api.get_opt(pod).await? {
             Some(current) => is_finished(&current),
-            None => ctx.pod_index.deleted_finished(&namespace, pod),
+            // Finished when the cache last showed it (its delete event may not have come yet), or when deleted.
+            None => cached.is_some() || ctx.pod_index.deleted_finished(&namespace, pod),
         })
     }
 
