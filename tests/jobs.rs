@@ -160,6 +160,20 @@ async fn assert_one_grant_running(env: &Env) {
     assert!(running.len() <= 1, "two Jobs run at once: {running:?}");
 }
 
+/// Ends the deletion of the pods carrying `token` at once, as `kubectl delete --force --grace-period=0` does.
+async fn force_delete_pods_of_grant(env: &Env, token: i64) {
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    let at_once = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    for (pod, shown) in live_granted_pods(env).await {
+        if shown == token.to_string() {
+            let _ = pods.delete(&pod, &at_once).await;
+        }
+    }
+}
+
 /// Waits until `job` is the only running Job, granted with `token`.
 async fn wait_for_grant(env: &Env, job: &str, token: i64) {
     eventually(&format!("{job} granted with token {token}"), || async {
@@ -288,7 +302,8 @@ async fn jobs_run_one_at_a_time_in_queue_order_and_hand_over() {
     let _runtime = job_runtime(&env);
     create_job(&env, "low", None, true, 30, Work::Seconds(3)).await;
     create_job(&env, "high", Some(10), true, 0, Work::Seconds(3)).await;
-    create_job(&env, "mid", Some(5), true, 4, Work::Seconds(600)).await;
+    // `mid`'s pods would take ten minutes to stop once deleted: the test ends them, once status has said so.
+    create_job(&env, "mid", Some(5), true, 600, Work::Seconds(600)).await;
     create_job(&env, "broken", Some(3), true, 0, Work::Fails).await;
     let (quorum, running, shutdown) = setup(&masters, &env, 31, "3s", None).await;
 
@@ -324,7 +339,10 @@ async fn jobs_run_one_at_a_time_in_queue_order_and_hand_over() {
             .contains(&"GracePeriodTooLong".to_owned())
     );
 
-    // `high` completes by itself; `mid` is deleted while it runs, and its pods take 4 s to stop.
+    // `high` completes by itself; `mid` is deleted while it runs, and the next Job waits for its pods however
+    // long they take to stop (the key given up waits for the validity shown, then the pods): a grace period of a
+    // few seconds left a window for status to show it that a loaded machine could miss. Once it is shown, the
+    // test ends the pods' deletion.
     wait_for_grant(&env, "mid", 2).await;
     wait_for_pod_running(&env, 2).await;
     jobs(&env)
@@ -332,6 +350,11 @@ async fn jobs_run_one_at_a_time_in_queue_order_and_hand_over() {
         .await
         .expect("delete");
     wait_for_reason(&env, "WaitingForEarlierPods").await;
+    assert!(
+        running_jobs(&env).await.is_empty(),
+        "nobody runs while mid's pods stop"
+    );
+    force_delete_pods_of_grant(&env, 2).await;
     // `broken` fails at once, which hands over too.
     wait_for_grant(&env, "broken", 3).await;
     wait_for_grant(&env, "low", 4).await;
