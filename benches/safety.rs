@@ -8,10 +8,10 @@ mod support;
 
 use std::time::Duration;
 
-use support::safety::{
-    Workload, fast_clocks, majority_restart_tokens, random_run, restart_majority_while_held,
-    run_without_faults,
+use support::safety::scripted::{
+    fast_clocks, majority_restart_tokens, restart_majority_while_held, run_without_faults,
 };
+use support::safety::{Workload, random_run};
 
 /// Stop even if the grant target is not reached (a run that makes no progress is a finding too).
 const TIME_CAP: Duration = Duration::from_secs(20 * 60);

@@ -4,10 +4,11 @@
 
 use std::time::Duration;
 
-use crate::support::safety::{
-    Grant, Workload, fast_clocks, find_overlaps, find_token_regressions, majority_restart_tokens, random_run,
-    restart_majority_while_held, run_without_faults, slow_rememberers_tokens,
+use crate::support::safety::scripted::{
+    fast_clocks, majority_restart_tokens, restart_majority_while_held, run_without_faults,
+    slow_rememberers_tokens,
 };
+use crate::support::safety::{Grant, Workload, find_overlaps, find_token_regressions, random_run};
 use tokio::time::Instant;
 
 #[test]
