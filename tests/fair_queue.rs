@@ -676,7 +676,7 @@ async fn an_operator_lock_queued_for_a_key_is_woken_at_its_release() {
     use kube::runtime::reflector::ObjectRef;
     use redlock_operator::api::DistributedLock;
     use redlock_operator::controller::keeper::{Keeper, PermitRef};
-    use redlock_operator::controller::lock::release_wakes::ReleaseWakes;
+    use redlock_operator::controller::lock::fair_queue::wakes::ReleaseWakes;
 
     let cluster = RedisCluster::start(3).expect("masters");
     let urls = cluster.urls();

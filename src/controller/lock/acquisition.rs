@@ -3,7 +3,7 @@
 //! proposal, masters that forgot, a check that forbids the grant, this lock's own earlier values in the way) is
 //! tested without masters or a cluster.
 
-use crate::controller::lock::token::Exhausted;
+use crate::controller::lock::tokens::exhausted::Exhausted;
 use crate::redlock::FailureKind;
 
 /// Grants one reconcile asks the masters for before it hands the lock back to the reconciler. A grant is given

@@ -4,9 +4,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use super::fair_queue::tickets::QueueTickets;
+use super::fair_queue::wakes::ReleaseWakes;
 use super::holder_liveness::asks::HolderAsks;
-use super::queue_tickets::QueueTickets;
-use super::release_wakes::ReleaseWakes;
 use crate::api::DistributedLock;
 use crate::controller::cache::stopped_pods::StoppedPods;
 

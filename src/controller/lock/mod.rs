@@ -1,9 +1,10 @@
 //! The `DistributedLock` controller: validate the spec (`settings`, pure) → observe the holder policy (`policy`)
-//! → decide (`decide`, pure) → act on Redis and the API (`actions`; an acquisition's next step: `acquisition`,
-//! pure) → status (`status/`: pure edits, a semaphore's permits, the one write). `reconcile` is the entry point and the dispatch. `earlier_values` (pure): which
-//! values of a permit's earlier grants, put back on the masters by late writes, an acquisition may delete.
-//! Extension itself is the keeper's job; it wakes this reconciler when a lock is lost or its status is due.
-
+//! → decide (`decide`, pure) → act on Redis and the API (`actions`, on a `target`; an acquisition's next step:
+//! `acquisition`, pure) → status (`status/`: pure edits, a semaphore's permits, the one write). `reconcile` is the
+//! entry point and the dispatch. A concept per folder: the hand-over and release (`handover/`), fencing tokens
+//! (`tokens/`), this replica's part in the fair queues (`fair_queue/`), the holders' reports (`reports/`) and
+//! their silence (`holder_liveness/`). Extension itself is the keeper's job; it wakes this reconciler when a lock
+//! is lost or its status is due.
 use std::time::Duration;
 
 pub mod acquisition;
@@ -11,20 +12,17 @@ pub mod actions;
 pub mod claim;
 pub mod controller_state;
 pub mod decide;
-pub mod earlier_values;
+pub mod fair_queue;
 pub mod handover;
 pub mod holder_liveness;
 pub mod permit_count;
 pub mod policy;
-pub mod queue_tickets;
 pub mod reconcile;
-pub mod release_wakes;
-pub mod releasing;
 pub mod reports;
 pub mod settings;
 pub mod status;
-pub mod token;
-pub mod token_floor;
+pub mod target;
+pub mod tokens;
 
 pub use crate::api::holder_contract::FINALIZER;
 

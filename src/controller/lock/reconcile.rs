@@ -12,10 +12,11 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 use super::actions::holding::{DueRefresh, refresh_permits};
-use super::actions::{self, Target, give_up};
+use super::actions::{self, Target};
 use super::claim::{self, ClaimStep, Custody, QuorumSeen, custody_of};
 use super::decide::{LockAction, Wanted, acquisition_in_status, current_holder, decide, known_floor};
 use super::handover::Release;
+use super::handover::{give_up, release};
 use super::permit_count::{is_semaphore, permits_of};
 use super::policy::{Policy, Turn};
 use super::settings::{LockSettings, QuorumRules, lock_settings};
@@ -99,7 +100,7 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
     let result = finalizer(&api, FINALIZER, lock, |event| async {
         match event {
             FinalizerEvent::Apply(lock) => apply(&lock, &ctx).await,
-            FinalizerEvent::Cleanup(lock) => actions::release::cleanup(&lock, &ctx).await,
+            FinalizerEvent::Cleanup(lock) => release::cleanup(&lock, &ctx).await,
         }
     })
     .await;
@@ -563,7 +564,7 @@ async fn act(
             return actions::fence::resume_fenced(target, ctx, &job, token).await;
         }
         Turn::ReleaseFinished(job) => {
-            return actions::release::release_finished(target, ctx, held.as_ref(), &job).await;
+            return release::release_finished(target, ctx, held.as_ref(), &job).await;
         }
         Turn::Requeue { job, token } => return actions::fence::requeue(target, ctx, &job, token).await,
         Turn::Wait(waiting) => return actions::wait::wait_for_policy(target, ctx, &waiting).await,
@@ -583,11 +584,11 @@ async fn act(
         LockAction::ReportLost { reason } => {
             actions::fence::report_lost(target, ctx, &holder, &reason.to_string(), None).await
         }
-        LockAction::ReleaseHeld => actions::release::release_for_change(target, ctx, held, &holder).await,
+        LockAction::ReleaseHeld => release::release_for_change(target, ctx, held, &holder).await,
         LockAction::ReleasePrevious {
             token,
             holder: previous,
-        } => actions::release::release_previous(target, ctx, &holder, token, &previous).await,
+        } => release::release_previous(target, ctx, &holder, token, &previous).await,
         LockAction::Resume { token } => actions::acquire::resume(target, ctx, &holder, token, status).await,
         LockAction::Acquire { floor } => actions::acquire::acquire(target, ctx, &holder, floor).await,
     }

@@ -11,10 +11,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use super::Target;
-use super::floor_record;
-use super::give_up::give_up_kept;
 use super::holding::{keep, show_held, take_back};
-use super::release::release_held;
 use super::wait::not_ready;
 use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
 use crate::controller::context::Context;
@@ -23,15 +20,18 @@ use crate::controller::keeper::HeldView;
 use crate::controller::lock::RESYNC;
 use crate::controller::lock::acquisition::{Acquisition, Outcome, Record, Step, Then};
 use crate::controller::lock::decide::{contended_retry, resume_still_possible};
-use crate::controller::lock::earlier_values::{EarlierValue, blocking_labels, deletable};
-use crate::controller::lock::queue_tickets::queued_retry;
+use crate::controller::lock::fair_queue::tickets::queued_retry;
+use crate::controller::lock::handover::give_up::give_up_kept;
+use crate::controller::lock::handover::release::release_held;
 use crate::controller::lock::status::permits::status_of;
 use crate::controller::lock::status::write::stamp_now;
+use crate::controller::lock::tokens::earlier_values::{EarlierValue, blocking_labels, deletable};
+use crate::controller::lock::tokens::floor_record;
 
 use crate::controller::lock::status::write::write_permit_status;
 use crate::controller::lock::status::{self, Blocked, Showing};
-use crate::controller::lock::token::{EXHAUSTED_REASON, Exhausted, Places, exhausted_message};
-use crate::controller::lock::token_floor::record_name;
+use crate::controller::lock::tokens::exhausted::{EXHAUSTED_REASON, Exhausted, Places, exhausted_message};
+use crate::controller::lock::tokens::floor::record_name;
 use crate::negative_controls::{self, Baseline, Control};
 use crate::redlock::{
     AcquireError, ExtendError, FailureKind, Lease, NodeOutcome, OperationReport, ReleaseMark, Waiter,

@@ -9,13 +9,13 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use super::Target;
-use super::give_up::{give_up, give_up_kept, rebuilt};
 use super::holding::{show_held, take_back};
-use super::release::release_held;
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::lock::RESYNC;
 use crate::controller::lock::decide::{contended_retry, take_back_still_possible};
+use crate::controller::lock::handover::give_up::{give_up, give_up_kept, rebuilt};
+use crate::controller::lock::handover::release::release_held;
 use crate::controller::lock::policy::{KeysAfterLoss, Policy};
 use crate::controller::lock::status::write::stamp_now;
 use crate::controller::lock::status::write::write_permit_status;

@@ -6,11 +6,11 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use super::Target;
-use super::give_up::{give_up_kept, until};
 use crate::api::{DistributedLock, LockPhase};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::lock::handover::Release;
+use crate::controller::lock::handover::give_up::{give_up_kept, until};
 use crate::controller::lock::permit_count::{is_closing, open_permits, permits_of};
 use crate::controller::lock::policy::Waiting;
 use crate::controller::lock::status;

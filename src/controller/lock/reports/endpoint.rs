@@ -35,7 +35,7 @@ use crate::api::holder_contract::{REPORT_TOKEN_AUDIENCE, STOPPED_REPORT_PATH, St
 use crate::controller::context::Context;
 use crate::controller::keeper::PermitRef;
 use crate::controller::lock::claim::{Custody, custody_of};
-use crate::controller::lock::releasing;
+use crate::controller::lock::handover::releasing;
 
 /// A report is a lock name, a permit and a token: anything longer is not one.
 pub const MAX_REPORT_BYTES: usize = 4096;

@@ -24,8 +24,8 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::api::holder_contract::StoppedReport;
 use crate::api::{DistributedLock, LockPhase};
+use crate::controller::lock::handover::releasing;
 use crate::controller::lock::policy::jobs::queue::GrantedPod;
-use crate::controller::lock::releasing;
 use crate::controller::lock::status::permits::status_of;
 
 /// The extra fields the API server puts into a pod-bound service-account token's user info.

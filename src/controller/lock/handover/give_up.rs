@@ -1,26 +1,26 @@
 //! Giving a key up once its holder was told (label removed, status changed): released now if the holder is known
 //! to have stopped or was shown no validity, else not extended any more and released by [`settle`] once the
-//! validity last shown to it has ended (the rule and why: `lock::handover`).
+//! validity last shown to it has ended (the rule and why: `super::rule`).
 
 use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 
 use kube::ResourceExt;
 
-use super::Target;
 use crate::api::DistributedLock;
 use crate::controller::context::Context;
 use crate::controller::engines::QuorumLookup;
 use crate::controller::error::Error;
 use crate::controller::keeper::{PermitRef, Retiring};
 use crate::controller::lock::decide::acquisition_in_status;
+use crate::controller::lock::handover::releasing::{self, Recorded};
 use crate::controller::lock::handover::{Release, release_note, shown_until, wait_until, when_to_release};
 use crate::controller::lock::holder_liveness::rule::stopped_by_silence;
 use crate::controller::lock::policy::Policy;
-use crate::controller::lock::releasing::{self, Recorded};
 use crate::controller::lock::status::permits::status_of;
 use crate::controller::lock::status::wall_at;
 use crate::controller::lock::status::write::write_status;
+use crate::controller::lock::target::Target;
 use crate::negative_controls::{self, Control};
 use crate::redlock::LockValue;
 

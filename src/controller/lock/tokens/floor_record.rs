@@ -1,4 +1,4 @@
-//! The cluster's floor record of a key's fencing tokens (see `lock::token_floor`): read before an acquisition,
+//! The cluster's floor record of a key's fencing tokens (see `super::floor`): read before an acquisition,
 //! written after the masters granted and before status, labels or grants show the token. Every write carries
 //! the resourceVersion it was decided on, so two writers (replicas, locks sharing the key) cannot lower it.
 
@@ -10,7 +10,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use crate::controller::context::Context;
 use crate::controller::error::{Error, is_conflict, is_not_found};
 use crate::controller::lock::acquisition::Record;
-use crate::controller::lock::token_floor::{
+use crate::controller::lock::tokens::floor::{
     AfterGrant, MANAGED_BY, after_grant, floor_of, invalid_record_message, record_data, record_name,
 };
 

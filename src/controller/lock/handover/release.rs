@@ -8,7 +8,6 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 
-use super::Target;
 use super::give_up::{give_up, give_up_kept, rebuilt};
 use crate::api::DistributedLock;
 use crate::controller::context::Context;
@@ -22,6 +21,7 @@ use crate::controller::lock::status;
 use crate::controller::lock::status::permits::status_of;
 use crate::controller::lock::status::write::stamp_now;
 use crate::controller::lock::status::write::write_permit_status;
+use crate::controller::lock::target::Target;
 use crate::redlock::{OperationReport, Waiter, permit_key};
 
 /// Stops keeping the lock and deletes its key where it is still ours. Only the active replica releases: one that

@@ -3,7 +3,7 @@
 //! (`permit_key`), so each permit has its own record and token sequence; permit 0's is the plain lock's. The masters' counters can forget (a majority
 //! restarted empty, `FLUSHALL`, counters expired); a token is shown nowhere before this record holds it, so
 //! within a cluster a later grant never shows a lower token. Pure: naming, the record's data, and what to do
-//! after the masters granted; `actions::token_floor` makes the API calls.
+//! after the masters granted; `floor_record` makes the API calls.
 
 use std::collections::BTreeMap;
 
