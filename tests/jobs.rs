@@ -175,13 +175,32 @@ async fn force_delete_pods_of_grant(env: &Env, token: i64) {
 }
 
 /// Waits until `job` is the only running Job, granted with `token`.
+/// On a timeout it says what the Job and the lock showed last, so that a failure tells a grant that never came
+/// from one with another token.
 async fn wait_for_grant(env: &Env, job: &str, token: i64) {
-    eventually(&format!("{job} granted with token {token}"), || async {
+    let mut last = (false, None);
+    let waited = crate::support::poll::until(PATIENCE, Duration::from_millis(20), async || {
         assert_one_grant_running(env).await;
-        let (runs, shown) = job_state(env, job).await;
-        (runs && shown == Some(token.to_string())).then_some(())
+        last = job_state(env, job).await;
+        (last.0 && last.1 == Some(token.to_string())).then_some(())
     })
     .await;
+    if let Err(waited) = waited {
+        let lock = env.locks().get("batch").await.ok();
+        let status = lock.and_then(|lock| lock.status);
+        let held = status
+            .as_ref()
+            .and_then(|status| condition(&status.conditions, "Held"))
+            .map(|held| format!("{}: {}", held.reason, held.message));
+        panic!(
+            "timed out waiting for {job} granted with token {token} ({waited:?}); it last ran: {}, with token {:?}; \
+             the lock shows holder {:?}, token {:?}, Held {held:?}",
+            last.0,
+            last.1,
+            status.as_ref().and_then(|status| status.holder.clone()),
+            status.as_ref().and_then(|status| status.fencing_token),
+        );
+    }
 }
 
 /// Waits until `job` is the only running Job, granted with a token above `previous`, and returns that token.
@@ -279,13 +298,14 @@ async fn first_running(
     first_grace: i64,
     ttl: &str,
     margin: Option<&str>,
-) -> (String, Running, CancellationToken) {
+) -> (String, Running, CancellationToken, i64) {
     create_job(env, "first", None, true, first_grace, Work::Seconds(600)).await;
     create_job(env, "second", None, true, 0, Work::Seconds(600)).await;
-    let started = setup(masters, env, seed, ttl, margin).await;
-    wait_for_grant(env, "first", 1).await;
-    wait_for_pod_running(env, 1).await;
-    started
+    let (quorum, running, shutdown) = setup(masters, env, seed, ttl, margin).await;
+    // Tokens only promise to grow: a first attempt that timed out on a loaded machine may have raised counters.
+    let token = wait_for_grant_after(env, "first", 0).await;
+    wait_for_pod_running(env, token).await;
+    (quorum, running, shutdown, token)
 }
 
 async fn wait_for_suspension(env: &Env, job: &str) {
@@ -307,7 +327,7 @@ async fn jobs_run_one_at_a_time_in_queue_order_and_hand_over() {
     create_job(&env, "broken", Some(3), true, 0, Work::Fails).await;
     let (quorum, running, shutdown) = setup(&masters, &env, 31, "3s", None).await;
 
-    wait_for_grant(&env, "high", 1).await;
+    let high = wait_for_grant_after(&env, "high", 0).await;
     let lock = lock_where(&env, "batch", "held by high", |lock| {
         phase(lock) == Some(LockPhase::Held)
             && lock.status.as_ref().and_then(|s| s.holder.as_deref()) == Some("high")
@@ -343,8 +363,8 @@ async fn jobs_run_one_at_a_time_in_queue_order_and_hand_over() {
     // long they take to stop (the key given up waits for the validity shown, then the pods): a grace period of a
     // few seconds left a window for status to show it that a loaded machine could miss. Once it is shown, the
     // test ends the pods' deletion.
-    wait_for_grant(&env, "mid", 2).await;
-    wait_for_pod_running(&env, 2).await;
+    let mid = wait_for_grant_after(&env, "mid", high).await;
+    wait_for_pod_running(&env, mid).await;
     jobs(&env)
         .delete("mid", &DeleteParams::background())
         .await
@@ -354,10 +374,10 @@ async fn jobs_run_one_at_a_time_in_queue_order_and_hand_over() {
         running_jobs(&env).await.is_empty(),
         "nobody runs while mid's pods stop"
     );
-    force_delete_pods_of_grant(&env, 2).await;
+    force_delete_pods_of_grant(&env, mid).await;
     // `broken` fails at once, which hands over too.
-    wait_for_grant(&env, "broken", 3).await;
-    wait_for_grant(&env, "low", 4).await;
+    let broken = wait_for_grant_after(&env, "broken", mid).await;
+    wait_for_grant_after(&env, "low", broken).await;
     eventually("a grace-period warning on `low`", || async {
         job_events(&env, "low")
             .await
@@ -394,7 +414,7 @@ async fn a_lost_lock_suspends_the_job_before_valid_until_and_it_runs_again_with_
     let env = Env::new().await;
     let _runtime = job_runtime(&env);
     // `first`'s pod takes 12 s to stop once deleted: the queue must wait for it.
-    let (quorum, running, shutdown) = first_running(&masters, &env, 33, 12, "3s", None).await;
+    let (quorum, running, shutdown, first_token) = first_running(&masters, &env, 33, 12, "3s", None).await;
 
     masters[0].stop();
     masters[1].stop();
@@ -437,7 +457,7 @@ async fn a_lost_lock_suspends_the_job_before_valid_until_and_it_runs_again_with_
     // Extensions queued on the stopped masters ran when they resumed and re-created the keys (as repair,
     // never as votes); they expired a TTL later, and with them the chance to take the first Job's token back.
     // Once its pod is gone, it is queued again and, first in the queue, runs again with a new token.
-    let token_again = wait_for_grant_after(&env, "first", 1).await;
+    let token_again = wait_for_grant_after(&env, "first", first_token).await;
     assert!(job_events(&env, "first").await.contains(&"Requeued".to_owned()));
     wait_for_pod_running(&env, token_again).await;
     let lock = lock_where(&env, "batch", "held by first again", |lock| {
@@ -461,7 +481,7 @@ async fn a_fenced_job_that_cannot_take_a_new_token_stays_suspended_as_stale() {
         server.fail_next("patch", "jobs/status", 403, 1_000);
     }
     let _runtime = job_runtime(&env);
-    let (quorum, running, shutdown) = first_running(&masters, &env, 36, 0, "3s", None).await;
+    let (quorum, running, shutdown, first_token) = first_running(&masters, &env, 36, 0, "3s", None).await;
 
     masters[0].stop();
     masters[1].stop();
@@ -470,7 +490,7 @@ async fn a_fenced_job_that_cannot_take_a_new_token_stays_suspended_as_stale() {
     for master in [0, 1] {
         masters[master].restart().expect("restart");
     }
-    wait_for_grant_after(&env, "second", 1).await;
+    wait_for_grant_after(&env, "second", first_token).await;
     let events = job_events(&env, "first").await;
     assert!(events.contains(&"StaleToken".to_owned()), "{events:?}");
     assert!(!events.contains(&"Requeued".to_owned()), "{events:?}");
@@ -485,7 +505,8 @@ async fn a_fenced_job_resumes_with_its_own_token_when_the_lock_comes_back_in_tim
     let env = Env::new().await;
     let _runtime = job_runtime(&env);
     // Fenced 4 s before the validity ends: the keys outlive the fencing by that much.
-    let (quorum, running, shutdown) = first_running(&masters, &env, 34, 0, "6s", Some("4s")).await;
+    let (quorum, running, shutdown, first_token) =
+        first_running(&masters, &env, 34, 0, "6s", Some("4s")).await;
 
     // The operator is locked out of two masters (they stay up; its connections are closed and new ones need a
     // password), so it cannot extend and fences the Job. The keys are then made to outlive the wait for the
@@ -500,7 +521,7 @@ async fn a_fenced_job_resumes_with_its_own_token_when_the_lock_comes_back_in_tim
     wait_for_suspension(&env, "first").await;
     let_in(&masters[0].url()).await;
     let_in(&masters[1].url()).await;
-    wait_for_grant(&env, "first", 1).await;
+    wait_for_grant(&env, "first", first_token).await;
     eventually("a Resumed event on the Job", || async {
         job_events(&env, "first")
             .await
@@ -514,11 +535,11 @@ async fn a_fenced_job_resumes_with_its_own_token_when_the_lock_comes_back_in_tim
     .await;
     assert_eq!(
         token(&lock),
-        Some(1),
+        Some(first_token),
         "resumed with its own token, still the latest"
     );
     // The Job controller starts a new pod, with the same token.
-    wait_for_pod_running(&env, 1).await;
+    wait_for_pod_running(&env, first_token).await;
     assert_eq!(running_jobs(&env).await, ["first"]);
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;
@@ -529,7 +550,7 @@ async fn a_restarted_operator_keeps_the_grant_of_a_running_job() {
     let masters = RedisCluster::start(3).expect("masters");
     let env = Env::new().await;
     let _runtime = job_runtime(&env);
-    let (quorum, running, shutdown) = first_running(&masters, &env, 35, 0, "3s", None).await;
+    let (quorum, running, shutdown, _) = first_running(&masters, &env, 35, 0, "3s", None).await;
     let pods_before = live_granted_pods(&env).await;
     stop(running, shutdown).await;
     let (running, shutdown) = operator(&env, &installation_secret(35), None).await;
@@ -560,7 +581,7 @@ async fn an_invalid_edit_keeps_the_running_job_holding_under_the_last_valid_spec
     let masters = RedisCluster::start(3).expect("masters");
     let env = Env::new().await;
     let _runtime = job_runtime(&env);
-    let (quorum, running, shutdown) = first_running(&masters, &env, 37, 0, "3s", None).await;
+    let (quorum, running, shutdown, first_token) = first_running(&masters, &env, 37, 0, "3s", None).await;
 
     let patch = |ttl: &str| serde_json::json!({ "spec": { "ttl": ttl } });
     env.locks()
@@ -612,7 +633,7 @@ async fn an_invalid_edit_keeps_the_running_job_holding_under_the_last_valid_spec
             fixed.status.as_ref().and_then(|s| s.holder.as_deref()),
             token(&fixed)
         ),
-        (Some(LockPhase::Held), Some("first"), Some(1))
+        (Some(LockPhase::Held), Some("first"), Some(first_token))
     );
     stop(running, shutdown).await;
     env.cleanup(&[&quorum]).await;

@@ -12,7 +12,7 @@ async fn deleting_a_job_lock_suspends_its_running_job_before_the_key_is_released
     let masters = RedisCluster::start(3).expect("masters");
     let env = Env::new().await;
     let _runtime = job_runtime(&env);
-    let (quorum, running, shutdown) = first_running(&masters, &env, 39, 0, "3s", None).await;
+    let (quorum, running, shutdown, _) = first_running(&masters, &env, 39, 0, "3s", None).await;
     let key = format!("{}/batch", env.namespace);
     env.locks()
         .delete("batch", &DeleteParams::default())
@@ -38,7 +38,7 @@ async fn a_job_pod_force_deleted_while_it_runs_keeps_the_key_until_its_validity_
     let masters = RedisCluster::start(3).expect("masters");
     let env = Env::new().await;
     let _runtime = job_runtime(&env);
-    let (quorum, running, shutdown) = first_running(&masters, &env, 41, 30, "3s", None).await;
+    let (quorum, running, shutdown, _) = first_running(&masters, &env, 41, 30, "3s", None).await;
     let key = format!("{}/batch", env.namespace);
     env.locks()
         .delete("batch", &DeleteParams::default())
