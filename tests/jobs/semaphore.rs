@@ -50,7 +50,7 @@ pub(super) async fn semaphore_grants(env: &Env) -> Vec<SemaphoreJob> {
             )),
             _ => None,
         };
-        grants.push((job.name_any(), finished(&job), runs, grant));
+        grants.push((job.name_any(), job_finished(&job), runs, grant));
     }
     grants
 }

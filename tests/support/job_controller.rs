@@ -203,11 +203,17 @@ fn ignore_gone(result: kube::Result<()>) -> kube::Result<()> {
     }
 }
 
-fn has_condition(job: &Job, type_: &str) -> bool {
+/// Whether `job` has the condition `type_` True.
+pub fn has_condition(job: &Job, type_: &str) -> bool {
     job.status
         .as_ref()
         .and_then(|status| status.conditions.as_ref())
         .is_some_and(|conditions| conditions.iter().any(|c| c.type_ == type_ && c.status == "True"))
+}
+
+/// Whether `job` has finished: `Complete` or `Failed`.
+pub fn job_finished(job: &Job) -> bool {
+    has_condition(job, "Complete") || has_condition(job, "Failed")
 }
 
 fn condition(type_: &str, status: bool, reason: &str, now: Timestamp) -> Value {
@@ -219,7 +225,7 @@ fn condition(type_: &str, status: bool, reason: &str, now: Timestamp) -> Value {
 
 /// The Job controller, for one Job.
 async fn sync_job(jobs: &Api<Job>, pods: &Api<Pod>, job: &Job, all_pods: &[Pod]) -> kube::Result<()> {
-    if has_condition(job, "Complete") || has_condition(job, "Failed") {
+    if job_finished(job) {
         return Ok(());
     }
     let uid = job.uid().unwrap_or_default();

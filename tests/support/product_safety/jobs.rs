@@ -32,6 +32,7 @@ use super::cluster::Cluster;
 use super::guard::{GuardedPod, Guarding, instant_of};
 use super::permits::permit_resource;
 use super::recorder::{ACT_INTERVAL, Belief, Recorder};
+use crate::support::job_controller::{has_condition, job_finished};
 
 const ROLE_LABEL: &str = "safety.redlock.io/role";
 const KEY_ANNOTATION: &str = "safety.redlock.io/key";
@@ -265,23 +266,12 @@ fn job(name: &str, (lock, key): (&str, &str), fails: bool, (seconds, grace): (f6
     .expect("job")
 }
 
-fn has_condition(job: &Job, types: &[&str]) -> bool {
-    job.status
-        .as_ref()
-        .and_then(|status| status.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| types.contains(&c.type_.as_str()) && c.status == "True")
-        })
-}
-
 fn finished(job: &Job) -> bool {
-    has_condition(job, &["Complete", "Failed"])
+    job_finished(job)
 }
 
 fn completed(job: &Job) -> bool {
-    has_condition(job, &["Complete"])
+    has_condition(job, "Complete")
 }
 
 /// What a Job's pod was created under: its grant's permit of its key (that permit's resource), with the permit's
