@@ -204,7 +204,7 @@ pub async fn feed(feed: Feed, stop: CancellationToken) {
         let selector = format!("redlock.io/lock={lock}");
         if let Ok(list) = jobs.list(&ListParams::default().labels(&selector)).await {
             let (finished, waiting): (Vec<&Job>, Vec<&Job>) =
-                list.items.iter().partition(|job| finished(job));
+                list.items.iter().partition(|job| job_finished(job));
             for job in finished {
                 if completed(job) {
                     recorder.job_completed(&format!("{cluster}/{}", job.name_any()));
@@ -264,10 +264,6 @@ fn job(name: &str, (lock, key): (&str, &str), fails: bool, (seconds, grace): (f6
         }
     }))
     .expect("job")
-}
-
-fn finished(job: &Job) -> bool {
-    job_finished(job)
 }
 
 fn completed(job: &Job) -> bool {

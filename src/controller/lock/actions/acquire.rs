@@ -10,7 +10,6 @@ use kube::runtime::events::EventType;
 use rand::Rng;
 use tokio::time::Instant;
 
-use super::Target;
 use super::holding::{keep, show_held, take_back};
 use super::wait::not_ready;
 use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
@@ -25,6 +24,7 @@ use crate::controller::lock::handover::give_up::give_up_kept;
 use crate::controller::lock::handover::release::release_held;
 use crate::controller::lock::status::permits::status_of;
 use crate::controller::lock::status::write::stamp_now;
+use crate::controller::lock::target::Target;
 use crate::controller::lock::tokens::earlier_values::{EarlierValue, blocking_labels, deletable};
 use crate::controller::lock::tokens::floor_record;
 

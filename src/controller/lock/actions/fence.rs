@@ -8,7 +8,6 @@ use kube::runtime::events::EventType;
 use rand::Rng;
 use tokio::time::Instant;
 
-use super::Target;
 use super::holding::{show_held, take_back};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
@@ -20,6 +19,7 @@ use crate::controller::lock::policy::{KeysAfterLoss, Policy};
 use crate::controller::lock::status::write::stamp_now;
 use crate::controller::lock::status::write::write_permit_status;
 use crate::controller::lock::status::{self, Showing};
+use crate::controller::lock::target::Target;
 use crate::redlock::ExtendError;
 
 /// Fences the holder, then gives up the keys (released once the validity shown to the holder ended) or leaves them

@@ -7,7 +7,6 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use tokio::time::Instant;
 
-use super::Target;
 use crate::api::DistributedLock;
 use crate::api::conditions::Stamp;
 use crate::controller::context::Context;
@@ -16,6 +15,7 @@ use crate::controller::keeper::{HeldView, Holding};
 use crate::controller::lock::status::write::stamp_now;
 use crate::controller::lock::status::write::{write_permit_status, write_permits_status};
 use crate::controller::lock::status::{self, HeldFacts, Showing, wall_at};
+use crate::controller::lock::target::Target;
 use crate::redlock::{ExtendError, Lease};
 
 /// Takes over the acquisition with `token` for `holder` (its value rebuilt from the installation secret) and

@@ -11,5 +11,3 @@ pub mod holder_liveness;
 pub mod holding;
 pub mod policy_status;
 pub mod wait;
-
-pub use super::target::Target;

@@ -5,18 +5,18 @@ use std::time::Duration;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
-use super::Target;
 use crate::api::{DistributedLock, LockPhase};
 use crate::controller::context::Context;
 use crate::controller::error::Error;
-use crate::controller::lock::handover::Release;
 use crate::controller::lock::handover::give_up::{give_up_kept, until};
+use crate::controller::lock::handover::rule::Release;
 use crate::controller::lock::permit_count::{is_closing, open_permits, permits_of};
 use crate::controller::lock::policy::Waiting;
 use crate::controller::lock::status;
 use crate::controller::lock::status::permits::status_of;
 use crate::controller::lock::status::write::stamp_now;
 use crate::controller::lock::status::write::{write_permit_status, write_status};
+use crate::controller::lock::target::Target;
 
 /// The spec or the quorum cannot be acted on: give up whatever is held (released once the validity shown to its
 /// holder has ended) and say why.

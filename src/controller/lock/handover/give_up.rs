@@ -14,7 +14,9 @@ use crate::controller::error::Error;
 use crate::controller::keeper::{PermitRef, Retiring};
 use crate::controller::lock::decide::acquisition_in_status;
 use crate::controller::lock::handover::releasing::{self, Recorded};
-use crate::controller::lock::handover::{Release, release_note, shown_until, wait_until, when_to_release};
+use crate::controller::lock::handover::rule::{
+    Release, release_note, shown_until, wait_until, when_to_release,
+};
 use crate::controller::lock::holder_liveness::rule::stopped_by_silence;
 use crate::controller::lock::policy::Policy;
 use crate::controller::lock::status::permits::status_of;

@@ -7,5 +7,3 @@ pub mod give_up;
 pub mod release;
 pub mod releasing;
 pub mod rule;
-
-pub use rule::*;
