@@ -1,5 +1,5 @@
-//! What every reconciler shares: the API client, the caches, the engines, the keeper and the leadership gate (and
-//! what the lock controller alone keeps, in its own `LockControllerState`).
+//! What every reconciler shares: the API client, the caches, the engines, the keeper and the leadership gate. What
+//! one controller alone keeps is in its own context, built around this one in `run/` (`lock::controller_state`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,13 +17,13 @@ use super::engines::Engines;
 use super::error::Error;
 use super::installation_secret::InstallationSecret;
 use super::keeper::Keeper;
-use super::lock::controller_state::LockControllerState;
 use super::replica_lease::Leadership;
 use crate::api::{DistributedLock, RedisQuorum};
 use crate::telemetry::events::{Event, EventType, Recorder};
 use crate::telemetry::metrics::Metrics;
 
 pub struct Context {
+    /// Sends no write while this replica is not the active one (`replica_lease::write_guard`).
     pub client: Client,
     pub engines: Arc<Engines>,
     pub keeper: Arc<Keeper>,
@@ -50,8 +50,6 @@ pub struct Context {
     pub jobs: Store<Job>,
     /// Consecutive failures per object, for the error backoff.
     pub(super) failures: Mutex<HashMap<String, u32>>,
-    /// What the lock controller alone keeps between reconciles.
-    pub lock_controller: LockControllerState,
 }
 
 impl Context {
@@ -82,7 +80,8 @@ impl Context {
             && synced(&self.jobs)
     }
 
-    /// Every write (API or Redis) goes through this check at the moment of the call.
+    /// The check before a step that writes to the masters (an acquisition, a resume, a release). API writes need
+    /// none: `client` refuses them itself while this replica is not active (`replica_lease::write_guard`).
     pub fn ensure_leader(&self) -> Result<(), Error> {
         if self.leadership.is_leader() {
             Ok(())

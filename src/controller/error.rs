@@ -3,13 +3,15 @@
 
 use kube::runtime::finalizer;
 
+use super::replica_lease::write_guard::refused_as_standby;
+
 use crate::redlock::ValueError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A read, or a write of no step below, failed.
     #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
+    Kube(#[source] kube::Error),
     #[error("writing the lock's status: {0}")]
     StatusWrite(#[source] kube::Error),
     /// Granting, suspending, resuming or requeueing a Job.
@@ -34,7 +36,57 @@ pub enum Error {
     Encode(#[from] serde_json::Error),
 }
 
+/// What a failed request of no named step is: the write guard's refusal is this replica's standing, not an error of
+/// the object (`?` on a read or a write lands here).
+impl From<kube::Error> for Error {
+    fn from(err: kube::Error) -> Self {
+        Self::of_step(err, Self::Kube)
+    }
+}
+
 impl Error {
+    /// A status write that failed: `NotLeader` when the write guard refused it.
+    pub fn status_write(err: kube::Error) -> Self {
+        Self::of_step(err, Self::StatusWrite)
+    }
+
+    /// A Job write that failed: `NotLeader` when the write guard refused it.
+    pub fn job_write(err: kube::Error) -> Self {
+        Self::of_step(err, Self::JobWrite)
+    }
+
+    /// A pod's label write that failed: `NotLeader` when the write guard refused it.
+    pub fn pod_write(err: kube::Error) -> Self {
+        Self::of_step(err, Self::PodWrite)
+    }
+
+    /// A floor record's write that failed: `NotLeader` when the write guard refused it.
+    pub fn floor_record(err: kube::Error) -> Self {
+        Self::of_step(err, Self::FloorRecord)
+    }
+
+    /// The finalizer helper's failure: its patch refused by the write guard is `NotLeader`, a step's error is
+    /// that error.
+    pub fn of_finalizer(err: finalizer::Error<Error>) -> Self {
+        match err {
+            finalizer::Error::ApplyFailed(err) | finalizer::Error::CleanupFailed(err) => err,
+            finalizer::Error::AddFinalizer(err) | finalizer::Error::RemoveFinalizer(err)
+                if refused_as_standby(&err) =>
+            {
+                Self::NotLeader
+            }
+            other => Self::Finalizer(Box::new(other)),
+        }
+    }
+
+    fn of_step(err: kube::Error, step: fn(kube::Error) -> Self) -> Self {
+        if refused_as_standby(&err) {
+            Self::NotLeader
+        } else {
+            step(err)
+        }
+    }
+
     /// A request whose answer never came (the connection failed): it may or may not have been carried out.
     pub fn outcome_unknown(&self) -> bool {
         self.kube_error()

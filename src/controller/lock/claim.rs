@@ -11,9 +11,9 @@ use kube::runtime::events::EventType;
 
 use crate::api::DistributedLock;
 use crate::api::holder_contract::{FINALIZER, INSTALLATION_ANNOTATION};
-use crate::controller::context::Context;
 use crate::controller::engines::problem::QuorumProblem;
 use crate::controller::error::Error;
+use crate::controller::lock::controller_state::LockContext;
 
 /// Who keeps a lock, as its annotation says.
 #[derive(Debug, PartialEq, Eq)]
@@ -111,12 +111,11 @@ pub fn claim_patch(lock: &DistributedLock, installation: &str) -> Option<serde_j
 
 /// Claims `lock` for this installation. `Ok(false)`: another write came first (perhaps another installation's
 /// claim); the lock is looked at again from its next version.
-pub async fn claim(lock: &DistributedLock, ctx: &Context) -> Result<bool, Error> {
+pub async fn claim(lock: &DistributedLock, ctx: &LockContext) -> Result<bool, Error> {
     let Some(patch) = claim_patch(lock, &ctx.installation) else {
         return Ok(false);
     };
     let patch: json_patch::Patch = serde_json::from_value(patch)?;
-    ctx.ensure_leader()?;
     let api: Api<DistributedLock> =
         Api::namespaced(ctx.client.clone(), &lock.namespace().unwrap_or_default());
     match api
@@ -139,7 +138,7 @@ pub async fn claim(lock: &DistributedLock, ctx: &Context) -> Result<bool, Error>
 
 /// The lock's `namespace/name` the first time this process leaves it alone (unclaimed or another's), `None` after:
 /// what is said of it is said once.
-fn first_time_left(lock: &DistributedLock, ctx: &Context) -> Option<String> {
+fn first_time_left(lock: &DistributedLock, ctx: &LockContext) -> Option<String> {
     let key = format!("{}/{}", lock.namespace().unwrap_or_default(), lock.name_any());
     ctx.lock_controller
         .left_alone
@@ -151,7 +150,7 @@ fn first_time_left(lock: &DistributedLock, ctx: &Context) -> Option<String> {
 
 /// Leaves an unclaimed lock to the installation that can use its quorum, saying so once per process (an Event on
 /// the lock, a log line).
-pub async fn leave_unclaimed(lock: &DistributedLock, ctx: &Context, note: String) {
+pub async fn leave_unclaimed(lock: &DistributedLock, ctx: &LockContext, note: String) {
     let Some(key) = first_time_left(lock, ctx) else {
         return;
     };
@@ -162,7 +161,7 @@ pub async fn leave_unclaimed(lock: &DistributedLock, ctx: &Context, note: String
 
 /// Leaves a lock another installation keeps alone, saying so once per process: an Event on the lock, a log line,
 /// the metric `redlock_foreign_locks_total`.
-pub async fn leave_alone(lock: &DistributedLock, ctx: &Context, other: &str) {
+pub async fn leave_alone(lock: &DistributedLock, ctx: &LockContext, other: &str) {
     let Some(key) = first_time_left(lock, ctx) else {
         return;
     };

@@ -1,7 +1,9 @@
-//! What the lock controller alone keeps between reconciles, beside what every reconciler shares (`Context`):
-//! lost with the replica, nothing in it is lost for good (the masters, status and the pods say it again).
+//! The lock controller's context: what every reconciler shares (`Context`), and what this controller alone keeps
+//! between reconciles. Lost with the replica, nothing of its own is lost for good (the masters, status and the pods
+//! say it again). Built in `run/`, so the shared context imports no controller.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 
 use super::fair_queue::tickets::QueueTickets;
@@ -9,6 +11,22 @@ use super::fair_queue::wakes::ReleaseWakes;
 use super::holder_liveness::asks::HolderAsks;
 use crate::api::DistributedLock;
 use crate::controller::cache::stopped_pods::StoppedPods;
+use crate::controller::context::Context;
+
+/// What the lock reconciler and the reports endpoint are handed. It reads as the shared context (`Deref`), since
+/// every step of the lock controller uses both: the client, caches and keeper everyone uses, and its own state.
+pub struct LockContext {
+    pub shared: Arc<Context>,
+    pub lock_controller: LockControllerState,
+}
+
+impl Deref for LockContext {
+    type Target = Context;
+
+    fn deref(&self) -> &Context {
+        &self.shared
+    }
+}
 
 #[derive(Default)]
 pub struct LockControllerState {

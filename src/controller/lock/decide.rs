@@ -149,21 +149,19 @@ pub fn contended_retry(ttl: Duration, random_unit: f64) -> Duration {
     base.mul_f64(1.0 + random_unit.clamp(0.0, 1.0))
 }
 
+/// What the tests of the lock's decisions look at: a `Held` status and what this replica keeps of a lock `ns/lock`
+/// on the quorum `default`.
 #[cfg(test)]
-mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+pub mod fixtures {
+    use std::time::Duration;
+
     use tokio::time::Instant;
 
-    use super::*;
-    use crate::redlock::LockValue;
+    use crate::api::{DistributedLockStatus, LockPhase};
+    use crate::controller::keeper::HeldView;
+    use crate::redlock::{Lease, LockValue};
 
-    const WANTED: Wanted<'static> = Wanted {
-        holder: "batch",
-        key: "ns/lock",
-        quorum: "default",
-    };
-
-    fn held_status(holder: &str, token: i64) -> DistributedLockStatus {
+    pub fn held_status(holder: &str, token: i64) -> DistributedLockStatus {
         DistributedLockStatus {
             phase: Some(LockPhase::Held),
             holder: Some(holder.into()),
@@ -172,11 +170,11 @@ mod tests {
         }
     }
 
-    async fn view(holder: &str, token: i64) -> HeldView {
+    pub fn held_view(holder: &str, token: i64) -> HeldView {
         HeldView {
-            lease: crate::redlock::Lease::for_tests(
+            lease: Lease::for_tests(
                 "ns/lock",
-                LockValue::random(holder).unwrap(),
+                LockValue::random(holder).unwrap_or_else(|err| panic!("a lock value: {err}")),
                 Duration::from_secs(10),
                 Instant::now(),
             ),
@@ -188,6 +186,20 @@ mod tests {
             last_failure: None,
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    use super::fixtures::{held_status, held_view};
+    use super::*;
+
+    const WANTED: Wanted<'static> = Wanted {
+        holder: "batch",
+        key: "ns/lock",
+        quorum: "default",
+    };
 
     #[tokio::test]
     async fn a_lock_not_held_is_acquired_above_the_highest_token_known() {
@@ -230,7 +242,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_held_lock_is_kept_and_status_written_when_out_of_date() {
-        let held = view("batch", 3).await;
+        let held = held_view("batch", 3);
         assert_eq!(
             decide(WANTED, Some(&held), &held_status("batch", 3), 3),
             LockAction::Keep { write_status: false }
@@ -253,7 +265,7 @@ mod tests {
     async fn loss_is_reported_before_anything_else() {
         let lost = HeldView {
             lost: Some(LossReason::TakenOver { holder: None }),
-            ..view("batch", 3).await
+            ..held_view("batch", 3)
         };
         assert!(matches!(
             decide(WANTED, Some(&lost), &held_status("batch", 3), 3),
@@ -263,7 +275,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_changed_holder_releases_first() {
-        let held = view("old", 3).await;
+        let held = held_view("old", 3);
         assert_eq!(
             decide(WANTED, Some(&held), &held_status("old", 3), 3),
             LockAction::ReleaseHeld
@@ -287,7 +299,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_current_holder_is_the_kept_lease_then_status() {
-        let kept = view("web-1", 2).await;
+        let kept = held_view("web-1", 2);
         assert_eq!(
             current_holder(Some(&kept), &held_status("web-0", 1)).as_deref(),
             Some("web-1")

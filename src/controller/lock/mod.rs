@@ -1,5 +1,5 @@
 //! The `DistributedLock` controller: validate the spec (`settings`, pure) → observe the holder policy (`policy`)
-//! → decide (`decide`, pure) → act on Redis and the API (`actions`, on a `target`; an acquisition's next step:
+//! → plan each permit's step (`permit_plan`, pure: the policy's turn, then `decide`) → act on Redis and the API (`actions`, on a `target`; an acquisition's next step:
 //! `acquisition`, pure) → status (`status/`: pure edits, a semaphore's permits, the one write). `reconcile` is the
 //! entry point and the dispatch. A concept per folder: the hand-over and release (`handover/`), fencing tokens
 //! (`tokens/`), this replica's part in the fair queues (`fair_queue/`), the holders' reports (`reports/`) and
@@ -16,6 +16,7 @@ pub mod fair_queue;
 pub mod handover;
 pub mod holder_liveness;
 pub mod permit_count;
+pub mod permit_plan;
 pub mod policy;
 pub mod reconcile;
 pub mod reports;

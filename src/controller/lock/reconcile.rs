@@ -7,17 +7,18 @@ use std::time::Duration;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::finalizer::{self, Event as FinalizerEvent, finalizer};
+use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 use super::actions;
 use super::actions::holding::{DueRefresh, refresh_permits};
 use super::claim::{self, ClaimStep, Custody, QuorumSeen, custody_of};
-use super::decide::{LockAction, Wanted, acquisition_in_status, current_holder, decide, known_floor};
+use super::decide::{LockAction, acquisition_in_status, current_holder, known_floor};
 use super::handover::rule::Release;
 use super::handover::{give_up, release};
 use super::permit_count::{is_semaphore, permits_of};
+use super::permit_plan::{PermitStep, plan_permit};
 use super::policy::{Policy, Turn};
 use super::settings::{LockSettings, QuorumRules, lock_settings};
 use super::status::permits::status_of;
@@ -25,10 +26,10 @@ use super::status::write::forget_written;
 use super::target::Target;
 use super::{FINALIZER, RESYNC};
 use crate::api::{DistributedLock, DistributedLockStatus};
-use crate::controller::context::Context;
 use crate::controller::engines::{QuorumEngine, QuorumLookup};
 use crate::controller::error::Error;
 use crate::controller::keeper::{HeldView, PermitRef};
+use crate::controller::lock::controller_state::LockContext;
 use crate::redlock::{KeepPolicy, permit_key};
 
 /// How soon a Job semaphore with a permit that has something to do is looked at again.
@@ -44,7 +45,7 @@ const CLAIM_RETRY: Duration = Duration::from_millis(200);
 /// How soon a lock is looked at again while the watch caches are still receiving their first lists.
 const CACHE_SYNC_RETRY: Duration = Duration::from_millis(100);
 
-pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<LockContext>) -> Result<Action, Error> {
     let lref = ObjectRef::from_obj(&*lock);
     if !ctx.leadership.is_leader() {
         tracing::debug!(lock = %lref, "standby: not reconciling");
@@ -110,13 +111,12 @@ pub async fn reconcile(lock: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<
             ctx.succeeded(&lref);
             Ok(action)
         }
-        Err(finalizer::Error::ApplyFailed(err) | finalizer::Error::CleanupFailed(err)) => Err(err),
-        Err(other) => Err(Error::Finalizer(Box::new(other))),
+        Err(err) => Err(Error::of_finalizer(err)),
     }
 }
 
 /// Whether to claim unclaimed `lock` now, by what this installation knows of its quorum.
-fn claim_step_for(lock: &DistributedLock, ctx: &Context) -> ClaimStep {
+fn claim_step_for(lock: &DistributedLock, ctx: &LockContext) -> ClaimStep {
     let quorum = &lock.spec.quorum;
     let lookup = ctx.engines.lookup(quorum);
     let seen = match &lookup {
@@ -128,7 +128,7 @@ fn claim_step_for(lock: &DistributedLock, ctx: &Context) -> ClaimStep {
     claim::claim_step(quorum, seen)
 }
 
-pub fn error_policy(lock: Arc<DistributedLock>, error: &Error, ctx: Arc<Context>) -> Action {
+pub fn error_policy(lock: Arc<DistributedLock>, error: &Error, ctx: Arc<LockContext>) -> Action {
     ctx.backoff(&ObjectRef::from_obj(&*lock), error, "distributedlock")
 }
 
@@ -149,7 +149,10 @@ fn rules_of(engine: &QuorumEngine) -> QuorumRules<'_> {
 /// learns of the deletion only through its watch, or not at all when cut off from the API server (found by the
 /// product safety checker; released at once, a Job's key went to a `lock` process 43 ms after `kubectl delete`
 /// while the Job's pod still ran). `Some(wait)`: the finalizer stays that much longer.
-async fn hand_over_before_deletion(lock: &DistributedLock, ctx: &Context) -> Result<Option<Duration>, Error> {
+async fn hand_over_before_deletion(
+    lock: &DistributedLock,
+    ctx: &LockContext,
+) -> Result<Option<Duration>, Error> {
     if matches!(ctx.engines.lookup(&lock.spec.quorum), QuorumLookup::Missing)
         && ctx.quorum_exists(&lock.spec.quorum) != Some(false)
     {
@@ -175,7 +178,7 @@ async fn hand_over_before_deletion(lock: &DistributedLock, ctx: &Context) -> Res
     };
     let mut notes = Vec::new();
     match &policy {
-        Some(Policy::Leader(election)) => election.unlabel_all_but(ctx, &[]).await?,
+        Some(Policy::Leader(election)) => election.unlabel_all_but(&[]).await?,
         Some(Policy::Jobs(queue)) => {
             for permit in &permits {
                 let status = status_of(lock, permit.permit);
@@ -225,7 +228,7 @@ async fn hand_over_before_deletion(lock: &DistributedLock, ctx: &Context) -> Res
 /// The settings of a lock being deleted, where they can still be had (its quorum usable, its spec valid), and its
 /// holder policy unless its selector cannot be evaluated. Only who is to be fenced and whether each holder has
 /// stopped are asked of the policy: who would hold next does not matter.
-fn observe_for_deletion(lock: &DistributedLock, ctx: &Context) -> Option<(LockSettings, Option<Policy>)> {
+fn observe_for_deletion(lock: &DistributedLock, ctx: &LockContext) -> Option<(LockSettings, Option<Policy>)> {
     let QuorumLookup::Ready(engine) = ctx.engines.lookup(&lock.spec.quorum) else {
         return None;
     };
@@ -235,7 +238,7 @@ fn observe_for_deletion(lock: &DistributedLock, ctx: &Context) -> Option<(LockSe
     Some((settings, policy))
 }
 
-async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
+async fn apply(lock: &DistributedLock, ctx: &LockContext) -> Result<Action, Error> {
     let lref = ObjectRef::from_obj(lock);
     let engine = match ctx.engines.lookup(&lock.spec.quorum) {
         QuorumLookup::Ready(engine) => engine,
@@ -280,7 +283,7 @@ async fn apply(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
 /// wait touches no other.
 async fn apply_permits(
     lock: &DistributedLock,
-    ctx: &Context,
+    ctx: &LockContext,
     lref: ObjectRef<DistributedLock>,
     settings: LockSettings,
     engine: Arc<QuorumEngine>,
@@ -363,30 +366,26 @@ async fn apply_permits(
             held.status_due |= refresh_all;
             held
         });
-        let turn = policy.permit_turn(lock, permit.permit);
-        if semaphore
-            && matches!(&turn, Turn::Wait(_))
-            && held.is_none()
-            && acquisition_in_status(&status).is_none()
-        {
-            // A free permit with nothing to do writes nothing: status shows the permits held. (A plain lock's
-            // status says why it waits.)
-            continue;
-        }
         let latest_token = known_floor(&status, ctx.keeper.highest_token(&permit));
         let target = shared.target(&policy, permit.permit);
-        if semaphore
-            && let (Turn::Hold(holder), Some(held)) = (&turn, &held)
-            && refresh_due(&target, holder, held, &status, latest_token)
-        {
-            due.push(DueRefresh {
-                target,
-                holder: holder.clone(),
-                held: held.clone(),
-            });
-            continue;
-        }
-        let steps = act(&target, ctx, turn, held, &status, latest_token);
+        let step = plan_permit(
+            policy.permit_turn(lock, permit.permit),
+            target.seen(held.as_ref(), &status, latest_token, semaphore),
+        );
+        tracing::debug!(permit = permit.permit, ?step, "planned");
+        // A semaphore's held permits whose step is only a status refresh go in one status write, below.
+        let batched = semaphore && step.is_status_refresh();
+        let step = match step {
+            PermitStep::Idle => continue,
+            PermitStep::Hold { holder, .. } if batched => {
+                if let Some(held) = held {
+                    due.push(DueRefresh { target, holder, held });
+                }
+                continue;
+            }
+            step => step,
+        };
+        let steps = carry_out(&target, ctx, step, held, &status);
         let action = if semaphore {
             // The reconcile's span names the lock; this one the permit, for every line its steps log.
             let span = tracing::info_span!("permit", permit = permit.permit);
@@ -468,7 +467,7 @@ impl<'a> Shared<'a> {
 /// API server in realistic mode — a Job lock of three permits, its pods without the guard, then ran up to 0.6 s
 /// past its validity (issue 29's late fence). `None`: the permit goes through the usual steps.
 async fn fence_before_preparing(
-    ctx: &Context,
+    ctx: &LockContext,
     shared: &Shared<'_>,
     policy: &Policy,
     permit: &PermitRef,
@@ -487,7 +486,11 @@ async fn fence_before_preparing(
     let status = status_of(lock, permit.permit);
     let latest_token = known_floor(&status, ctx.keeper.highest_token(permit));
     let target = shared.target(policy, permit.permit);
-    let steps = act(&target, ctx, turn, Some(held), &status, latest_token);
+    let step = plan_permit(
+        turn,
+        target.seen(Some(&held), &status, latest_token, is_semaphore(lock)),
+    );
+    let steps = carry_out(&target, ctx, step, Some(held), &status);
     Ok(Some(if is_semaphore(lock) {
         let span = tracing::info_span!("permit", permit = permit.permit);
         tracing::Instrument::instrument(steps, span).await?
@@ -501,7 +504,7 @@ async fn fence_before_preparing(
 /// stray Jobs, removing stray labels) are made again too if dropped in flight; each is idempotent.
 async fn prepare_unless_lost(
     policy: &mut Policy,
-    ctx: &Context,
+    ctx: &LockContext,
     lost: impl Fn() -> bool,
 ) -> Result<bool, Error> {
     let prepare = policy.prepare(ctx);
@@ -530,53 +533,26 @@ fn next_permit(pending: &mut Vec<PermitRef>, is_lost: impl Fn(&PermitRef) -> boo
     Some(pending.remove(lost.unwrap_or(0)))
 }
 
-/// Whether the one-permit steps would do nothing for `target`'s permit but refresh its status: those are batched.
-fn refresh_due(
+/// Carries out `step` for `target`'s permit, on what this replica keeps of it (`held`) and its `status`.
+async fn carry_out(
     target: &Target<'_>,
-    holder: &str,
-    held: &HeldView,
-    status: &DistributedLockStatus,
-    latest_token: i64,
-) -> bool {
-    let wanted = Wanted {
-        holder,
-        key: &target.settings.key,
-        quorum: &target.settings.quorum,
-    };
-    matches!(
-        decide(wanted, Some(held), status, latest_token),
-        LockAction::Keep { write_status: true }
-    )
-}
-
-/// The one-permit steps for `target`'s permit: the policy's turn, then `decide` on what this replica keeps and
-/// status shows of that permit.
-async fn act(
-    target: &Target<'_>,
-    ctx: &Context,
-    turn: Turn,
+    ctx: &LockContext,
+    step: PermitStep,
     held: Option<HeldView>,
     status: &DistributedLockStatus,
-    latest_token: i64,
 ) -> Result<Action, Error> {
-    let holder = match turn {
-        Turn::Hold(holder) => holder,
-        Turn::ResumeFenced { job, token } => {
+    let (holder, action) = match step {
+        PermitStep::Idle => return Ok(Action::requeue(RESYNC)),
+        PermitStep::Wait(waiting) => return actions::wait::wait_for_policy(target, ctx, &waiting).await,
+        PermitStep::ResumeFenced { job, token } => {
             return actions::fence::resume_fenced(target, ctx, &job, token).await;
         }
-        Turn::ReleaseFinished(job) => {
+        PermitStep::ReleaseFinished { job } => {
             return release::release_finished(target, ctx, held.as_ref(), &job).await;
         }
-        Turn::Requeue { job, token } => return actions::fence::requeue(target, ctx, &job, token).await,
-        Turn::Wait(waiting) => return actions::wait::wait_for_policy(target, ctx, &waiting).await,
+        PermitStep::Requeue { job, token } => return actions::fence::requeue(target, ctx, &job, token).await,
+        PermitStep::Hold { holder, action } => (holder, action),
     };
-    let wanted = Wanted {
-        holder: &holder,
-        key: &target.settings.key,
-        quorum: &target.settings.quorum,
-    };
-    let action = decide(wanted, held.as_ref(), status, latest_token);
-    tracing::debug!(?action, "decided");
     match action {
         LockAction::Keep { write_status } => match held {
             Some(held) if write_status => actions::acquire::refresh_status(target, ctx, &holder, &held).await,

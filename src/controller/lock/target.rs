@@ -6,12 +6,13 @@ use std::sync::Arc;
 use kube::runtime::events::EventType;
 
 use super::permit_count::is_semaphore;
+use super::permit_plan::PermitSeen;
 use super::policy::Policy;
 use super::settings::LockSettings;
-use crate::api::DistributedLock;
-use crate::controller::context::Context;
+use crate::api::{DistributedLock, DistributedLockStatus};
 use crate::controller::engines::QuorumEngine;
-use crate::controller::keeper::{LockRef, PermitRef};
+use crate::controller::keeper::{HeldView, LockRef, PermitRef};
+use crate::controller::lock::controller_state::LockContext;
 use crate::redlock::KeepPolicy;
 
 /// A lock whose spec and quorum can be acted on, with its policy observed; the actions act on one permit of it
@@ -32,10 +33,29 @@ impl Target<'_> {
         PermitRef::new(self.lref.clone(), self.permit)
     }
 
+    /// What the permit's step is decided on besides the policy's turn (`permit_plan`): what this replica keeps of
+    /// it, its status and the latest token known, on its key and quorum.
+    pub fn seen<'s>(
+        &'s self,
+        held: Option<&'s HeldView>,
+        status: &'s DistributedLockStatus,
+        latest_token: i64,
+        semaphore: bool,
+    ) -> PermitSeen<'s> {
+        PermitSeen {
+            held,
+            status,
+            latest_token,
+            semaphore,
+            key: &self.settings.key,
+            quorum: &self.settings.quorum,
+        }
+    }
+
     /// Publishes an Event on the lock about the permit acted on. A semaphore's name their permit, in the note
     /// and the action (`Acquired.permit-2`), so that each permit's Events form series of their own and
     /// `kubectl describe` tells one permit's story from another's.
-    pub async fn publish(&self, ctx: &Context, type_: EventType, reason: &str, note: String) {
+    pub async fn publish(&self, ctx: &LockContext, type_: EventType, reason: &str, note: String) {
         if is_semaphore(self.lock) {
             let action = format!("{reason}.permit-{}", self.permit);
             let note = format!("permit {}: {note}", self.permit);

@@ -183,7 +183,6 @@ async fn write_status(
         }
     }
     let patch = serde_json::json!({ "status": fields });
-    ctx.ensure_leader()?;
     api.patch_status(&quorum.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(true)

@@ -27,6 +27,8 @@ use super::context::Context;
 use super::engines::Engines;
 use super::installation_secret::InstallationSecret;
 use super::keeper::{Keeper, LockRef};
+use super::lock::controller_state::{LockContext, LockControllerState};
+use super::replica_lease::write_guard::writes_only_while_active;
 use super::replica_lease::{Elector, Leadership, LeaseTiming};
 use super::{lock, quorum};
 use crate::api::holder_contract::{LOCK_LABEL, STOPPED_REPORT_PATH};
@@ -218,8 +220,11 @@ pub async fn start(
     let (job_store, job_writer) = reflector::store::<Job>();
     let pod_index = Arc::new(PodIndex::default());
 
+    // What the reconcilers, the reports endpoint and the Event recorder call the API server with: it sends no
+    // write while this replica is not the active one. The watches read through the client itself.
+    let writer = writes_only_while_active(client.clone(), leadership.clone());
     let recorder = Recorder::new(
-        client.clone(),
+        writer.clone(),
         Reporter {
             controller: "redlock-operator".into(),
             instance: Some(options.instance.clone()),
@@ -227,7 +232,7 @@ pub async fn start(
     );
     tracing::info!(%installation, "this installation keeps the locks that carry its name in the annotation redlock.io/installation (and claims unclaimed ones); locks another installation keeps are left alone");
     let ctx = Arc::new(Context {
-        client: client.clone(),
+        client: writer,
         engines: engines.clone(),
         keeper: keeper.clone(),
         leadership: leadership.clone(),
@@ -244,7 +249,10 @@ pub async fn start(
         pod_index: pod_index.clone(),
         jobs: job_store.clone(),
         failures: Default::default(),
-        lock_controller: lock::controller_state::LockControllerState::new(
+    });
+    let lock_ctx = Arc::new(LockContext {
+        shared: ctx.clone(),
+        lock_controller: LockControllerState::new(
             hand_over_url.clone(),
             hand_over_url.as_ref().map(|_| reports_identity.pin.clone()),
         ),
@@ -259,7 +267,7 @@ pub async fn start(
                     .serve_reports_apart(
                         report_channel::server::Bounds::with_connections(options.reports_max_connections),
                         reports_identity.server_config.clone(),
-                        lock::reports::endpoint::router(ctx.clone()),
+                        lock::reports::endpoint::router(lock_ctx.clone()),
                         server_stop.clone(),
                     )
                     .map_err(|source| RunError::Listen { addr, source })?,
@@ -360,7 +368,7 @@ pub async fn start(
         .run(
             lock::reconcile::reconcile,
             lock::reconcile::error_policy,
-            ctx.clone(),
+            lock_ctx,
         )
         .for_each(|_| async {});
     let quorum_controller = Controller::for_stream(quorum_events, quorum_store)

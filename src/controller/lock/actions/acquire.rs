@@ -13,11 +13,11 @@ use tokio::time::Instant;
 use super::holding::{keep, show_held, take_back};
 use super::wait::not_ready;
 use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
-use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::keeper::HeldView;
 use crate::controller::lock::RESYNC;
 use crate::controller::lock::acquisition::{Acquisition, Outcome, Record, Step, Then};
+use crate::controller::lock::controller_state::LockContext;
 use crate::controller::lock::decide::{contended_retry, resume_still_possible};
 use crate::controller::lock::fair_queue::tickets::queued_retry;
 use crate::controller::lock::handover::give_up::give_up_kept;
@@ -56,7 +56,12 @@ const AGAIN: Duration = Duration::from_millis(10);
 /// the masters forgot), shows it, and hands the lock to the keeper. The record is read only after a grant: a
 /// contended lock's retries cost the API nothing. What comes next is decided by [`Acquisition`]; this carries
 /// its steps out.
-pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i64) -> Result<Action, Error> {
+pub async fn acquire(
+    target: &Target<'_>,
+    ctx: &LockContext,
+    holder: &str,
+    floor: i64,
+) -> Result<Action, Error> {
     ctx.ensure_leader()?;
     let (quorum, key) = (&target.settings.quorum, &target.settings.key);
     // Above what the masters showed while refusing, too: a grant above the proposal would be given back, and
@@ -155,7 +160,7 @@ pub async fn acquire(target: &Target<'_>, ctx: &Context, holder: &str, floor: i6
 /// key's queue now.
 async fn keep_and_record(
     target: &Target<'_>,
-    ctx: &Context,
+    ctx: &LockContext,
     lease: &Lease,
     forget_ticket: bool,
 ) -> Outcome<Error> {
@@ -181,7 +186,12 @@ async fn keep_and_record(
 
 /// Nothing shows the grant yet: the policy's check left until the key was won (the recount of an earlier grant's
 /// pods), which gives the grant back if it forbids it.
-async fn recheck(target: &Target<'_>, ctx: &Context, holder: &str, lease: Option<&Lease>) -> Outcome<Error> {
+async fn recheck(
+    target: &Target<'_>,
+    ctx: &LockContext,
+    holder: &str,
+    lease: Option<&Lease>,
+) -> Outcome<Error> {
     let clear = target.policy.grant_still_clear(ctx, target.permit, holder).await;
     if let (Ok(false), Some(lease)) = (&clear, lease) {
         tracing::info!(
@@ -202,7 +212,7 @@ async fn recheck(target: &Target<'_>, ctx: &Context, holder: &str, lease: Option
 /// that token held): only what both allow is deleted.
 async fn delete_earlier_values(
     target: &Target<'_>,
-    ctx: &Context,
+    ctx: &LockContext,
     report: &OperationReport,
 ) -> Result<bool, Error> {
     let blockers = blocking_labels(report);
@@ -270,7 +280,7 @@ async fn delete_earlier_values(
 }
 
 /// Reads the key's floor record and records `token` in it unless it already holds as much.
-async fn record_floor(ctx: &Context, quorum: &str, key: &str, token: i64) -> Result<Record, Error> {
+async fn record_floor(ctx: &LockContext, quorum: &str, key: &str, token: i64) -> Result<Record, Error> {
     if negative_controls::active(Control::NoFloorRecord) {
         return Ok(Record::Written);
     }
@@ -281,7 +291,11 @@ async fn record_floor(ctx: &Context, quorum: &str, key: &str, token: i64) -> Res
 }
 
 /// No token can be granted above the largest one: say where it is and what to do, and look again later.
-async fn token_exhausted(target: &Target<'_>, ctx: &Context, exhausted: &Exhausted) -> Result<Action, Error> {
+async fn token_exhausted(
+    target: &Target<'_>,
+    ctx: &LockContext,
+    exhausted: &Exhausted,
+) -> Result<Action, Error> {
     let floor_record = format!(
         "{}/{}",
         ctx.secrets_namespace,
@@ -306,7 +320,7 @@ async fn token_exhausted(target: &Target<'_>, ctx: &Context, exhausted: &Exhaust
 }
 
 /// The key's floor record makes no sense: nothing is acquired until it is repaired.
-async fn invalid_floor(target: &Target<'_>, ctx: &Context, message: String) -> Result<Action, Error> {
+async fn invalid_floor(target: &Target<'_>, ctx: &LockContext, message: String) -> Result<Action, Error> {
     tracing::warn!(%message, "invalid fencing-token floor record");
     not_ready(
         target.lock,
@@ -321,7 +335,7 @@ async fn invalid_floor(target: &Target<'_>, ctx: &Context, message: String) -> R
 
 /// The lock's waiter in its key's fair queue, on behalf of whoever its policy lets hold it (the Job queue's head,
 /// the elected candidate): one waiter per lock and permit, whoever that is.
-fn waiter_of(target: &Target<'_>, ctx: &Context) -> Waiter {
+fn waiter_of(target: &Target<'_>, ctx: &LockContext) -> Waiter {
     let key = &target.settings.key;
     let uid = target.lock.uid().unwrap_or_default();
     Waiter::new(
@@ -336,7 +350,7 @@ fn waiter_of(target: &Target<'_>, ctx: &Context) -> Waiter {
 /// [`Redlock::leave_won`]: crate::redlock::Redlock::leave_won
 async fn grant(
     target: &Target<'_>,
-    ctx: &Context,
+    ctx: &LockContext,
     holder: &str,
     token: i64,
     floor: i64,
@@ -366,7 +380,7 @@ async fn grant(
 }
 
 /// The lock's waiter for an attempt; `stays_queued`: granted, it stays first in the key's queue.
-fn grant_waiter(target: &Target<'_>, ctx: &Context, stays_queued: bool) -> Waiter {
+fn grant_waiter(target: &Target<'_>, ctx: &LockContext, stays_queued: bool) -> Waiter {
     let waiter = waiter_of(target, ctx);
     // Given back, its next attempt comes after a pod list, the release and a pod list again: API round trips that
     // take a second each on a slow server. Kept that much longer (a replica that dies while it waits holds up the
@@ -382,7 +396,7 @@ fn grant_waiter(target: &Target<'_>, ctx: &Context, stays_queued: bool) -> Waite
 /// while the lock waits in its queue (`heard`: where the watch stood before the attempt).
 fn after_attempt(
     target: &Target<'_>,
-    ctx: &Context,
+    ctx: &LockContext,
     result: &Result<Lease, AcquireError>,
     heard: Option<ReleaseMark>,
 ) {
@@ -418,7 +432,7 @@ fn attempt_outcome(result: &Result<Lease, AcquireError>) -> &'static str {
 }
 
 /// Granted, kept, and its token recorded as the key's floor: show it.
-async fn hold(target: &Target<'_>, ctx: &Context, holder: &str, lease: &Lease) -> Result<Action, Error> {
+async fn hold(target: &Target<'_>, ctx: &LockContext, holder: &str, lease: &Lease) -> Result<Action, Error> {
     let token = lease.fencing_token();
     match show_held(target, ctx, holder, lease, token, Showing::NewToken).await {
         Ok(true) => {
@@ -452,7 +466,7 @@ async fn hold(target: &Target<'_>, ctx: &Context, holder: &str, lease: &Lease) -
 /// Held and kept by this replica, and status is due (or out of date): show the current validity.
 pub async fn refresh_status(
     target: &Target<'_>,
-    ctx: &Context,
+    ctx: &LockContext,
     holder: &str,
     held: &HeldView,
 ) -> Result<Action, Error> {
@@ -472,7 +486,7 @@ pub async fn refresh_status(
 /// Not acquired: say who or what blocks it, and try again after a pause.
 async fn waiting(
     target: &Target<'_>,
-    ctx: &Context,
+    ctx: &LockContext,
     kind: FailureKind,
     report: &OperationReport,
 ) -> Result<Action, Error> {
@@ -566,7 +580,7 @@ fn queued_message(key: &str, holder: Option<&str>, place: u64) -> String {
 /// failed-over replica) did. Take it over without a new token.
 pub async fn resume(
     target: &Target<'_>,
-    ctx: &Context,
+    ctx: &LockContext,
     holder: &str,
     token: i64,
     status: &DistributedLockStatus,

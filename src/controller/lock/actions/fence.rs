@@ -9,9 +9,9 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use super::holding::{show_held, take_back};
-use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::lock::RESYNC;
+use crate::controller::lock::controller_state::LockContext;
 use crate::controller::lock::decide::{contended_retry, take_back_still_possible};
 use crate::controller::lock::handover::give_up::{give_up, give_up_kept, rebuilt};
 use crate::controller::lock::handover::release::release_held;
@@ -29,7 +29,7 @@ use crate::redlock::ExtendError;
 /// a late master re-created them.
 pub async fn report_lost(
     target: &Target<'_>,
-    ctx: &Context,
+    ctx: &LockContext,
     holder: &str,
     reason: &str,
     unkept: Option<i64>,
@@ -110,7 +110,7 @@ pub async fn report_lost(
 /// with a new token (or marked stale where that is refused).
 pub async fn resume_fenced(
     target: &Target<'_>,
-    ctx: &Context,
+    ctx: &LockContext,
     job: &str,
     token: i64,
 ) -> Result<Action, Error> {
@@ -145,7 +145,7 @@ pub async fn resume_fenced(
 }
 
 /// Job fencing: a fenced Job's token can no longer be used: queue it again for a new one.
-pub async fn requeue(target: &Target<'_>, ctx: &Context, job: &str, token: i64) -> Result<Action, Error> {
+pub async fn requeue(target: &Target<'_>, ctx: &LockContext, job: &str, token: i64) -> Result<Action, Error> {
     if let Policy::Jobs(jobs) = target.policy {
         jobs.requeue_or_mark_stale(ctx, job, token).await?;
     }

@@ -15,9 +15,9 @@ use tokio::time::Instant;
 use crate::api::conditions::{self, Update};
 use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
 use crate::controller::cache::pod_index::pods_selected;
-use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::keeper::PermitRef;
+use crate::controller::lock::controller_state::LockContext;
 use crate::controller::lock::holder_liveness::rule::{self, Bounds, Grant, Silence};
 use crate::controller::lock::policy::Policy;
 use crate::controller::lock::status::write::{stamp_now, write_latest_status};
@@ -32,7 +32,7 @@ const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
 /// Judges the holders status shows and writes what changed; `Some(wait)`: look at the lock again that soon for
 /// the verdict to change by time alone.
 pub async fn follow(
-    ctx: &Context,
+    ctx: &LockContext,
     lock: &DistributedLock,
     policy: &Policy,
     ttl: Duration,
@@ -127,7 +127,7 @@ pub async fn follow(
 
 /// A Warning when a holder falls silent (or another one does), a Normal Event when every holder is heard again.
 async fn publish_change(
-    ctx: &Context,
+    ctx: &LockContext,
     lock: &DistributedLock,
     update: &Update,
     before: Option<(bool, String)>,
@@ -177,7 +177,7 @@ fn shown_grants(status: &DistributedLockStatus) -> Vec<(u32, String, i64)> {
 }
 
 /// The leader pod as the rule sees it, and whether it runs.
-fn leader_grant(ctx: &Context, namespace: &str, pod: &str, token: i64) -> (Grant, bool) {
+fn leader_grant(ctx: &LockContext, namespace: &str, pod: &str, token: i64) -> (Grant, bool) {
     let found = ctx.pods.get(&ObjectRef::new(pod).within(namespace));
     let expected = found
         .as_deref()
@@ -193,7 +193,7 @@ fn leader_grant(ctx: &Context, namespace: &str, pod: &str, token: i64) -> (Grant
 }
 
 /// The granted Job as the rule sees it, and whether a pod of it runs.
-fn job_grant(ctx: &Context, namespace: &str, job: &str, token: i64) -> (Grant, bool) {
+fn job_grant(ctx: &LockContext, namespace: &str, job: &str, token: i64) -> (Grant, bool) {
     let expected = ctx
         .jobs
         .get(&ObjectRef::new(job).within(namespace))

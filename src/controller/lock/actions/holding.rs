@@ -9,9 +9,9 @@ use tokio::time::Instant;
 
 use crate::api::DistributedLock;
 use crate::api::conditions::Stamp;
-use crate::controller::context::Context;
 use crate::controller::error::Error;
 use crate::controller::keeper::{HeldView, Holding};
+use crate::controller::lock::controller_state::LockContext;
 use crate::controller::lock::status::write::stamp_now;
 use crate::controller::lock::status::write::{write_permit_status, write_permits_status};
 use crate::controller::lock::status::{self, HeldFacts, Showing, wall_at};
@@ -22,7 +22,7 @@ use crate::redlock::{ExtendError, Lease};
 /// keeps it from now on; the inner error says why it could not be taken back.
 pub async fn take_back(
     target: &Target<'_>,
-    ctx: &Context,
+    ctx: &LockContext,
     token: i64,
     holder: &str,
 ) -> Result<Result<Lease, ExtendError>, Error> {
@@ -44,7 +44,7 @@ pub async fn take_back(
 /// step. `Ok(false)`: status shows a newer token, or this one lost.
 pub async fn show_held(
     target: &Target<'_>,
-    ctx: &Context,
+    ctx: &LockContext,
     holder: &str,
     lease: &Lease,
     token: i64,
@@ -87,7 +87,7 @@ pub struct DueRefresh<'a> {
 /// refreshes whose status no longer allows it (status shows a newer token, or the permit lost), for the caller
 /// to handle one by one.
 pub async fn refresh_permits<'a>(
-    ctx: &Context,
+    ctx: &LockContext,
     lock: &DistributedLock,
     due: Vec<DueRefresh<'a>>,
 ) -> Result<Vec<DueRefresh<'a>>, Error> {
@@ -137,7 +137,7 @@ pub async fn refresh_permits<'a>(
 /// validity, and the policy acts on the holder (label, grant).
 async fn shown_held(
     target: &Target<'_>,
-    ctx: &Context,
+    ctx: &LockContext,
     holder: &str,
     lease: &Lease,
     token: i64,
@@ -161,7 +161,7 @@ async fn shown_held(
 }
 
 /// Hands `lease` to the keeper, which extends it from now on.
-pub fn keep(target: &Target<'_>, ctx: &Context, lease: &Lease, token: i64) {
+pub fn keep(target: &Target<'_>, ctx: &LockContext, lease: &Lease, token: i64) {
     let settings = &target.settings;
     ctx.keeper.insert(
         target.permit_ref(),

@@ -4,8 +4,8 @@
 //! watch event routes to it), and the queue shown then is current within that look.
 
 use crate::api::DistributedLock;
-use crate::controller::context::Context;
 use crate::controller::error::Error;
+use crate::controller::lock::controller_state::LockContext;
 use crate::controller::lock::policy::Policy;
 use crate::controller::lock::status;
 use crate::controller::lock::status::write::stamp_now;
@@ -15,7 +15,7 @@ use crate::controller::lock::status::write::write_latest_status;
 /// already shows it. Called after the permits' steps, from the status their writes left: the queue then leaves out
 /// every Job granted in this look. Only the active replica writes (checked at the write).
 pub async fn follow(
-    ctx: &Context,
+    ctx: &LockContext,
     lock: &DistributedLock,
     policy: &Policy,
     fence_margin: std::time::Duration,

@@ -6,8 +6,8 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use crate::api::{DistributedLock, LockPhase};
-use crate::controller::context::Context;
 use crate::controller::error::Error;
+use crate::controller::lock::controller_state::LockContext;
 use crate::controller::lock::handover::give_up::{give_up_kept, until};
 use crate::controller::lock::handover::rule::Release;
 use crate::controller::lock::permit_count::{is_closing, open_permits, permits_of};
@@ -22,7 +22,7 @@ use crate::controller::lock::target::Target;
 /// holder has ended) and say why.
 pub async fn not_ready(
     lock: &DistributedLock,
-    ctx: &Context,
+    ctx: &LockContext,
     phase: LockPhase,
     reason: &'static str,
     message: String,
@@ -49,7 +49,7 @@ pub async fn not_ready(
 /// [`status::invalid_while_held`]); any other is not ready.
 pub async fn invalid_spec(
     lock: &DistributedLock,
-    ctx: &Context,
+    ctx: &LockContext,
     reason: &'static str,
     message: String,
 ) -> Result<Action, Error> {
@@ -84,7 +84,7 @@ fn not_ready_reason(lock: &DistributedLock) -> Option<String> {
 /// The lock's quorum cannot be used: waits (looked at again every 30 s, and at once when the quorum changes).
 pub async fn quorum_not_ready(
     lock: &DistributedLock,
-    ctx: &Context,
+    ctx: &LockContext,
     reason: &'static str,
     message: String,
 ) -> Result<Action, Error> {
@@ -100,7 +100,11 @@ pub async fn quorum_not_ready(
 }
 
 /// The policy lets nobody hold the lock now: say why. A change of the pods or Jobs wakes the lock.
-pub async fn wait_for_policy(target: &Target<'_>, ctx: &Context, waiting: &Waiting) -> Result<Action, Error> {
+pub async fn wait_for_policy(
+    target: &Target<'_>,
+    ctx: &LockContext,
+    waiting: &Waiting,
+) -> Result<Action, Error> {
     let gave_up = if waiting.release_kept {
         give_up_kept(ctx, target.lock, target.permit_ref(), Some(target.policy)).await?
     } else {

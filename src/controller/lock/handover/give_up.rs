@@ -8,10 +8,10 @@ use tokio::time::Instant;
 use kube::ResourceExt;
 
 use crate::api::DistributedLock;
-use crate::controller::context::Context;
 use crate::controller::engines::QuorumLookup;
 use crate::controller::error::Error;
 use crate::controller::keeper::{PermitRef, Retiring};
+use crate::controller::lock::controller_state::LockContext;
 use crate::controller::lock::decide::acquisition_in_status;
 use crate::controller::lock::handover::releasing::{self, Recorded};
 use crate::controller::lock::handover::rule::{
@@ -52,7 +52,7 @@ impl GaveUp {
 /// Gives `given` up: released now, or remembered to be released when the validity shown has ended. `policy`
 /// tells whether the holder is known to have stopped (a leader pod deleted once finished).
 pub async fn give_up(
-    ctx: &Context,
+    ctx: &LockContext,
     lock: &DistributedLock,
     lref: impl Into<PermitRef>,
     policy: Option<&Policy>,
@@ -103,7 +103,7 @@ pub async fn give_up(
 /// Gives up the lease this replica keeps for the lock, if any: not extended from now on. `lock`'s status may show
 /// a later validity than the lease (written by a predecessor).
 pub async fn give_up_kept(
-    ctx: &Context,
+    ctx: &LockContext,
     lock: &DistributedLock,
     lref: impl Into<PermitRef>,
     policy: Option<&Policy>,
@@ -137,7 +137,7 @@ pub async fn give_up_kept(
 /// grant (`token`) left running or stopping but those that reported their work stopped. Read directly, not from
 /// the caches.
 async fn holder_stopped(
-    ctx: &Context,
+    ctx: &LockContext,
     policy: Option<&Policy>,
     lref: &PermitRef,
     holder: &str,
@@ -178,7 +178,7 @@ async fn holder_stopped(
 /// the lock). `Some(at)`: it
 /// still waits until then, and nobody may take the lock meanwhile.
 pub async fn settle(
-    ctx: &Context,
+    ctx: &LockContext,
     lock: &DistributedLock,
     lref: impl Into<PermitRef>,
     policy: Option<&Policy>,
@@ -210,7 +210,7 @@ pub async fn settle(
 /// lock's uid, the token and the holder, as every replica builds it. An acquisition this replica keeps for the
 /// permit is not waiting to be released: the record is older than the grant.
 fn adopt_recorded(
-    ctx: &Context,
+    ctx: &LockContext,
     lock: &DistributedLock,
     lref: &PermitRef,
 ) -> Result<Option<Retiring>, Error> {
@@ -242,7 +242,7 @@ fn adopt_recorded(
 
 /// Drops status's record of the key of `permit` given up with `token`, once released.
 async fn forget_recorded(
-    ctx: &Context,
+    ctx: &LockContext,
     lock: &DistributedLock,
     permit: u32,
     token: i64,
@@ -257,7 +257,7 @@ async fn forget_recorded(
 /// A predecessor's acquisition (its value rebuilt from `token` and `holder`), shown to its holder up to the
 /// `validUntil` status shows. Given up only after its holder was fenced: the keys are all that kept a contender
 /// out meanwhile.
-pub fn rebuilt(target: &Target<'_>, ctx: &Context, holder: &str, token: i64) -> Result<GivenUp, Error> {
+pub fn rebuilt(target: &Target<'_>, ctx: &LockContext, holder: &str, token: i64) -> Result<GivenUp, Error> {
     let settings = &target.settings;
     rebuilt_on(
         ctx,
@@ -273,7 +273,7 @@ pub fn rebuilt(target: &Target<'_>, ctx: &Context, holder: &str, token: i64) -> 
 /// The acquisition status shows held (or lost) for `permit` on `key` (that permit's key), rebuilt as in
 /// [`rebuilt`]: what a replica that keeps nothing of the lock gives up.
 pub fn shown_in_status(
-    ctx: &Context,
+    ctx: &LockContext,
     lock: &DistributedLock,
     permit: u32,
     quorum: &str,
@@ -287,7 +287,7 @@ pub fn shown_in_status(
 }
 
 fn rebuilt_on(
-    ctx: &Context,
+    ctx: &LockContext,
     lock: &DistributedLock,
     permit: u32,
     quorum: &str,
@@ -317,7 +317,7 @@ pub fn status_valid_until(lock: &DistributedLock, permit: u32) -> Option<Timesta
 }
 
 /// Deletes `value` from `key` wherever it is still the value. Only the active replica releases.
-async fn release_value(ctx: &Context, quorum: &str, key: &str, value: LockValue) {
+async fn release_value(ctx: &LockContext, quorum: &str, key: &str, value: LockValue) {
     if !ctx.leadership.is_leader() {
         return;
     }

@@ -10,10 +10,10 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::give_up::{give_up, give_up_kept, rebuilt};
 use crate::api::DistributedLock;
-use crate::controller::context::Context;
 use crate::controller::engines::{QuorumEngine, QuorumLookup};
 use crate::controller::error::Error;
 use crate::controller::keeper::{HeldView, PermitRef};
+use crate::controller::lock::controller_state::LockContext;
 use crate::controller::lock::decide::acquisition_in_status;
 use crate::controller::lock::permit_count::permit_span;
 use crate::controller::lock::settings::redis_key;
@@ -27,7 +27,7 @@ use crate::redlock::{OperationReport, Waiter, permit_key};
 /// Stops keeping the lock and deletes its key where it is still ours. Only the active replica releases: one that
 /// lost its leadership leaves the lock to the keeper (which may still extend it) and to its successor.
 pub async fn release_held(
-    ctx: &Context,
+    ctx: &LockContext,
     lref: impl Into<PermitRef>,
     quorum: Option<&str>,
 ) -> Option<OperationReport> {
@@ -46,7 +46,7 @@ pub async fn release_held(
 /// the key is released, and the next holder acquires, only once that has ended.
 pub async fn release_for_change(
     target: &Target<'_>,
-    ctx: &Context,
+    ctx: &LockContext,
     held: Option<HeldView>,
     wanted: &str,
 ) -> Result<Action, Error> {
@@ -74,7 +74,7 @@ pub async fn release_for_change(
 /// for the new holder.
 pub async fn release_previous(
     target: &Target<'_>,
-    ctx: &Context,
+    ctx: &LockContext,
     wanted: &str,
     token: i64,
     previous: &str,
@@ -94,7 +94,7 @@ pub async fn release_previous(
 /// Job fencing: the holding Job completed, failed or is gone.
 pub async fn release_finished(
     target: &Target<'_>,
-    ctx: &Context,
+    ctx: &LockContext,
     held: Option<&HeldView>,
     job: &str,
 ) -> Result<Action, Error> {
@@ -113,7 +113,7 @@ pub async fn release_finished(
 /// The lock is being deleted: release its keys (every permit's) before the finalizer goes. A key shown to a
 /// holder was given up before (`reconcile::hand_over_before_deletion`: the holder fenced, then released once the
 /// validity shown to it ended or it stopped) and is released by now; what is left here is a key nothing showed.
-pub async fn cleanup(lock: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
+pub async fn cleanup(lock: &DistributedLock, ctx: &LockContext) -> Result<Action, Error> {
     ctx.ensure_leader()?;
     let lref = ObjectRef::from_obj(lock);
     let permits = permit_span(lock);
@@ -153,7 +153,7 @@ pub async fn cleanup(lock: &DistributedLock, ctx: &Context) -> Result<Action, Er
 pub async fn release_from_status(
     lock: &DistributedLock,
     permit: u32,
-    ctx: &Context,
+    ctx: &LockContext,
 ) -> Result<Option<OperationReport>, Error> {
     ctx.ensure_leader()?;
     let status = status_of(lock, permit);
@@ -172,7 +172,11 @@ pub async fn release_from_status(
 /// The engine of the lock's quorum and `permit`'s key as every acquisition makes it (scoped by the namespace, or
 /// under the quorum's shared prefix); `None` without an engine, or for a spec that no longer makes a key (it was
 /// not acted on, and its key expires on its own).
-fn engine_and_key(lock: &DistributedLock, permit: u32, ctx: &Context) -> Option<(Arc<QuorumEngine>, String)> {
+fn engine_and_key(
+    lock: &DistributedLock,
+    permit: u32,
+    ctx: &LockContext,
+) -> Option<(Arc<QuorumEngine>, String)> {
     let QuorumLookup::Ready(engine) = ctx.engines.lookup(&lock.spec.quorum) else {
         return None;
     };
@@ -190,7 +194,7 @@ fn engine_and_key(lock: &DistributedLock, permit: u32, ctx: &Context) -> Option<
 
 /// A permit this replica saw waiting in its key's queue leaves it, so that the waiter behind is let through at
 /// once rather than once the masters stop keeping this one.
-async fn leave_queue(lock: &DistributedLock, permit: u32, ctx: &Context) {
+async fn leave_queue(lock: &DistributedLock, permit: u32, ctx: &LockContext) {
     let Some((engine, key)) = engine_and_key(lock, permit, ctx) else {
         return;
     };
@@ -209,7 +213,7 @@ async fn leave_queue(lock: &DistributedLock, permit: u32, ctx: &Context) {
     engine.engine.leave_waiting(&key, waiter).await;
 }
 
-async fn show_released(ctx: &Context, target: &Target<'_>, message: &str) -> Result<bool, Error> {
+async fn show_released(ctx: &LockContext, target: &Target<'_>, message: &str) -> Result<bool, Error> {
     let stamp = stamp_now(target.lock);
     write_permit_status(ctx, target.lock, target.permit, |current| {
         Some(status::released(current, message, stamp))

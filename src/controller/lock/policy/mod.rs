@@ -18,8 +18,8 @@ use super::permit_count::is_semaphore;
 use super::settings::{HolderKind, LockSettings};
 use crate::api::DistributedLock;
 use crate::api::holder_contract::LOCK_LABEL;
-use crate::controller::context::Context;
 use crate::controller::error::Error;
+use crate::controller::lock::controller_state::LockContext;
 
 /// A lock's holder policy, as observed for one reconciliation.
 pub enum Policy {
@@ -87,7 +87,7 @@ impl Policy {
     /// permit i's holder and highest known token. `Err`: a selector that cannot be evaluated, or an identity given
     /// more than one permit (refused before this, by the settings).
     pub fn observe(
-        ctx: &Context,
+        ctx: &LockContext,
         lock: &DistributedLock,
         settings: &LockSettings,
         permits: Vec<(Option<String>, i64)>,
@@ -116,7 +116,7 @@ impl Policy {
 
     /// Confirms with direct reads what the caches say is gone or changed, then makes the writes that must come
     /// before the lock (or one of its permits) moves.
-    pub async fn prepare(&mut self, ctx: &Context) -> Result<(), Error> {
+    pub async fn prepare(&mut self, ctx: &LockContext) -> Result<(), Error> {
         match self {
             Self::Identity(_) => Ok(()),
             // The label stays only on the leaders that hold their permits and are still the ones to lead; every
@@ -124,7 +124,7 @@ impl Policy {
             // resumed.
             Self::Leader(election) => {
                 election.confirm_current().await?;
-                election.unlabel_all_but_kept(ctx).await
+                election.unlabel_all_but_kept().await
             }
             Self::Jobs(jobs) => {
                 let started = tokio::time::Instant::now();
@@ -141,7 +141,12 @@ impl Policy {
 
     /// Once the key of `permit` is won for `holder`, before anything shows it: whether the grant still stands on
     /// what the preparation left to this moment (a queued Job lock's recount of its pods).
-    pub async fn grant_still_clear(&self, ctx: &Context, permit: u32, holder: &str) -> Result<bool, Error> {
+    pub async fn grant_still_clear(
+        &self,
+        ctx: &LockContext,
+        permit: u32,
+        holder: &str,
+    ) -> Result<bool, Error> {
         match self {
             Self::Jobs(jobs) => jobs.grant_still_clear(ctx, permit, holder).await,
             Self::Identity(_) | Self::Leader(_) => Ok(true),
@@ -231,7 +236,7 @@ impl Policy {
     #[allow(clippy::too_many_arguments)] // the facts of one grant, each used once
     pub async fn after_held(
         &self,
-        ctx: &Context,
+        ctx: &LockContext,
         lock: &DistributedLock,
         permit: u32,
         holder: &str,
@@ -255,7 +260,7 @@ impl Policy {
     /// The lock is lost: fence its holder first (the Service stops reaching the leader; the Job is suspended).
     pub async fn before_lost(
         &self,
-        ctx: &Context,
+        ctx: &LockContext,
         holder: &str,
         token: i64,
         reason: &str,
@@ -266,7 +271,7 @@ impl Policy {
             // holder still saw `Held` (found by the product safety checker).
             Self::Identity(_) => Ok(KeysAfterLoss::LeaveToExpire),
             Self::Leader(election) => {
-                election.unlabel(ctx, holder).await?;
+                election.unlabel(holder).await?;
                 Ok(KeysAfterLoss::ReleaseAfterShownValidity)
             }
             Self::Jobs(jobs) => {

@@ -32,9 +32,9 @@ use super::rule::{Refused, Taken, judge, reporter_of};
 use super::token_shape::{Claimed, claims_of};
 use crate::api::DistributedLock;
 use crate::api::holder_contract::{REPORT_TOKEN_AUDIENCE, STOPPED_REPORT_PATH, StoppedReport};
-use crate::controller::context::Context;
 use crate::controller::keeper::PermitRef;
 use crate::controller::lock::claim::{Custody, custody_of};
+use crate::controller::lock::controller_state::LockContext;
 use crate::controller::lock::handover::releasing;
 
 /// A report is a lock name, a permit and a token: anything longer is not one.
@@ -45,12 +45,12 @@ pub(super) const REFUSED_LATELY: &str = "refused_lately";
 
 /// What the route keeps: the controllers' context and what reports may still cost.
 struct Shared {
-    ctx: Arc<Context>,
+    ctx: Arc<LockContext>,
     budget: Budget,
 }
 
 /// The route, for the wiring to serve beside metrics and health.
-pub fn router(ctx: Arc<Context>) -> Router {
+pub fn router(ctx: Arc<LockContext>) -> Router {
     // Holders' questions about their grant's validity share the port (and its bounds) with the reports.
     let validity = super::validity::router(ctx.clone());
     Router::new()
@@ -121,7 +121,7 @@ fn too_large() -> Refused {
 
 /// Whether the cache shows what a genuine report would be about: the lock in the namespace the token claims,
 /// recording the key of that permit as given up with that fencing token. Only a choice of lane.
-fn plausible(ctx: &Context, claimed: &Claimed, report: &StoppedReport) -> bool {
+fn plausible(ctx: &LockContext, claimed: &Claimed, report: &StoppedReport) -> bool {
     let lref = ObjectRef::<DistributedLock>::new(&report.lock).within(&claimed.namespace);
     ctx.locks.get(&lref).is_some_and(|lock| {
         lock.status

@@ -23,8 +23,8 @@ use tokio::time::Instant;
 
 use crate::api::holder_contract::{VALIDITY_PATH, ValidityAnswer, ValidityQuestion};
 use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
-use crate::controller::context::Context;
 use crate::controller::keeper::{HeldValidity, PermitRef};
+use crate::controller::lock::controller_state::LockContext;
 
 /// A question is a namespace, a name, a uid, a permit and a token: anything longer is not one.
 pub const MAX_QUESTION_BYTES: usize = 1024;
@@ -111,13 +111,13 @@ fn shows(status: &DistributedLockStatus, permit: u32, token: i64) -> bool {
 }
 
 /// The route, served beside the reports.
-pub fn router(ctx: Arc<Context>) -> Router {
+pub fn router(ctx: Arc<LockContext>) -> Router {
     Router::new()
         .route(VALIDITY_PATH, post(take_question))
         .with_state(ctx)
 }
 
-async fn take_question(State(ctx): State<Arc<Context>>, request: Request) -> Response {
+async fn take_question(State(ctx): State<Arc<LockContext>>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     // Refused before a byte of it is read.
     let declared = parts

@@ -12,8 +12,8 @@ use serde::Serialize;
 use super::permits::fold_permits;
 use crate::api::conditions::Stamp;
 use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
-use crate::controller::context::Context;
 use crate::controller::error::{Error, is_conflict};
+use crate::controller::lock::controller_state::LockContext;
 use crate::controller::lock::permit_count::is_semaphore;
 use k8s_openapi::jiff::Timestamp;
 
@@ -27,7 +27,7 @@ use k8s_openapi::jiff::Timestamp;
 /// write reads (the status, and the name and resourceVersion it applies to; the API server takes nothing else
 /// from a custom resource's status write), and the answer is not decoded (the watch brings the new object).
 pub async fn write_status(
-    ctx: &Context,
+    ctx: &LockContext,
     lock: &DistributedLock,
     edit: impl FnMut(&DistributedLockStatus) -> Option<DistributedLockStatus>,
 ) -> Result<bool, Error> {
@@ -38,7 +38,7 @@ pub async fn write_status(
 /// resourceVersion read from the answer: a write that follows in the same reconciliation starts from it rather
 /// than conflict with it.
 async fn write_status_from(
-    ctx: &Context,
+    ctx: &LockContext,
     lock: &DistributedLock,
     mut edit: impl FnMut(&DistributedLockStatus) -> Option<DistributedLockStatus>,
 ) -> Result<Option<DistributedLock>, Error> {
@@ -80,7 +80,6 @@ async fn write_status_from(
             },
             status: &next,
         })?;
-        ctx.ensure_leader()?;
         let request = requests
             .replace_subresource("status", &name, &PostParams::default(), body)
             .map_err(kube::Error::BuildRequest)?;
@@ -92,7 +91,7 @@ async fn write_status_from(
                 return Ok(Some(written));
             }
             Err(err) if is_conflict(&err) => current = Cow::Owned(api.get(&name).await?),
-            Err(err) => return Err(Error::StatusWrite(err)),
+            Err(err) => return Err(Error::status_write(err)),
         }
     }
     Err(Error::Conflict)
@@ -101,7 +100,7 @@ async fn write_status_from(
 /// [`write_status`] for one permit: `edit` sees and makes that permit's status as a plain lock's (see
 /// `status::permits`). A plain lock's status is its permit 0's, as it is.
 pub async fn write_permit_status(
-    ctx: &Context,
+    ctx: &LockContext,
     lock: &DistributedLock,
     permit: u32,
     mut edit: impl FnMut(&DistributedLockStatus) -> Option<DistributedLockStatus>,
@@ -119,7 +118,7 @@ pub async fn write_permit_status(
 /// permits written are returned. One write per semaphore instead of one per permit is what keeps a held
 /// semaphore's refreshes at a single lock's cost to the API server.
 pub async fn write_permits_status(
-    ctx: &Context,
+    ctx: &LockContext,
     lock: &DistributedLock,
     permits: &[u32],
     mut edit: impl FnMut(u32, &DistributedLockStatus) -> Option<DistributedLockStatus>,
@@ -150,7 +149,7 @@ pub async fn write_permits_status(
 /// [`write_status`] of the whole status, starting from the lock as this reconciliation's last write left it (see
 /// [`write_permits_status`]), and kept for the writes that follow.
 pub async fn write_latest_status(
-    ctx: &Context,
+    ctx: &LockContext,
     lock: &DistributedLock,
     edit: impl FnMut(&DistributedLockStatus) -> Option<DistributedLockStatus>,
 ) -> Result<bool, Error> {
@@ -166,12 +165,12 @@ pub async fn write_latest_status(
 
 /// Forgets what [`write_permit_status`] kept of `lock` for the writes that follow it: called when its
 /// reconciliation starts and ends.
-pub fn forget_written(ctx: &Context, lock: &DistributedLock) {
+pub fn forget_written(ctx: &LockContext, lock: &DistributedLock) {
     written_of(ctx).remove(&ObjectRef::from_obj(lock).to_string());
 }
 
 fn written_of(
-    ctx: &Context,
+    ctx: &LockContext,
 ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Arc<DistributedLock>>> {
     ctx.lock_controller
         .written

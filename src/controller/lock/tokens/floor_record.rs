@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
 
-use crate::controller::context::Context;
 use crate::controller::error::{Error, is_conflict, is_not_found};
 use crate::controller::lock::acquisition::Record;
+use crate::controller::lock::controller_state::LockContext;
 use crate::controller::lock::tokens::floor::{
     AfterGrant, MANAGED_BY, after_grant, floor_of, invalid_record_message, record_data, record_name,
 };
@@ -25,13 +25,13 @@ pub struct Floor {
     resource_version: Option<String>,
 }
 
-fn api(ctx: &Context) -> Api<ConfigMap> {
+fn api(ctx: &LockContext) -> Api<ConfigMap> {
     Api::namespaced(ctx.client.clone(), &ctx.secrets_namespace)
 }
 
 /// Reads the key's floor (a direct GET, not a cache: a cache may lag behind the last write). The inner error
 /// is the message for a record that makes no sense.
-pub async fn read(ctx: &Context, quorum: &str, key: &str) -> Result<Result<Floor, String>, Error> {
+pub async fn read(ctx: &LockContext, quorum: &str, key: &str) -> Result<Result<Floor, String>, Error> {
     let name = record_name(quorum, key);
     let Some(record) = api(ctx).get_opt(&name).await? else {
         return Ok(Ok(Floor {
@@ -50,7 +50,7 @@ pub async fn read(ctx: &Context, quorum: &str, key: &str) -> Result<Result<Floor
 /// Records `granted` as the key's floor unless the record (as `seen`, then as re-read after every lost write)
 /// already holds at least that.
 pub async fn record(
-    ctx: &Context,
+    ctx: &LockContext,
     quorum: &str,
     key: &str,
     mut seen: Floor,
@@ -61,7 +61,6 @@ pub async fn record(
         if let AfterGrant::Reacquire { floor } = after_grant(seen.token, granted) {
             return Ok(Record::Above { floor });
         }
-        ctx.ensure_leader()?;
         let object = ConfigMap {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
@@ -89,7 +88,7 @@ pub async fn record(
                     Err(message) => return Ok(Record::Invalid(message)),
                 };
             }
-            Err(err) => return Err(Error::FloorRecord(err)),
+            Err(err) => return Err(Error::floor_record(err)),
         }
     }
     Err(Error::Conflict)

@@ -18,8 +18,8 @@ use crate::api::holder_contract::{
     STALE_ANNOTATION, TOKEN_ANNOTATION,
 };
 use crate::controller::cache::pod_index::pods_in;
-use crate::controller::context::Context;
 use crate::controller::error::{Error, is_not_found};
+use crate::controller::lock::controller_state::LockContext;
 use crate::controller::lock::permit_count::open_permits;
 
 /// One look at the Jobs queued for a lock.
@@ -49,7 +49,7 @@ impl JobQueue {
     /// The Jobs of a lock of `permits.len()` permits: `permits[i]` is permit i's holder and highest token known.
     /// `queued`: the lock waits in its key's fair queue behind another holder.
     pub fn observe_permits(
-        ctx: &Context,
+        ctx: &LockContext,
         lock: &DistributedLock,
         permits: Vec<(Option<String>, i64)>,
         queued: bool,
@@ -127,7 +127,7 @@ impl JobQueue {
     /// from the API server itself, not the watch cache, which may not show a pod created a moment ago. Grants
     /// label their pods `redlock.io/lock`; the cache still covers pods started before grants did. A grant of a
     /// lock waiting in its key's queue is counted again only once the key is won ([`Self::grant_still_clear`]).
-    pub async fn recheck_pods(&mut self, ctx: &Context) -> Result<(), Error> {
+    pub async fn recheck_pods(&mut self, ctx: &LockContext) -> Result<(), Error> {
         match recount(&self.steps, self.defer_pod_recount) {
             Recount::NotNeeded => return Ok(()),
             Recount::AfterTheKey => {
@@ -150,7 +150,12 @@ impl JobQueue {
     /// Whether the grant of `permit` to `holder` still stands once the pods are counted again from the API server:
     /// the recount a queued lock left until its key was won. `true` when no grant's recount was left (made before
     /// the attempt, or the step is not a grant: a Job holding already, a fenced one resumed).
-    pub async fn grant_still_clear(&self, ctx: &Context, permit: u32, holder: &str) -> Result<bool, Error> {
+    pub async fn grant_still_clear(
+        &self,
+        ctx: &LockContext,
+        permit: u32,
+        holder: &str,
+    ) -> Result<bool, Error> {
         let index = usize::try_from(permit).ok();
         let planned = index.and_then(|index| self.steps.get(index));
         if !self.recount_deferred || !matches!(planned, Some(JobStep::Grant(job)) if job == holder) {
@@ -162,7 +167,7 @@ impl JobQueue {
     }
 
     /// The pods of this lock's grants: the cache's, and those a direct list shows that the cache does not yet.
-    async fn recounted_pods(&self, ctx: &Context) -> Result<Vec<GrantedPod>, Error> {
+    async fn recounted_pods(&self, ctx: &LockContext) -> Result<Vec<GrantedPod>, Error> {
         ctx.ensure_leader()?;
         let selector = format!("{LOCK_LABEL}={}", self.lock);
         let listed = self
@@ -246,7 +251,7 @@ impl JobQueue {
 
     /// Suspends every Job that runs without holding the lock (any of its permits), as the API server shows it
     /// (the cache may show a Job unsuspended that was suspended, or granted, a moment ago).
-    pub async fn suspend_strays(&self, ctx: &Context) -> Result<(), Error> {
+    pub async fn suspend_strays(&self, ctx: &LockContext) -> Result<(), Error> {
         for stray in strays(&self.views, &self.states()) {
             let Some(job) = self.api.get_opt(&stray.name).await? else {
                 continue;
@@ -255,12 +260,8 @@ impl JobQueue {
             if view.suspended || view.finished || !self.queues_here(&job) {
                 continue;
             }
-            self.patch(
-                ctx,
-                &stray.name,
-                serde_json::json!({ "spec": { "suspend": true } }),
-            )
-            .await?;
+            self.patch(&stray.name, serde_json::json!({ "spec": { "suspend": true } }))
+                .await?;
             let note = "created (or left) unsuspended without holding the lock: suspended until it holds it; create Jobs of this lock with spec.suspend: true".to_owned();
             self.event(ctx, &stray.name, EventType::Warning, "Suspended", note)
                 .await;
@@ -273,7 +274,7 @@ impl JobQueue {
     /// already runs with this token.
     pub async fn grant(
         &self,
-        ctx: &Context,
+        ctx: &LockContext,
         job: &str,
         token: i64,
         lock: &str,
@@ -295,7 +296,6 @@ impl JobQueue {
             annotations[PERMIT_ANNOTATION] = permit.to_string().into();
         }
         self.patch(
-            ctx,
             job,
             serde_json::json!({
                 "metadata": { "annotations": { REQUEUED_ANNOTATION: null } },
@@ -365,7 +365,7 @@ impl JobQueue {
     /// server shows it suspended or finished already. Marked fenced like a Job whose lock was lost, so that a lock
     /// created again under the name resumes or requeues it rather than letting it run with its old token. `true`
     /// when it was suspended now.
-    pub async fn fence_for_deletion(&self, ctx: &Context, job: &str, token: i64) -> Result<bool, Error> {
+    pub async fn fence_for_deletion(&self, ctx: &LockContext, job: &str, token: i64) -> Result<bool, Error> {
         let Some(fresh) = self.api.get_opt(job).await? else {
             return Ok(false);
         };
@@ -380,9 +380,8 @@ impl JobQueue {
 
     /// The lock was lost: suspend the holder (its pods are stopped by the Job controller) and remember the
     /// token it ran with.
-    pub async fn fence(&self, ctx: &Context, job: &str, token: i64, reason: &str) -> Result<(), Error> {
+    pub async fn fence(&self, ctx: &LockContext, job: &str, token: i64, reason: &str) -> Result<(), Error> {
         self.patch(
-            ctx,
             job,
             serde_json::json!({
                 "metadata": { "annotations": {
@@ -401,9 +400,8 @@ impl JobQueue {
     }
 
     /// The lock is back with the fenced Job's own token: let it run again.
-    pub async fn resume(&self, ctx: &Context, job: &str, token: i64) -> Result<(), Error> {
+    pub async fn resume(&self, ctx: &LockContext, job: &str, token: i64) -> Result<(), Error> {
         self.patch(
-            ctx,
             job,
             serde_json::json!({
                 "metadata": { "annotations": { FENCED_ANNOTATION: null, FENCED_AT_ANNOTATION: null } },
@@ -421,8 +419,7 @@ impl JobQueue {
     /// suspended and `status.startTime` is cleared (as Kueue and JobSet do to re-admit Jobs); the Job controller
     /// sets it again when the Job runs. Where that is refused (no permission on `jobs/status`, say), the Job
     /// stays suspended, marked stale: it never runs with a token that can no longer be used.
-    pub async fn requeue_or_mark_stale(&self, ctx: &Context, job: &str, token: i64) -> Result<(), Error> {
-        ctx.ensure_leader()?;
+    pub async fn requeue_or_mark_stale(&self, ctx: &LockContext, job: &str, token: i64) -> Result<(), Error> {
         let cleared = self
             .api
             .patch_status(
@@ -437,10 +434,9 @@ impl JobQueue {
             Err(kube::Error::Api(status)) if status.is_forbidden() || status.is_invalid() => {
                 return self.mark_stale(ctx, job, token, &status.message).await;
             }
-            Err(err) => return Err(Error::JobWrite(err)),
+            Err(err) => return Err(Error::job_write(err)),
         }
         self.patch(
-            ctx,
             job,
             serde_json::json!({ "metadata": { "annotations": {
                 FENCED_ANNOTATION: null, FENCED_AT_ANNOTATION: null, REQUEUED_ANNOTATION: "true",
@@ -454,9 +450,8 @@ impl JobQueue {
         Ok(())
     }
 
-    async fn mark_stale(&self, ctx: &Context, job: &str, token: i64, refusal: &str) -> Result<(), Error> {
+    async fn mark_stale(&self, ctx: &LockContext, job: &str, token: i64, refusal: &str) -> Result<(), Error> {
         self.patch(
-            ctx,
             job,
             serde_json::json!({ "metadata": { "annotations": { STALE_ANNOTATION: "true" } } }),
         )
@@ -468,8 +463,7 @@ impl JobQueue {
         Ok(())
     }
 
-    async fn patch(&self, ctx: &Context, job: &str, patch: serde_json::Value) -> Result<(), Error> {
-        ctx.ensure_leader()?;
+    async fn patch(&self, job: &str, patch: serde_json::Value) -> Result<(), Error> {
         match self
             .api
             .patch(job, &PatchParams::default(), &Patch::Merge(&patch))
@@ -477,11 +471,11 @@ impl JobQueue {
         {
             Ok(_) => Ok(()),
             Err(err) if is_not_found(&err) => Ok(()),
-            Err(err) => Err(Error::JobWrite(err)),
+            Err(err) => Err(Error::job_write(err)),
         }
     }
 
-    async fn event(&self, ctx: &Context, job: &str, type_: EventType, reason: &str, note: String) {
+    async fn event(&self, ctx: &LockContext, job: &str, type_: EventType, reason: &str, note: String) {
         match self.job(job) {
             Some(job) => ctx.publish(&**job, type_, reason, note).await,
             None => tracing::debug!(job, reason, "no cached Job to attach an event to"),

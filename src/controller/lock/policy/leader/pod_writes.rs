@@ -18,8 +18,8 @@ use crate::api::holder_contract::{PERMIT_ANNOTATION, TOKEN_ANNOTATION};
 use crate::api::lock::LeaderElectionPolicy;
 use crate::controller::cache::finished_pods::is_finished;
 use crate::controller::cache::pod_index::pods_selected;
-use crate::controller::context::Context;
 use crate::controller::error::{Error, is_not_found};
+use crate::controller::lock::controller_state::LockContext;
 use crate::controller::lock::permit_count::{is_closing, open_permits};
 
 /// One look at the pods of a leader-election lock. A semaphore (spec.permits above 1) elects one leader per
@@ -50,7 +50,7 @@ impl Election {
     /// Reads the pods from the cache; `current[i]` is permit i's holder now (one entry for a lock of one
     /// permit). `Err` is a message for the `Ready` condition (a selector that cannot be evaluated).
     pub fn observe(
-        ctx: &Context,
+        ctx: &LockContext,
         lock: &DistributedLock,
         policy: &LeaderElectionPolicy,
         current: Vec<Option<String>>,
@@ -155,21 +155,20 @@ impl Election {
 
     /// Removes the leader label from every pod but the leaders that keep their permits. Done before anything
     /// else, so that no pod carries the label of a permit another may take.
-    pub async fn unlabel_all_but_kept(&self, ctx: &Context) -> Result<(), Error> {
-        self.unlabel_all_but(ctx, &self.kept()).await
+    pub async fn unlabel_all_but_kept(&self) -> Result<(), Error> {
+        self.unlabel_all_but(&self.kept()).await
     }
 
     /// Removes the leader label from every pod but `keep`, the leader whose lock is held. Done before anything
     /// else, so that two pods never carry the label.
-    pub async fn unlabel_all_but(&self, ctx: &Context, keep: &[&str]) -> Result<(), Error> {
+    pub async fn unlabel_all_but(&self, keep: &[&str]) -> Result<(), Error> {
         for pod in labels_to_remove(&self.pods, keep) {
-            self.unlabel(ctx, &pod).await?;
+            self.unlabel(&pod).await?;
         }
         Ok(())
     }
 
-    pub async fn unlabel(&self, ctx: &Context, pod: &str) -> Result<(), Error> {
-        ctx.ensure_leader()?;
+    pub async fn unlabel(&self, pod: &str) -> Result<(), Error> {
         let patch = serde_json::json!({
             "metadata": {
                 "labels": { self.label.clone(): null },
@@ -187,7 +186,7 @@ impl Election {
             }
             // A pod that is gone carries no label.
             Err(err) if is_not_found(&err) => Ok(()),
-            Err(err) => Err(Error::PodWrite(err)),
+            Err(err) => Err(Error::pod_write(err)),
         }
     }
 
@@ -196,7 +195,7 @@ impl Election {
     /// the watch showed it finished when it was deleted. A pod merely gone may have been force-deleted while its
     /// containers run on (`finished_pods`); its key waits. A pod the cache shows running is there; what would
     /// let the key go is read directly (the cache may lag behind a pod created again under its name).
-    pub async fn pod_stopped(&self, ctx: &Context, pod: &str) -> Result<bool, Error> {
+    pub async fn pod_stopped(&self, ctx: &LockContext, pod: &str) -> Result<bool, Error> {
         let namespace = self.api_namespace();
         let cached = ctx.pods.get(&ObjectRef::new(pod).within(&namespace));
         if cached.as_ref().is_some_and(|cached| !is_finished(cached)) {
@@ -213,7 +212,7 @@ impl Election {
     /// it already shows exactly that.
     pub async fn label(
         &self,
-        ctx: &Context,
+        ctx: &LockContext,
         pod: &str,
         permit: u32,
         token: i64,
@@ -234,7 +233,6 @@ impl Election {
         if up_to_date {
             return Ok(());
         }
-        ctx.ensure_leader()?;
         let patch = serde_json::json!({
             "metadata": {
                 "labels": { self.label.clone(): "true" },
@@ -248,7 +246,7 @@ impl Election {
         self.api
             .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map_err(Error::PodWrite)?;
+            .map_err(Error::pod_write)?;
         if !current.is_some_and(|view| view.labelled) {
             tracing::info!(pod, token, permit, "leader labelled");
         }

@@ -10,8 +10,8 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
 
 use crate::api::DistributedLock;
-use crate::controller::context::Context;
 use crate::controller::keeper::PermitRef;
+use crate::controller::lock::controller_state::LockContext;
 use crate::controller::lock::holder_liveness::rule::{Bounds, set_aside_for, unready};
 
 /// The label the chart's injection wraps a leader pod by: its `elect` asks from the start.
@@ -19,7 +19,7 @@ const ELECT_LABEL: &str = "redlock.io/elect";
 
 /// The pods of `lock` (of `ttl`) to leave out of its election now; `permits[i]` is permit i's holder and token.
 pub fn unready_leaders(
-    ctx: &Context,
+    ctx: &LockContext,
     lock: &DistributedLock,
     ttl: Duration,
     permits: &[(Option<String>, i64)],
